@@ -130,11 +130,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             data_overrides.update(tokenizer=str(vocab_path), lowercase=bool(loaded.lowercase))
 
     per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer)
-    datamodule = instantiate(cfg.data, batch_size=per_device, **data_overrides)
+    datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", **data_overrides)
     datamodule.prepare_tokenizer()
 
     model_cfg = {**_plain(cfg.model), "vocab_size": len(datamodule.vocab)}
-    module = instantiate(cfg.module, model=model_cfg, optim=_plain(cfg.optim))
+    module = instantiate(cfg.module, model=model_cfg, optim=_plain(cfg.optim), _convert_="all")
     module.vocab, module.lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
     missing_heads: list[str] = []
     if loaded is not None:

@@ -1,0 +1,179 @@
+"""Pre-training corpora as documents of sentences (§3.3: "a document-level corpus", for NSP).
+
+The on-disk format is google-research/bert's `create_pretraining_data.py` input: one sentence per
+line, a blank line between documents. `load_documents` reads it through the `datasets` "text"
+builder, so a corpus is read once and then memory-mapped from the Arrow cache. Sources that are
+not yet in that format are converted once into it under the cache directory:
+
+  builtin:pydoc        the English reference text that ships with CPython (pydoc_data), one
+                       document per topic; offline and always present, for smoke runs and tests
+  wikitext:<file>      WikiText raw (" = Title = " starts an article), one document per article
+  gutenberg:<path>     Project Gutenberg plain-text books (a file or a directory of *.txt),
+                       licence stripped, one document per chapter
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import sys
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from datasets import Dataset, load_dataset
+
+BUILTIN_PYDOC = "builtin:pydoc"
+MIN_WORDS = 3  # converted sentences with fewer words are headings, list items or code, not prose
+
+# A sentence ends at . ! or ? (and any closing quotes/brackets) followed by whitespace and a capital
+# letter, digit or opening quote. Deliberately simple: the original BERT data used an external
+# sentence splitter, and NSP only needs sentence-ish units that respect document order.
+_SENTENCE_END = re.compile(r"""([.!?]+["'\u201d\u2019)\]]*)\s+(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
+# ...except after a title or an initial ("Mr. Holmes", "H. G. Wells"), which joins the next piece.
+_ABBREVIATION = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Prof|Mt|No|vs)|\b[A-Z]|\be\.g|\bi\.e)\.$")
+_GUTENBERG_HEADING = re.compile(
+    r"^(?:(?:CHAPTER|Chapter|STAVE|LETTER|Letter|ADVENTURE|BOOK|Book|PART|Part)\b.{0,60}|[IVXLC]+\.?)$"
+)
+
+
+def default_cache_dir() -> Path:
+    return Path(os.environ.get("BERT_REPRO_CACHE", Path.home() / ".cache" / "bert_repro"))
+
+
+def split_sentences(text: str) -> list[str]:
+    """Split prose into sentences with the regex above; whitespace (line wraps) is normalised."""
+    pieces = _SENTENCE_END.sub("\\1\n", " ".join(text.split())).split("\n")
+    sentences: list[str] = []
+    for piece in pieces:
+        if sentences and _ABBREVIATION.search(sentences[-1]):
+            sentences[-1] += " " + piece
+        elif piece:
+            sentences.append(piece)
+    return sentences
+
+
+def _prose(paragraph: str) -> list[str]:
+    return [s for s in split_sentences(paragraph) if len(s.split()) >= MIN_WORDS]
+
+
+def write_documents(documents: Iterable[list[str]], path: str | Path) -> Path:
+    """Write documents in the original format; empty documents and blank sentences are dropped."""
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_suffix(".tmp")
+    with open(tmp, "w", encoding="utf-8") as f:
+        for sentences in documents:
+            sentences = [" ".join(s.split()) for s in sentences if s.strip()]
+            if sentences:
+                f.write("\n".join(sentences) + "\n\n")
+    tmp.replace(path)  # never leave a half-written corpus where a later run would read it
+    return path
+
+
+def pydoc_documents() -> Iterator[list[str]]:
+    from pydoc_data.topics import topics
+
+    for name in sorted(topics):
+        sentences = []
+        for paragraph in re.split(r"\n\s*\n", topics[name]):
+            lines = paragraph.strip("\n").splitlines()
+            # Indented blocks are grammar and code; a line of *, =, - or ^ underlines a heading.
+            if not lines or lines[0][:1].isspace() or any(re.fullmatch(r"[*=\-^~]+", ln) for ln in lines):
+                continue
+            sentences += _prose(paragraph)
+        yield sentences
+
+
+def wikitext_documents(path: Path) -> Iterator[list[str]]:
+    sentences: list[str] = []
+    for line in path.read_text(encoding="utf-8").splitlines():
+        if re.fullmatch(r" = [^=].* = ", line):  # " = Title = " starts an article
+            yield sentences
+            sentences = []
+        elif line.strip() and not line.startswith(" = "):  # skip " = = Section = = " headings
+            # Undo the WikiText tokenisation of in-word hyphens and number separators.
+            line = line.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
+            sentences += _prose(line)
+    yield sentences
+
+
+def gutenberg_documents(path: Path) -> Iterator[list[str]]:
+    for book in sorted(path.rglob("*.txt")) if path.is_dir() else [path]:
+        text = book.read_text(encoding="utf-8", errors="replace")
+        # Keep only the book: drop the Project Gutenberg header and the closing line and licence.
+        start, end = text.find("*** START OF"), text.find("*** END OF")
+        text = text[text.find("\n", start) + 1 if start >= 0 else 0 : end if end >= 0 else None]
+        text = re.split(r"\n\s*End of (?:the )?Project Gutenberg", text)[0]
+        chapters: list[list[str]] = [[]]
+        for paragraph in re.split(r"\n\s*\n", text):
+            if _GUTENBERG_HEADING.match(paragraph.strip()):
+                chapters.append([])
+            else:
+                chapters[-1] += _prose(paragraph)
+        # Before the first heading come the title page and contents, not prose.
+        yield from chapters[1:] if len(chapters) > 1 else chapters
+
+
+_CONVERTERS = {"wikitext": wikitext_documents, "gutenberg": gutenberg_documents}
+
+
+def _fingerprint(path: Path) -> str:
+    files = sorted(path.rglob("*")) if path.is_dir() else [path]
+    stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+    return hashlib.sha256(repr(stats).encode()).hexdigest()[:16]
+
+
+def _resolve(source: str, cache_dir: Path) -> list[Path]:
+    """The original-format files behind `source`, converting it first when needed."""
+    kind, _, rest = source.partition(":")
+    if source == BUILTIN_PYDOC:
+        out = cache_dir / "corpora" / f"pydoc-{sys.version_info.major}.{sys.version_info.minor}.txt"
+        return [out if out.is_file() else write_documents(pydoc_documents(), out)]
+    if kind in _CONVERTERS:
+        path = Path(rest).expanduser()
+        if not path.exists():
+            raise FileNotFoundError(f"corpus {source!r}: {path} does not exist")
+        out = cache_dir / "corpora" / f"{kind}-{path.stem}-{_fingerprint(path)}.txt"
+        return [out if out.is_file() else write_documents(_CONVERTERS[kind](path), out)]
+    path = Path(source).expanduser()
+    if not path.exists():
+        raise FileNotFoundError(
+            f"corpus {source!r} does not exist; expected a text file or a directory of *.txt files "
+            f"(one sentence per line, blank line between documents), or {BUILTIN_PYDOC!r}"
+        )
+    files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
+    if not files:
+        raise FileNotFoundError(f"corpus directory {path} holds no *.txt files")
+    return files
+
+
+def _to_documents(batch: dict) -> dict:
+    # A "paragraph" of the text builder is the text between two "\n\n". As in the original reader,
+    # any whitespace-only line also ends a document, and sentences are stripped.
+    documents: list[list[str]] = []
+    for paragraph in batch["text"]:
+        sentences: list[str] = []
+        for line in paragraph.split("\n"):
+            if line.strip():
+                sentences.append(line.strip())
+            elif sentences:
+                documents.append(sentences)
+                sentences = []
+        if sentences:
+            documents.append(sentences)
+    return {"sentences": documents}
+
+
+def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: int | None = None) -> Dataset:
+    """One row per document with a `sentences: list[str]` column, in corpus order."""
+    cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
+    files = _resolve(source, cache_dir)
+    # Universal newlines: the text builder opens files in text mode, so CRLF reads as "\n".
+    text = load_dataset(
+        "text", data_files=[str(f) for f in files], sample_by="paragraph", split="train", cache_dir=str(cache_dir / "hf")
+    )
+    documents = text.map(_to_documents, batched=True, remove_columns=["text"], num_proc=num_proc)
+    if len(documents) == 0:
+        raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) holds no documents")
+    return documents

@@ -1,0 +1,307 @@
+"""Pre-training data: documents, NSP pairing, masked-LM corruption and the DataModule, on real text."""
+
+import os
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert_repro.data import pretraining
+from bert_repro.data.corpus import gutenberg_documents, load_documents, wikitext_documents, write_documents
+from bert_repro.data.pretraining import PretrainDataModule, create_instances_from_document, mask_tokens
+from bert_repro.tokenization import save_vocab, train_wordpiece, vocab_list
+
+SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+TEXT = SHARED / "pretrain_text"
+MAX_SEQ = 128
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} not found (shared data; set BERT_REPRO_SHARED_DATA)")
+    return path
+
+
+@pytest.fixture(scope="module")
+def wiki():
+    """WikiText-2 test articles as documents, a WordPiece vocab trained on them, and their token ids."""
+    docs = [d for d in wikitext_documents(_need(TEXT / "wikitext-2-raw" / "wiki.test.raw")) if d]
+    tokenizer = train_wordpiece((s for d in docs for s in d), vocab_size=3000)
+    sentences = [s for d in docs for s in d]
+    ids = iter(e.ids for e in tokenizer.encode_batch(sentences, add_special_tokens=False))
+    tokenized = [[i for _, i in zip(d, ids) if i] for d in docs]
+    return docs, tokenizer, tokenized
+
+
+@pytest.fixture(scope="module")
+def nsp_instances(wiki):
+    _, _, tokenized = wiki
+    instances = []
+    for seed in range(2):
+        for i in range(len(tokenized)):
+            instances += create_instances_from_document(tokenized, i, MAX_SEQ, 0.1, np.random.default_rng([seed, i]))
+    return instances
+
+
+def _stream(doc: list[list[int]]) -> str:
+    return "," + ",".join(str(t) for sentence in doc for t in sentence) + ","
+
+
+def _join(ids) -> str:
+    return "," + ",".join(str(t) for t in ids) + ","
+
+
+# --- corpora --------------------------------------------------------------------------------------
+
+
+def test_original_format_crlf_and_document_breaks(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"First one.\r\nSecond one.\r\n\r\n\r\nNext doc.\r\n   \r\nThird doc.\r\n")
+    (tmp_path / "b.txt").write_text("Only line of b.\n")
+    docs = load_documents(str(tmp_path), cache_dir=tmp_path / "cache")
+    assert docs["sentences"] == [["First one.", "Second one."], ["Next doc."], ["Third doc."], ["Only line of b."]]
+
+
+def test_sample_text_reads_as_three_documents(tmp_path):
+    docs = load_documents(str(_need(TEXT / "sample_text.txt")), cache_dir=tmp_path)
+    assert len(docs) == 3
+    assert docs[0]["sentences"][0].startswith("This text is included to make sure Unicode")
+    assert [len(s) for s in docs["sentences"]] == [3, 13, 15]
+
+
+def test_missing_or_empty_corpus_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no_such_corpus"):
+        load_documents(str(tmp_path / "no_such_corpus"), cache_dir=tmp_path)
+    (tmp_path / "blank.txt").write_text("\n\n  \n")
+    with pytest.raises(ValueError, match="blank.txt"):
+        load_documents(str(tmp_path / "blank.txt"), cache_dir=tmp_path)
+
+
+def test_pydoc_builtin_corpus(tmp_path):
+    docs = load_documents("builtin:pydoc", cache_dir=tmp_path)
+    assert len(docs) >= 60  # one per pydoc topic with prose
+    sentences = [s for d in docs["sentences"] for s in d]
+    assert len(sentences) > 1500 and all(len(s.split()) >= 3 for s in sentences)
+    written = next((tmp_path / "corpora").glob("pydoc-*.txt"))
+    stamp = written.stat().st_mtime_ns
+    assert len(load_documents("builtin:pydoc", cache_dir=tmp_path)) == len(docs)
+    assert written.stat().st_mtime_ns == stamp  # written once, then read like any other file
+
+
+def test_gutenberg_book_converts_to_chapters(tmp_path):
+    book = _need(TEXT / "gutenberg" / "11.txt")  # Alice's Adventures in Wonderland: 12 chapters
+    path = write_documents(gutenberg_documents(book), tmp_path / "alice.txt")
+    docs = load_documents(str(path), cache_dir=tmp_path)
+    assert len(docs) == 12
+    assert docs[0]["sentences"][0].startswith("Alice was beginning to get very tired")
+    text = " ".join(s for d in docs["sentences"] for s in d)
+    assert "Project Gutenberg" not in text and "START OF" not in text
+
+
+# --- NSP instances (create_instances_from_document) -----------------------------------------------
+
+
+def test_instances_are_well_formed(nsp_instances):
+    assert len(nsp_instances) > 5000
+    for inst in nsp_instances:
+        ids, types = inst["input_ids"], inst["token_type_ids"]
+        assert len(ids) <= MAX_SEQ and len(types) == len(ids)
+        seps = [i for i, t in enumerate(ids) if t == 3]
+        assert ids[0] == 2 and len(seps) == 2 and seps[1] == len(ids) - 1 and 1 < seps[0] < seps[1] - 1
+        assert types == [0] * (seps[0] + 1) + [1] * (len(ids) - seps[0] - 1)
+
+
+def test_is_next_share_is_half(nsp_instances):
+    not_next = np.mean([inst["next_sentence_label"] for inst in nsp_instances])
+    # The coin is 50/50; a chunk of a single sentence always gets a random B in the original, which
+    # lifts NotNext slightly above one half.
+    assert 0.48 < not_next < 0.56
+
+
+def test_b_is_the_true_continuation_or_from_another_document(wiki, nsp_instances):
+    _, _, tokenized = wiki
+    streams = [_stream(d) for d in tokenized]
+    checked_random = 0
+    for inst in nsp_instances[::5]:
+        ids, doc = inst["input_ids"], inst["doc_index"]
+        sep = ids.index(3)
+        a, b = ids[1:sep], ids[sep + 1 : -1]
+        if inst["next_sentence_label"] == 0:  # B follows A in this document (up to the truncated ends)
+            assert 0 <= streams[doc].find(_join(a)) < streams[doc].find(_join(b))
+        elif len(b) >= 12:  # long enough to be unambiguous
+            assert _join(b) not in streams[doc]
+            assert any(_join(b) in s for j, s in enumerate(streams) if j != doc)
+            checked_random += 1
+    assert checked_random > 200
+
+
+def test_short_target_share(wiki):
+    _, _, tokenized = wiki
+    heads = [d[:4] for d in tokenized]  # the target is drawn once per document, before anything else
+    targets = [create_instances_from_document(heads, i % len(heads), MAX_SEQ, 0.1, np.random.default_rng(i))[0]
+               ["target_length"] for i in range(3000)]
+    short = [t for t in targets if t < MAX_SEQ - 3]
+    assert 0.085 < len(short) / len(targets) < 0.115
+    assert min(short) >= 2
+
+
+def test_no_nsp_gives_contiguous_single_segments(wiki):
+    _, _, tokenized = wiki
+    streams = [_stream(d) for d in tokenized]
+    for i in range(0, len(tokenized), 4):
+        for inst in create_instances_from_document(tokenized, i, MAX_SEQ, 0.1, np.random.default_rng(i), nsp=False):
+            ids = inst["input_ids"]
+            assert "next_sentence_label" not in inst and set(inst["token_type_ids"]) == {0}
+            assert ids[0] == 2 and ids[-1] == 3 and 3 not in ids[1:-1] and len(ids) <= MAX_SEQ
+            assert _join(ids[1:-1]) in streams[i]
+
+
+# --- masked LM (mask_tokens) ----------------------------------------------------------------------
+
+
+def _mask_all(instances, shares, whole_word=False, is_continuation=None, seed=0, vocab_size=3000):
+    rng = np.random.default_rng(seed)
+    out = []
+    for inst in instances:
+        ids = np.asarray(inst["input_ids"])
+        special = (ids == 2) | (ids == 3)
+        cont = None if is_continuation is None else is_continuation[ids]
+        masked, pos, labels = mask_tokens(ids, special, rng, vocab_size, 4, shares=shares, whole_word=whole_word,
+                                          is_continuation=cont)
+        out.append((ids, special, masked, pos, labels))
+    return out
+
+
+@pytest.mark.parametrize("shares", [(0.8, 0.1, 0.1), (0.8, 0.0, 0.2), (0.0, 0.2, 0.8)])
+def test_masking_proportions(nsp_instances, shares):
+    chosen = tokens = masks = kept = 0
+    for ids, special, masked, pos, labels in _mask_all(nsp_instances[:3000], shares):
+        assert np.all(np.diff(pos) > 0) and not special[pos].any()  # sorted, unique, never [CLS]/[SEP]
+        assert np.array_equal(labels, ids[pos])
+        untouched = np.setdiff1d(np.arange(len(ids)), pos)
+        assert np.array_equal(masked[untouched], ids[untouched])
+        assert len(pos) == min(20, max(1, round(len(ids) * 0.15)))
+        chosen, tokens = chosen + len(pos), tokens + len(ids)
+        masks += np.sum(masked[pos] == 4)
+        kept += np.sum(masked[pos] == ids[pos])
+    assert abs(chosen / tokens - 0.15) < 0.005
+    assert abs(masks / chosen - shares[0]) < 0.01
+    assert abs(kept / chosen - shares[1]) < 0.01  # a random id equals the original 1/3000 of the time
+    assert abs((chosen - masks - kept) / chosen - shares[2]) < 0.01
+
+
+def test_whole_word_masking_takes_every_piece(wiki, nsp_instances):
+    _, tokenizer, _ = wiki
+    is_continuation = np.array([t.startswith("##") for t in vocab_list(tokenizer)])
+    words_split = 0
+    for ids, special, _, pos, _ in _mask_all(nsp_instances[:1000], (0.8, 0.1, 0.1), True, is_continuation):
+        chosen = np.zeros(len(ids), dtype=bool)
+        chosen[pos] = True
+        cont = is_continuation[ids] & ~special
+        glued = cont[1:] & ~special[:-1]  # piece i+1 continues the word at i
+        assert np.array_equal(chosen[:-1][glued], chosen[1:][glued])
+        assert 0 < len(pos) <= min(20, round(len(ids) * 0.15))
+        words_split += np.sum(chosen[1:] & glued)
+    assert words_split > 100  # multi-piece words were actually masked
+
+
+# --- the DataModule -------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def small_corpus(tmp_path_factory, wiki):
+    """16 WikiText articles in the original format, and a fixed vocab (WordPiece training is not
+    bit-for-bit reproducible across processes: huggingface/tokenizers#1794)."""
+    docs, tokenizer, _ = wiki
+    root = tmp_path_factory.mktemp("corpus")
+    return str(write_documents(docs[:16], root / "wiki16.txt")), str(save_vocab(tokenizer, root))
+
+
+def _module(small_corpus, cache_dir, **kwargs) -> PretrainDataModule:
+    corpus, vocab = small_corpus
+    settings = dict(tokenizer=vocab, val_fraction=0.2, batch_size=8, cache_dir=str(cache_dir), seed=7)
+    dm = PretrainDataModule(corpus, **{**settings, **kwargs})
+    dm.setup()
+    return dm
+
+
+def test_batches_have_the_documented_format(small_corpus, tmp_path):
+    dm = _module(small_corpus, tmp_path)
+    assert len(dm.vocab) == 3000 and dm.tokenizer.get_vocab_size() == 3000 and dm.lowercase
+    train_docs, val_docs = set(dm.train_set["doc_index"]), dm.val_set["doc_index"]
+    assert len(set(val_docs)) == round(16 * 0.2) and len(train_docs) == 16 - round(16 * 0.2)
+    batch = next(iter(dm.train_dataloader()))
+    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
+                          "masked_lm_weights", "next_sentence_labels"}
+    B, T = batch["input_ids"].shape
+    assert B == 8 and T <= MAX_SEQ and T == batch["attention_mask"].sum(1).max()
+    assert batch["masked_lm_positions"].shape == (B, 20) and batch["masked_lm_weights"].dtype == torch.float32
+    for key in ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "next_sentence_labels"):
+        assert batch[key].dtype == torch.long
+    assert torch.all(batch["input_ids"][batch["attention_mask"] == 0] == 0)  # padded with [PAD] = 0
+    weights, positions = batch["masked_lm_weights"], batch["masked_lm_positions"]
+    assert torch.all(batch["attention_mask"].gather(1, positions)[weights == 1] == 1)  # never on padding
+    assert torch.all(positions[weights == 0] == 0) and set(batch["next_sentence_labels"].tolist()) <= {0, 1}
+    val = next(iter(dm.val_dataloader()))
+    assert set(val) == set(batch)
+
+
+def test_same_seed_same_data_and_cache_reuse(small_corpus, tmp_path, monkeypatch):
+    first = _module(small_corpus, tmp_path / "a", masking="static", dupe_factor=2)
+    other = _module(small_corpus, tmp_path / "b", masking="static", dupe_factor=2, num_proc=2)  # fresh cache
+    assert len(first.train_set) > 300
+    assert first.train_set.to_dict() == other.train_set.to_dict()
+    assert first.val_set.to_dict() == other.val_set.to_dict()
+    for key in ("input_ids", "masked_lm_positions"):
+        assert torch.equal(next(iter(first.train_dataloader()))[key], next(iter(other.train_dataloader()))[key])
+    assert first.train_set.to_dict() != _module(small_corpus, tmp_path / "c", masking="static", seed=8,
+                                                dupe_factor=2).train_set.to_dict()
+
+    def fail(*args, **kwargs):
+        raise AssertionError("the second run recomputed instead of reading the cache")
+
+    monkeypatch.setattr(pretraining, "create_instances_from_document", fail)
+    monkeypatch.setattr(pretraining, "_tokenize_batch", fail)
+    again = _module(small_corpus, tmp_path / "a", masking="static", dupe_factor=2)
+    assert again.train_set.to_dict() == first.train_set.to_dict()
+
+
+def test_dynamic_masks_change_static_do_not(small_corpus, tmp_path):
+    dynamic = _module(small_corpus, tmp_path, masking="dynamic")
+    static = _module(small_corpus, tmp_path, masking="static")
+    examples = dynamic.train_set.select(range(4)).to_list()
+    collate = dynamic.collator(static=False)
+    one, two = collate(examples), collate(examples)
+    assert not torch.equal(one["masked_lm_positions"], two["masked_lm_positions"])
+    assert torch.equal(one["next_sentence_labels"], two["next_sentence_labels"])
+    assert torch.equal(dynamic.collator(static=False)(examples)["input_ids"], one["input_ids"])  # seeded
+    static_examples = static.train_set.select(range(4)).to_list()
+    collate = static.collator(static=True)
+    assert torch.equal(collate(static_examples)["input_ids"], collate(static_examples)["input_ids"])
+    # Held-out data are masked once, with a fixed seed, whatever the training seed.
+    assert dynamic.val_set.to_dict() == _module(small_corpus, tmp_path, seed=99).val_set.to_dict()
+
+
+def test_no_nsp_and_ltr_batches(small_corpus, tmp_path):
+    no_nsp = next(iter(_module(small_corpus, tmp_path, nsp=False).train_dataloader()))
+    assert "next_sentence_labels" not in no_nsp and "masked_lm_positions" in no_nsp
+    assert no_nsp["token_type_ids"].sum() == 0
+    assert torch.all((no_nsp["input_ids"] == 3).sum(1) == 1)  # [CLS] text [SEP]: no pair
+    ltr = next(iter(_module(small_corpus, tmp_path, nsp=False, ltr=True).train_dataloader()))
+    assert set(ltr) == {"input_ids", "token_type_ids", "attention_mask"}
+    assert not torch.any(ltr["input_ids"] == 4)  # nothing masked
+    with pytest.raises(ValueError, match="nsp=False"):
+        PretrainDataModule(small_corpus[0], ltr=True, nsp=True)
+    with pytest.raises(ValueError, match="mask_shares"):
+        PretrainDataModule(small_corpus[0], mask_shares=(0.8, 0.1))
+
+
+def test_trains_its_own_vocab_when_none_is_given(tmp_path):
+    dm = PretrainDataModule("builtin:pydoc", tokenizer=None, vocab_size=1500, cache_dir=str(tmp_path))
+    tokenizer = dm.prepare_tokenizer()
+    assert 1000 < len(dm.vocab) <= 1500 and dm.vocab[:5] == ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    assert tokenizer.encode("the", add_special_tokens=False).tokens == ["the"]
+    cached = list((tmp_path / "wordpiece").glob("*/vocab.txt"))
+    assert len(cached) == 1
+    again = PretrainDataModule("builtin:pydoc", tokenizer=None, vocab_size=1500, cache_dir=str(tmp_path))
+    assert again.tokenizer is not None and again.vocab == dm.vocab  # read back, not retrained
