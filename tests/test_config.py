@@ -110,3 +110,20 @@ def test_unbuilt_task_fails_clearly(tmp_path):
     message = out.stdout + out.stderr  # Hydra's console log handler writes to stdout
     assert "not built yet" in message and "squad" in message.lower()
     assert not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_slurm"])
+def test_launchers_compose(launcher):
+    cfg = compose_cfg([f"hydra/launcher={launcher}"])
+    assert launcher.split("_")[0] in cfg.hydra.launcher._target_.lower()
+
+
+def test_fsdp_strategy_wraps_encoder_layers():
+    from hydra.utils import instantiate
+    from lightning.pytorch.strategies import FSDPStrategy
+
+    from bert_repro.model import Layer
+
+    strategy = instantiate(resolved(compose_cfg(["trainer=fsdp"]))["trainer"]["strategy"])
+    assert isinstance(strategy, FSDPStrategy)
+    assert Layer in strategy.kwargs["auto_wrap_policy"]._module_classes

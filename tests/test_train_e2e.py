@@ -94,3 +94,19 @@ def test_ltr_checkpoint_stays_causal(tmp_path):
     # a bidirectional run may not silently drop the left-only constraint of this checkpoint
     proc, _ = train(tmp_path, "ltr_into_bidi", f"init={ckpt}")
     assert proc.returncode != 0 and "causal" in proc.stdout + proc.stderr
+
+
+def test_init_from_hf_directory_takes_its_vocab_and_reports_missing_heads(tmp_path, minilm_dir, shared_data):
+    """all-MiniLM-L6-v2 (an HF-format BertModel without pre-training heads) as init= on real text."""
+    minilm = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=12", "optim.max_steps=2",
+              "optim.val_check_interval=2", "optim.limit_val_batches=1", f"init={minilm_dir}"]
+    proc, out = train(tmp_path, "minilm", *minilm, corpus=str(shared_data / "pretrain_text" / "sample_text.txt"))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    results = json.loads((out / "results.json").read_text())
+    assert results["missing_heads"] == ["mlm", "nsp"] and results["model_config"]["vocab_size"] == 30522
+    vocab = (out / "init_vocab.txt").read_text().split("\n")
+    assert vocab[101:104] == ["[CLS]", "[SEP]", "[MASK]"]  # the checkpoint's own vocabulary, in its own order
+    # a model shape that does not match the checkpoint is refused with both shapes named
+    proc, _ = train(tmp_path, "minilm_wrong_shape", *minilm[1:], "model.hidden_size=256", "model.num_heads=4",
+                    corpus=str(shared_data / "pretrain_text" / "sample_text.txt"))
+    assert proc.returncode != 0 and "does not match the configured model" in proc.stdout + proc.stderr

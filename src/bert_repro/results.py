@@ -41,11 +41,15 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
                if scale == "smoke" else f"scale={scale}")
     table = Table(title=f"{results['task']} | model={results.get('model')} | ablation={results['ablation']} "
                         f"| seed={results['seed']}", caption=caption)
+    # What a model that learned nothing scores, so a smoke run's numbers can be read at a glance.
+    untrained = {"val/mlm_ppl": f"{results['model_config']['vocab_size']} (uniform guess)",
+                 "val/nsp_acc": "0.5000 (chance)"} if results["task"] == "pretrain" else {}
     table.add_column("metric")
     table.add_column("final", justify="right")
+    table.add_column("untrained", justify="right")
     for name, value in sorted(results["metrics"]["final"].items()):
         if name.startswith(("val/", "test/")):
-            table.add_row(name, "n/a" if value is None else f"{value:.4f}")
+            table.add_row(name, "n/a" if value is None else f"{value:.4f}", untrained.get(name, ""))
     if results.get("tokens_per_s"):
         table.add_row("train tokens/s", f"{results['tokens_per_s']:.0f}")
     table.add_row("steps", str(results["global_step"]))
