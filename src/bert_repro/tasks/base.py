@@ -54,8 +54,14 @@ class BertTaskModule(L.LightningModule):
         """Load encoder (and matching head) weights read by ``convert.load_checkpoint`` (our .ckpt, an
         HF directory or a TF checkpoint). Returns the heads the checkpoint lacked, to be reported."""
         path = loaded.source
-        expected = BertConfig(**{**loaded.config.to_dict(), "vocab_size": self.config.vocab_size,
-                                 "causal": self.config.causal, "hidden_dropout": self.config.hidden_dropout,
+        if loaded.config.vocab_size != self.config.vocab_size:
+            raise ValueError(
+                f"init={path} has a vocabulary of {loaded.config.vocab_size} tokens but the run's tokenizer has "
+                f"{self.config.vocab_size}; fine-tune with the checkpoint's own vocab.txt (data.tokenizer=...)"
+            )
+        # dropout and the causal flag are the run's to choose; every shape must match the checkpoint
+        expected = BertConfig(**{**loaded.config.to_dict(), "causal": self.config.causal,
+                                 "hidden_dropout": self.config.hidden_dropout,
                                  "attention_dropout": self.config.attention_dropout})
         if expected != self.config:
             raise ValueError(
@@ -64,8 +70,6 @@ class BertTaskModule(L.LightningModule):
             )
         if loaded.config.causal and not self.config.causal:
             raise ValueError(f"init={path} was pre-trained left-to-right (causal); use ablation=ltr_no_nsp")
-        if loaded.vocab is not None and len(loaded.vocab) != self.config.vocab_size:
-            raise ValueError(f"init={path}: vocabulary of {len(loaded.vocab)} tokens, model has {self.config.vocab_size}")
         own = self.model.state_dict()
         state = {k: v for k, v in loaded.state_dict.items() if k in own}
         missing = sorted(k for k in own if k not in state)
@@ -73,8 +77,6 @@ class BertTaskModule(L.LightningModule):
         if encoder_missing:
             raise ValueError(f"init={path}: encoder weights missing: {encoder_missing[:5]}")
         self.model.load_state_dict(state, strict=False)
-        if loaded.vocab is not None:
-            self.vocab, self.lowercase = list(loaded.vocab), bool(loaded.lowercase if loaded.lowercase is not None else True)
         heads = sorted({k.split(".")[0] for k in missing})
         if heads:
             log.warning("init=%s has no weights for %s: randomly initialised", path, ", ".join(heads))
