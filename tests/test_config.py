@@ -42,6 +42,8 @@ def test_every_option_composes(group):
         overrides = [f"{group}={name}"]
         if group == "scale" and name != "smoke":
             overrides.append("data.corpus=/some/corpus")
+        if group == "experiment" and name == "pretrain_phase2":
+            overrides.append("ckpt_path=/some/phase1/last.ckpt")  # mandatory (???): the run it resumes
         cfg = resolved(compose_cfg(overrides))
         assert cfg["task"]["name"] and cfg["model"]["hidden_size"] > 0, (group, name)
 

@@ -97,3 +97,57 @@ def test_weight_decay_only_on_matrices():
     assert all(p.ndim >= 2 for p in decay["params"])
     assert all("LayerNorm" in names[id(p)] or names[id(p)].endswith("bias") for p in no_decay["params"])
     assert decay["weight_decay"] == 0.01 and no_decay["weight_decay"] == 0.0
+
+
+def _per_position_logits(module, b) -> torch.Tensor:
+    """Run the module's own training step and catch the logits it scores: (B, T-1, V) for the LTR model."""
+    caught = {}
+    hook = module.model.register_forward_hook(lambda mod, args, out: caught.update(logits=out.mlm_logits))
+    with torch.no_grad():
+        module._step(b, "val")
+    hook.remove()
+    positions, real = module._predictions(b)
+    logits = torch.full((*positions.shape, caught["logits"].shape[-1]), float("nan"))
+    logits[real] = caught["logits"]  # (N, V) back to (B, T-1, V); padding stays NaN
+    return logits
+
+
+@pytest.mark.parametrize("pad_last", [4, 0])  # with padding (explicit SDPA masks) and without (is_causal)
+@pytest.mark.parametrize("causal", [True, False])
+def test_ltr_model_never_sees_the_future(causal, pad_last):
+    """Table 5 "LTR": change the tokens after t and nothing the module computes at positions <= t moves
+    (logits, hence each position's loss); the bidirectional control shows the test can see a leak."""
+    torch.manual_seed(0)
+    model = {**TINY, "causal": True, "initializer_range": 0.2}  # larger weights: sharper attention, larger leaks
+    module = PretrainModule(model=model, optim=OPTIM, nsp=False, ltr=True).eval()
+    module.model.config.causal = causal  # the control: the same weights, attention both ways
+    for layer in module.model.bert.encoder.layer:
+        layer.attention.causal = causal
+    b = {k: v for k, v in batch(pad_last=pad_last).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+    t = 7
+    changed = {**b, "input_ids": b["input_ids"].clone()}
+    changed["input_ids"][:, t + 1 : -5] = (changed["input_ids"][:, t + 1 : -5] + 11) % 59 + 5  # new tokens after t
+    before, after = _per_position_logits(module, b), _per_position_logits(module, changed)
+    if causal:
+        torch.testing.assert_close(after[:, : t + 1], before[:, : t + 1], atol=1e-6, rtol=1e-6, equal_nan=True)
+        assert (after[:, t + 1 :] - before[:, t + 1 :]).abs().nan_to_num().amax() > 1e-3  # later positions do see it
+    else:
+        assert (after[:, : t + 1] - before[:, : t + 1]).abs().nan_to_num().amax() > 1e-3
+
+
+def _with_trainer(module, monkeypatch, max_steps: int, estimated: int):
+    trainer = type("T", (), {"max_steps": max_steps, "estimated_stepping_batches": estimated})()
+    monkeypatch.setattr(type(module), "trainer", property(lambda self: trainer))
+    return module.configure_optimizers()["lr_scheduler"]["scheduler"]
+
+
+def test_schedule_steps_lays_the_schedule_over_both_phases(monkeypatch):
+    """v2 A.2: phase 1 runs 90% of the steps on a schedule as long as both phases; phase 2 continues it."""
+    module = PretrainModule(model=TINY, optim={**OPTIM, "warmup_steps": 10, "schedule_steps": 100})
+    factor = _with_trainer(module, monkeypatch, max_steps=90, estimated=90).lr_lambdas[0]
+    assert factor(9) == pytest.approx(1.0) and factor(55) == pytest.approx(45 / 90)
+    assert factor(90) == pytest.approx(10 / 90)  # phase 1 ends at 10% of the peak, not at 0
+    without = PretrainModule(model=TINY, optim=OPTIM)  # no schedule_steps: the run's own steps
+    assert _with_trainer(without, monkeypatch, max_steps=90, estimated=90).lr_lambdas[0](89) == pytest.approx(1 / 88)
+    with pytest.raises(ValueError, match="max_steps=120 runs past optim.schedule_steps=100"):
+        _with_trainer(module, monkeypatch, max_steps=120, estimated=120)

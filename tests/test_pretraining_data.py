@@ -7,9 +7,10 @@ import numpy as np
 import pytest
 import torch
 
-from bert_repro.data import pretraining
-from bert_repro.data.corpus import gutenberg_documents, load_documents, wikitext_documents, write_documents
-from bert_repro.data.pretraining import PretrainDataModule, create_instances_from_document, mask_tokens
+from bert_repro.data import instances
+from bert_repro.data.corpus import wikitext_documents, write_documents
+from bert_repro.data.instances import create_instances_from_document, mask_tokens
+from bert_repro.data.pretraining import PretrainDataModule
 from bert_repro.tokenization import save_vocab, train_wordpiece, vocab_list
 
 SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
@@ -50,52 +51,6 @@ def _stream(doc: list[list[int]]) -> str:
 
 def _join(ids) -> str:
     return "," + ",".join(str(t) for t in ids) + ","
-
-
-# --- corpora --------------------------------------------------------------------------------------
-
-
-def test_original_format_crlf_and_document_breaks(tmp_path):
-    (tmp_path / "a.txt").write_bytes(b"First one.\r\nSecond one.\r\n\r\n\r\nNext doc.\r\n   \r\nThird doc.\r\n")
-    (tmp_path / "b.txt").write_text("Only line of b.\n")
-    docs = load_documents(str(tmp_path), cache_dir=tmp_path / "cache")
-    assert docs["sentences"] == [["First one.", "Second one."], ["Next doc."], ["Third doc."], ["Only line of b."]]
-
-
-def test_sample_text_reads_as_three_documents(tmp_path):
-    docs = load_documents(str(_need(TEXT / "sample_text.txt")), cache_dir=tmp_path)
-    assert len(docs) == 3
-    assert docs[0]["sentences"][0].startswith("This text is included to make sure Unicode")
-    assert [len(s) for s in docs["sentences"]] == [3, 13, 15]
-
-
-def test_missing_or_empty_corpus_is_named(tmp_path):
-    with pytest.raises(FileNotFoundError, match="no_such_corpus"):
-        load_documents(str(tmp_path / "no_such_corpus"), cache_dir=tmp_path)
-    (tmp_path / "blank.txt").write_text("\n\n  \n")
-    with pytest.raises(ValueError, match="blank.txt"):
-        load_documents(str(tmp_path / "blank.txt"), cache_dir=tmp_path)
-
-
-def test_pydoc_builtin_corpus(tmp_path):
-    docs = load_documents("builtin:pydoc", cache_dir=tmp_path)
-    assert len(docs) >= 60  # one per pydoc topic with prose
-    sentences = [s for d in docs["sentences"] for s in d]
-    assert len(sentences) > 1500 and all(len(s.split()) >= 3 for s in sentences)
-    written = next((tmp_path / "corpora").glob("pydoc-*.txt"))
-    stamp = written.stat().st_mtime_ns
-    assert len(load_documents("builtin:pydoc", cache_dir=tmp_path)) == len(docs)
-    assert written.stat().st_mtime_ns == stamp  # written once, then read like any other file
-
-
-def test_gutenberg_book_converts_to_chapters(tmp_path):
-    book = _need(TEXT / "gutenberg" / "11.txt")  # Alice's Adventures in Wonderland: 12 chapters
-    path = write_documents(gutenberg_documents(book), tmp_path / "alice.txt")
-    docs = load_documents(str(path), cache_dir=tmp_path)
-    assert len(docs) == 12
-    assert docs[0]["sentences"][0].startswith("Alice was beginning to get very tired")
-    text = " ".join(s for d in docs["sentences"] for s in d)
-    assert "Project Gutenberg" not in text and "START OF" not in text
 
 
 # --- NSP instances (create_instances_from_document) -----------------------------------------------
@@ -260,8 +215,8 @@ def test_same_seed_same_data_and_cache_reuse(small_corpus, tmp_path, monkeypatch
     def fail(*args, **kwargs):
         raise AssertionError("the second run recomputed instead of reading the cache")
 
-    monkeypatch.setattr(pretraining, "create_instances_from_document", fail)
-    monkeypatch.setattr(pretraining, "_tokenize_batch", fail)
+    monkeypatch.setattr(instances, "create_instances_from_document", fail)
+    monkeypatch.setattr(instances, "tokenize_batch", fail)
     again = _module(small_corpus, tmp_path / "a", masking="static", dupe_factor=2)
     assert again.train_set.to_dict() == first.train_set.to_dict()
 
@@ -305,3 +260,105 @@ def test_trains_its_own_vocab_when_none_is_given(tmp_path):
     assert len(cached) == 1
     again = PretrainDataModule("builtin:pydoc", tokenizer=None, vocab_size=1500, cache_dir=str(tmp_path))
     assert again.tokenizer is not None and again.vocab == dm.vocab  # read back, not retrained
+
+
+# --- the ablation data (§5.1, v2 C.2) and determinism -----------------------------------------------
+
+
+def _originals(ids: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> np.ndarray:
+    """The sequence before masking: the true ids put back at the predicted positions."""
+    original = np.array(ids)
+    original[positions] = labels
+    return original
+
+
+@pytest.mark.parametrize("ablation", ["mask_80_10_10", "mask_100_0_0", "mask_80_0_20", "mask_80_20_0",
+                                      "mask_0_20_80", "mask_0_0_100"])
+def test_mask_configs_give_their_shares_on_generated_instances(small_corpus, tmp_path, ablation):
+    """Table 8: each mask_* config, composed as a run composes it, masks instances in its MASK/SAME/RND shares."""
+    from .test_config import compose_cfg, resolved
+
+    shares = resolved(compose_cfg([f"ablation={ablation}"]))["data"]["mask_shares"]
+    assert ablation == "mask_" + "_".join(str(round(100 * s)) for s in shares)
+    dm = _module(small_corpus, tmp_path, masking="static", dupe_factor=3, mask_shares=shares)
+    mask_id = dm.special_ids["[MASK]"]
+    counts = np.zeros(3)
+    chosen = tokens = 0
+    for ids, positions, labels in zip(*(dm.train_set[k] for k in ("input_ids", "masked_lm_positions", "masked_lm_ids"))):
+        masked = np.asarray(ids)[positions]
+        counts += [np.sum(masked == mask_id), np.sum((masked == labels) & (masked != mask_id)),
+                   np.sum((masked != labels) & (masked != mask_id))]
+        chosen, tokens = chosen + len(positions), tokens + len(ids)
+    assert chosen > 8000 and abs(chosen / tokens - 0.15) < 0.01
+    # a random id equals the original (or [MASK]) 1/3000 of the time: within the tolerance
+    np.testing.assert_allclose(counts / chosen, shares, atol=0.015)
+
+
+@pytest.mark.parametrize("num_workers", [0, 1])
+def test_dynamic_masking_redraws_masks_every_epoch(small_corpus, tmp_path, num_workers):
+    dm = _module(small_corpus, tmp_path, masking="dynamic", num_workers=num_workers)
+    loader = dm.train_dataloader()
+    epochs = []
+    for _ in range(2):  # two passes over the same loader = two epochs of training
+        masks = {}
+        for batch in loader:
+            for ids, positions, labels, weights in zip(*(batch[k].numpy() for k in (
+                    "input_ids", "masked_lm_positions", "masked_lm_ids", "masked_lm_weights"))):
+                real = weights > 0
+                original = _originals(ids, positions[real], labels[real])
+                masks[original.tobytes()] = (positions[real].tobytes(), ids.tobytes())
+        epochs.append(masks)
+    assert len(epochs[0]) > 300 and epochs[0].keys() == epochs[1].keys()  # the same instances, reshuffled
+    changed = np.mean([epochs[0][k] != epochs[1][k] for k in epochs[0]])
+    assert changed > 0.95
+
+
+def test_static_masking_gives_dupe_factor_differently_masked_copies(wiki, tmp_path):
+    """dupe_factor rounds over short documents (one instance each, nothing truncated): every document comes
+    back dupe_factor times, the same tokens under different masks."""
+    docs, tokenizer, tokenized = wiki
+    short = [d[:2] for d, ids in zip(docs, tokenized) if sum(map(len, ids[:2])) <= 100][:40]
+    corpus = write_documents(short, tmp_path / "short.txt")
+    vocab = save_vocab(tokenizer, tmp_path)
+    dm = PretrainDataModule(str(corpus), tokenizer=str(vocab), max_seq_length=128, short_seq_prob=0.0, nsp=False,
+                            masking="static", dupe_factor=4, val_fraction=0.0, cache_dir=str(tmp_path / "cache"))
+    dm.setup()
+    copies: dict[int, list] = {}
+    for row in dm.train_set:
+        original = _originals(row["input_ids"], row["masked_lm_positions"], row["masked_lm_ids"])
+        copies.setdefault(row["doc_index"], []).append((row["dupe"], original.tolist(), tuple(row["masked_lm_positions"])))
+    assert len(copies) == len(short) > 30
+    for rounds in copies.values():
+        assert sorted(r[0] for r in rounds) == [0, 1, 2, 3]
+        assert all(r[1] == rounds[0][1] for r in rounds)  # the same instance four times
+    distinct = [len({r[2] for r in rounds}) for rounds in copies.values()]
+    assert np.mean(np.array(distinct) == 4) > 0.9  # ... masked four different ways
+
+
+def test_same_seed_same_first_losses(small_corpus, tmp_path, monkeypatch):
+    """Same seed -> the same instances, batches, initial weights and dropout: the same first losses."""
+    import lightning as L
+
+    from bert_repro.tasks.pretrain import PretrainModule
+
+    monkeypatch.setattr(PretrainModule, "log", lambda *a, **k: None)
+    monkeypatch.setattr(PretrainModule, "log_dict", lambda *a, **k: None)
+
+    def first_losses(cache: str, seed: int) -> list[float]:
+        L.seed_everything(seed)
+        dm = _module(small_corpus, tmp_path / cache, masking="dynamic", seed=seed)
+        module = PretrainModule(model=dict(vocab_size=len(dm.vocab), hidden_size=32, num_layers=2, num_heads=2),
+                                optim={})
+        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
+        losses = []
+        for _, batch in zip(range(3), dm.train_dataloader()):
+            loss = module._step(batch, "train")
+            loss.backward()
+            optimizer.step()
+            optimizer.zero_grad()
+            losses.append(loss.item())
+        return losses
+
+    first = first_losses("a", 5)
+    assert first == first_losses("b", 5)  # a fresh cache: everything rebuilt
+    assert first != first_losses("c", 6)

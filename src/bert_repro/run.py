@@ -18,6 +18,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 
 from bert_repro.callbacks import Throughput
+from bert_repro.metrics import degenerate_reason
 from bert_repro.results import git_revision, print_results, write_results
 
 log = logging.getLogger(__name__)
@@ -108,6 +109,23 @@ def _floats(metrics: dict[str, Any]) -> dict[str, float]:
     return out
 
 
+def predict_test(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,
+                 out_dir: Path) -> dict[str, str]:
+    """Test-set predictions of the module's current weights, written in the task's submission format
+    (the GLUE server's files). Returns split -> file; empty on the ranks other than 0."""
+    datamodule.setup("predict")  # a no-op after fit; the selection tool predicts from a checkpoint
+    if not datamodule.test_splits:
+        log.warning("test=true, but task=%s has no test file here; nothing predicted", datamodule.task)
+        return {}
+    outputs = trainer.predict(module, datamodule=datamodule) or []
+    flat = [o for group in outputs for o in (group if isinstance(group, list) else [group])]
+    if trainer.world_size > 1:  # each rank predicted its own share of every test set
+        gathered: list[Any] = [None] * trainer.world_size
+        torch.distributed.all_gather_object(gathered, flat)
+        flat = [o for part in gathered for o in part]
+    return datamodule.write_predictions(flat, out_dir) if trainer.is_global_zero else {}
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Build data, model and trainer from ``cfg``, fit, validate the final weights, write results.json."""
     start = time.time()
@@ -131,6 +149,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer)
     datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", **data_overrides)
+    if cfg.test and not hasattr(datamodule, "write_predictions"):
+        raise UsageError(f"test=true: task={cfg.task.name} has no test predictions")
     datamodule.prepare_tokenizer()
 
     model_cfg = {**_plain(cfg.model), "vocab_size": len(datamodule.vocab)}
@@ -144,12 +164,20 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     trainer, checkpoint = build_trainer(cfg, accumulation, output_dir)
     status = "complete"
+    majority = bool(cfg.task.get("predict_majority", False))  # §4.1 WNLI: the majority class, nothing trained
+    test_files: dict[str, str] = {}
     try:
-        trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
-        final = _floats(trainer.validate(module, datamodule=datamodule, verbose=False)[0]) \
-            if not trainer.fast_dev_run else _floats(trainer.callback_metrics)
+        if not majority:
+            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+        if majority or not trainer.fast_dev_run:  # one dict per dev set (MNLI: matched, mismatched)
+            final = _floats({k: v for d in trainer.validate(module, datamodule=datamodule, verbose=False)
+                             for k, v in d.items()})
+        else:
+            final = _floats(trainer.callback_metrics)
         if trainer.interrupted:
             status = "interrupted"
+        elif cfg.test and not trainer.fast_dev_run:
+            test_files = predict_test(trainer, module, datamodule, output_dir / "test_predictions")
     finally:
         for logger in trainer.loggers:
             if hasattr(logger, "experiment") and hasattr(logger.experiment, "finish"):
@@ -167,9 +195,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "seed": cfg.seed,
         "init": cfg.init,
         "missing_heads": missing_heads,
+        "predict_majority": majority,
         "monitor": cfg.task.monitor,
         "metrics": {"final": final, "best": {cfg.task.monitor: float(best_score) if best_score is not None else None},
-                    "best_checkpoint": checkpoint.best_model_path or None},
+                    "best_checkpoint": checkpoint.best_model_path or None,
+                    "per_epoch": getattr(module, "history", None)},
+        "degenerate": None if majority else degenerate_reason(final),  # e.g. collapsed onto the majority class
+        "data_sizes": {split: len(d) for split, d in getattr(datamodule, "datasets", {}).items()} or None,
+        "test_predictions": test_files or None,
         "global_step": trainer.global_step,
         "global_batch": int(cfg.data.batch_size),
         "per_device_batch": per_device,

@@ -7,9 +7,12 @@ not yet in that format are converted once into it under the cache directory:
 
   builtin:pydoc        the English reference text that ships with CPython (pydoc_data), one
                        document per topic; offline and always present, for smoke runs and tests
-  wikitext:<file>      WikiText raw (" = Title = " starts an article), one document per article
+  wikitext:<file>      WikiText raw (" = Title = " starts an article), one document per article,
+                       text passages only (`wiki_passages`)
   gutenberg:<path>     Project Gutenberg plain-text books (a file or a directory of *.txt),
                        licence stripped, one document per chapter
+
+Hugging Face datasets (data.source=hub) are read by `hub.py` with the same sentence splitter and filter.
 """
 
 from __future__ import annotations
@@ -32,6 +35,17 @@ MIN_WORDS = 3  # converted sentences with fewer words are headings, list items o
 _SENTENCE_END = re.compile(r"""([.!?]+["'\u201d\u2019)\]]*)\s+(?=["'\u201c\u2018(\[]?[A-Z0-9])""")
 # ...except after a title or an initial ("Mr. Holmes", "H. G. Wells"), which joins the next piece.
 _ABBREVIATION = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Prof|Mt|No|vs)|\b[A-Z]|\be\.g|\bi\.e)\.$")
+# "Text passages only" (§3.4: for Wikipedia "we extract only the text passages and ignore lists, tables,
+# and headers"). A line (a paragraph) is a passage when it has at least MIN_PASSAGE_WORDS words, ends like a
+# sentence (or leads into a quote), and does not start with wiki list/table/heading markup; a back-matter
+# heading (References, See also ...) ends the article's text. WikiText's " = = Heading = = " lines, track
+# lists, cast lists, discographies and taxonomies, and the plain-text headings of the Hub's Wikipedia dumps
+# all fail the test.
+MIN_PASSAGE_WORDS = 6
+_MARKUP = re.compile(r"^(?:[*#:;|!=\u2022\u00b7-]|\{\|)")  # list items, definition lists, table rows, headings
+_PASSAGE_END = re.compile(r"""[.!?:](?:\s?["'\u201d\u2019)\]])*$""")  # ":" leads into a quote or list
+BACK_MATTER = {"references", "see also", "external links", "further reading", "notes", "bibliography",
+               "sources", "footnotes", "citations", "notes and references", "works cited"}
 _GUTENBERG_HEADING = re.compile(
     r"^(?:(?:CHAPTER|Chapter|STAVE|LETTER|Letter|ADVENTURE|BOOK|Book|PART|Part)\b.{0,60}|[IVXLC]+\.?)$"
 )
@@ -53,7 +67,28 @@ def split_sentences(text: str) -> list[str]:
     return sentences
 
 
-def _prose(paragraph: str) -> list[str]:
+def is_passage(line: str) -> bool:
+    """A running-text paragraph, not a list item, table row or header (see MIN_PASSAGE_WORDS)."""
+    line = line.strip()
+    return (len(line.split()) >= MIN_PASSAGE_WORDS and _PASSAGE_END.search(line) is not None
+            and _MARKUP.match(line) is None)
+
+
+def is_back_matter(line: str) -> bool:
+    """A heading ("References", " = = See also = = ") after which an article holds no more running text."""
+    return line.strip().strip("=").strip().lower() in BACK_MATTER
+
+
+def wiki_passages(lines: Iterable[str]) -> Iterator[str]:
+    """The text passages of one article's lines, in order, whitespace normalised (§3.4)."""
+    for line in lines:
+        if is_back_matter(line):
+            return
+        if is_passage(line):
+            yield " ".join(line.split())
+
+
+def prose_sentences(paragraph: str) -> list[str]:
     return [s for s in split_sentences(paragraph) if len(s.split()) >= MIN_WORDS]
 
 
@@ -81,21 +116,32 @@ def pydoc_documents() -> Iterator[list[str]]:
             # Indented blocks are grammar and code; a line of *, =, - or ^ underlines a heading.
             if not lines or lines[0][:1].isspace() or any(re.fullmatch(r"[*=\-^~]+", ln) for ln in lines):
                 continue
-            sentences += _prose(paragraph)
+            sentences += prose_sentences(paragraph)
         yield sentences
 
 
+def _wikitext_articles(path: Path) -> Iterator[list[str]]:
+    """The lines of each WikiText article, read line by line (a corpus is never held whole in memory)."""
+    lines: list[str] = []
+    with open(path, encoding="utf-8") as f:  # universal newlines: CRLF reads as "\n"
+        for line in f:
+            line = line.rstrip("\n")
+            if re.fullmatch(r" = [^=].* = ", line):  # " = Title = " starts an article
+                yield lines
+                lines = []
+            elif line.strip():
+                lines.append(line)
+    yield lines
+
+
 def wikitext_documents(path: Path) -> Iterator[list[str]]:
-    sentences: list[str] = []
-    for line in path.read_text(encoding="utf-8").splitlines():
-        if re.fullmatch(r" = [^=].* = ", line):  # " = Title = " starts an article
-            yield sentences
-            sentences = []
-        elif line.strip() and not line.startswith(" = "):  # skip " = = Section = = " headings
+    for article in _wikitext_articles(path):
+        sentences: list[str] = []
+        for passage in wiki_passages(article):
             # Undo the WikiText tokenisation of in-word hyphens and number separators.
-            line = line.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
-            sentences += _prose(line)
-    yield sentences
+            passage = passage.replace(" @-@ ", "-").replace(" @,@ ", ",").replace(" @.@ ", ".")
+            sentences += prose_sentences(passage)
+        yield sentences
 
 
 def gutenberg_documents(path: Path) -> Iterator[list[str]]:
@@ -110,12 +156,13 @@ def gutenberg_documents(path: Path) -> Iterator[list[str]]:
             if _GUTENBERG_HEADING.match(paragraph.strip()):
                 chapters.append([])
             else:
-                chapters[-1] += _prose(paragraph)
+                chapters[-1] += prose_sentences(paragraph)
         # Before the first heading come the title page and contents, not prose.
         yield from chapters[1:] if len(chapters) > 1 else chapters
 
 
 _CONVERTERS = {"wikitext": wikitext_documents, "gutenberg": gutenberg_documents}
+CONVERTER_VERSION = 2  # part of a converted corpus's file name: bump when a converter's output changes
 
 
 def _fingerprint(path: Path) -> str:
@@ -134,7 +181,7 @@ def _resolve(source: str, cache_dir: Path) -> list[Path]:
         path = Path(rest).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"corpus {source!r}: {path} does not exist")
-        out = cache_dir / "corpora" / f"{kind}-{path.stem}-{_fingerprint(path)}.txt"
+        out = cache_dir / "corpora" / f"{kind}-{path.stem}-{_fingerprint(path)}-v{CONVERTER_VERSION}.txt"
         return [out if out.is_file() else write_documents(_CONVERTERS[kind](path), out)]
     path = Path(source).expanduser()
     if not path.exists():
@@ -169,11 +216,13 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
     """One row per document with a `sentences: list[str]` column, in corpus order."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     files = _resolve(source, cache_dir)
-    # Universal newlines: the text builder opens files in text mode, so CRLF reads as "\n".
-    text = load_dataset(
-        "text", data_files=[str(f) for f in files], sample_by="paragraph", split="train", cache_dir=str(cache_dir / "hf")
-    )
-    documents = text.map(_to_documents, batched=True, remove_columns=["text"], num_proc=num_proc)
+    # Universal newlines: the text builder opens files in text mode, so CRLF reads as "\n". It reads 1 MB at a
+    # time (instead of its default 10 MB) and the map below 64 documents at a time, each written out as it
+    # comes: memory stays flat whatever the corpus size.
+    text = load_dataset("text", data_files=[str(f) for f in files], sample_by="paragraph", chunksize=1 << 20,
+                        split="train", cache_dir=str(cache_dir / "hf"))
+    documents = text.map(_to_documents, batched=True, batch_size=64, writer_batch_size=64, remove_columns=["text"],
+                         num_proc=num_proc)
     if len(documents) == 0:
         raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) holds no documents")
     return documents

@@ -98,7 +98,14 @@ class BertTaskModule(L.LightningModule):
         # the fused kernel is the same AdamW update in one pass over the parameters (speed, not science)
         fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
         optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], fused=fused or None)
-        total = int(self.trainer.estimated_stepping_batches)
+        # The schedule's length: this run's optimizer steps, or `schedule_steps` when the run is one part of a
+        # longer schedule (the two-phase recipe of v2 A.2: phase 1 stops at 90% of it, phase 2 resumes from
+        # phase 1's checkpoint, where Lightning restores the step count and this scheduler's position).
+        total = int(o.get("schedule_steps") or self.trainer.estimated_stepping_batches)
+        max_steps = self.trainer.max_steps
+        if o.get("schedule_steps") and max_steps is not None and max_steps > total:
+            raise ValueError(f"optim.max_steps={max_steps} runs past optim.schedule_steps={total}, where the "
+                             "learning rate is 0; set schedule_steps >= max_steps (or null)")
         warmup = o.get("warmup_steps")
         if warmup is None:
             warmup = int(round((o.get("warmup_ratio") or 0.0) * total))

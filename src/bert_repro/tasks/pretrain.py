@@ -3,7 +3,9 @@
 from __future__ import annotations
 
 import math
+from pathlib import Path
 
+import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
@@ -19,21 +21,40 @@ class PretrainModule(BertTaskModule):
 
     ``nsp=False`` drops the NSP head and loss (Table 5 "No NSP"); ``ltr=True`` trains a left-to-right
     LM that predicts every next token (Table 5 "LTR & No NSP": needs ``model.causal``).
+    ``checkpoint_every_n_steps`` keeps ``checkpoints/step-<N>.ckpt`` every N optimizer steps, for the
+    fine-tuning-vs-steps curve (§5.3, Figure 4); each loads as ``init=`` like ``last.ckpt``.
     """
 
-    def __init__(self, model: dict, optim: dict, nsp: bool = True, ltr: bool = False):
+    def __init__(self, model: dict, optim: dict, nsp: bool = True, ltr: bool = False,
+                 checkpoint_every_n_steps: int | None = None):
         super().__init__(model, optim)
         self.save_hyperparameters()
         if ltr and (nsp or not self.config.causal):
             raise ValueError("ltr=True is the left-to-right LM: it needs model.causal=true and nsp=false "
                              "(use ablation=ltr_no_nsp)")
+        if checkpoint_every_n_steps is not None and checkpoint_every_n_steps < 1:
+            raise ValueError(f"checkpoint_every_n_steps={checkpoint_every_n_steps}: expected a positive step count or null")
         self.nsp, self.ltr = nsp, ltr
+        self.checkpoint_every_n_steps = checkpoint_every_n_steps
         self.model = BertForPreTraining(self.config, nsp=nsp)
         for split in ("train", "val"):
             setattr(self, f"{split}_mlm_loss", MeanMetric())
             setattr(self, f"{split}_mlm_acc", MeanMetric())
             if nsp:
                 setattr(self, f"{split}_nsp_acc", MulticlassAccuracy(num_classes=2, average="micro"))
+
+    def configure_callbacks(self) -> list:
+        if not self.checkpoint_every_n_steps:
+            return []
+        return [StepCheckpoint(Path(self.trainer.default_root_dir) / "checkpoints", self.checkpoint_every_n_steps)]
+
+    def on_train_start(self) -> None:
+        # Phase 2 of the two-phase schedule (v2 A.2) must continue phase 1's final state, not an earlier one.
+        expected = self.optim.get("resume_step")
+        if expected is not None and self.trainer.global_step != expected:
+            raise ValueError(f"ckpt_path={self.trainer.ckpt_path} resumes at step {self.trainer.global_step}; phase 2 "
+                             f"starts at step {expected}, where phase 1 ends: pass phase 1's final checkpoint "
+                             "(its checkpoints/last.ckpt), or optim.resume_step=null to resume this one anyway")
 
     def _predictions(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Positions (B, P) to predict, and which of them are real (B, P): the masked ones (§3.3.1),
@@ -79,3 +100,18 @@ class PretrainModule(BertTaskModule):
     def on_validation_epoch_end(self) -> None:
         # held-out masked-LM perplexity (Table 6 "LM (ppl)"): exp of the prediction-weighted mean loss
         self.log("val/mlm_ppl", math.exp(min(float(self.val_mlm_loss.compute()), 50.0)))
+
+
+
+class StepCheckpoint(L.Callback):
+    """``checkpoints/step-<N>.ckpt`` every ``every`` optimizer steps, none ever deleted. Not a ModelCheckpoint
+    (sub)class: Lightning would let it replace the run's best/last checkpointing."""
+
+    def __init__(self, dirpath: Path, every: int):
+        self.dirpath, self.every, self._saved = Path(dirpath), every, -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        step = trainer.global_step  # already counts this batch's optimizer step; repeats across accumulated batches
+        if step > 0 and step % self.every == 0 and step != self._saved:
+            self._saved = step
+            trainer.save_checkpoint(self.dirpath / f"step-{step}.ckpt")

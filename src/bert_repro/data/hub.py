@@ -1,0 +1,149 @@
+"""Pre-training corpora from the Hugging Face Hub (`data.source=hub`): the paper's English Wikipedia and
+book collection (§3.4), or any text dataset, turned into documents of sentences like the local corpora.
+
+Each entry of `data.hub` names one dataset and how to read it:
+
+  path, name, split, revision   what `datasets.load_dataset(path, name, split=split, revision=revision)`
+                                loads (a Hub id or a local dataset directory); pin `revision` to reproduce
+  text_column                   the column holding the text (default "text")
+  format                        wiki:      a row is an article; text passages only (`corpus.wiki_passages`),
+                                           split into sentences
+                                text:      a row is a document of prose, paragraphs split at blank lines
+                                sentences: a row is one sentence; consecutive rows form a document, which
+                                           ends where `document_column` changes, every `rows_per_document`
+                                           rows, or at an empty row
+  streaming                     read the dataset as a stream (nothing downloaded up front)
+
+Documents are written to Arrow under cache_dir as they are produced (`datasets.map`, with num_proc, or
+`Dataset.from_generator` for streams and for the `sentences` format, which reads rows in order), so memory
+stays flat whatever the corpus size, and a second run with the same entry reads the cache back.
+"""
+
+from __future__ import annotations
+
+import re
+from collections.abc import Iterable, Iterator
+from pathlib import Path
+
+from datasets import Dataset, Features, Sequence, Value, concatenate_datasets, load_dataset
+from datasets.exceptions import DatasetGenerationError
+
+from bert_repro.data.corpus import prose_sentences, wiki_passages
+
+FORMATS = ("wiki", "text", "sentences")
+DEFAULTS = {"name": None, "split": "train", "revision": None, "text_column": "text", "format": "text",
+            "streaming": False, "document_column": None, "rows_per_document": None}
+DOCUMENT_FEATURES = Features({"sentences": Sequence(Value("string"))})
+
+
+def hub_spec(entry: dict) -> dict:
+    """`entry` with the defaults filled in, checked; the message names the entry and what was expected."""
+    entry = dict(entry)
+    unknown = set(entry) - {"path", *DEFAULTS}
+    if "path" not in entry or unknown:
+        raise ValueError(f"data.hub entry {entry}: needs 'path'; valid keys are path, {', '.join(DEFAULTS)}"
+                         + (f" (unknown: {', '.join(sorted(unknown))})" if unknown else ""))
+    spec = {**DEFAULTS, **entry}
+    if spec["format"] not in FORMATS:
+        raise ValueError(f"data.hub entry {spec['path']!r}: format={spec['format']!r}; expected one of {FORMATS}")
+    return spec
+
+
+def row_documents(texts: Iterable[str], fmt: str) -> Iterator[list[str]]:
+    """Sentences of each row of a `wiki` or `text` dataset (one document per row)."""
+    for text in texts:
+        if fmt == "wiki":
+            yield [s for passage in wiki_passages(text.split("\n")) for s in prose_sentences(passage)]
+        else:
+            yield [s for paragraph in re.split(r"\n\s*\n", text) for s in prose_sentences(paragraph)]
+
+
+def _rows_to_documents(batch: dict, text_column: str, fmt: str) -> dict:
+    return {"sentences": [doc for doc in row_documents(batch[text_column], fmt) if doc]}
+
+
+def _sentence_documents(rows: Iterable[dict], spec: dict) -> Iterator[list[str]]:
+    """Group sentence rows into documents (see the module docstring)."""
+    column, by, every = spec["text_column"], spec["document_column"], spec["rows_per_document"]
+    document: list[str] = []
+    key = None
+    for i, row in enumerate(rows):
+        text = " ".join((row[column] or "").split())
+        new_key = row[by] if by else (i // every if every else None)
+        if document and (new_key != key or (not by and not every and not text)):
+            yield document
+            document = []
+        key = new_key
+        if text:
+            document.append(text)
+    if document:
+        yield document
+
+
+def _load(spec: dict, cache_dir: Path | None, streaming: bool):
+    rows = load_dataset(spec["path"], spec["name"], split=spec["split"], revision=spec["revision"],
+                        streaming=streaming, cache_dir=str(cache_dir) if cache_dir else None)
+    columns = rows.column_names or []  # a stream may not know its columns before the first row
+    needed = [spec["text_column"]] + ([spec["document_column"]] if spec["document_column"] else [])
+    missing = [c for c in needed if columns and c not in columns]
+    if missing:
+        raise ValueError(f"data.hub entry {spec['path']!r} (split {spec['split']!r}) has no column {missing[0]!r}; "
+                         f"its columns are {columns}: set text_column (or document_column) to one of them")
+    return rows
+
+
+def _checked_rows(rows: Iterable[dict], spec: dict) -> Iterator[dict]:
+    """The rows, the first one checked for the configured columns (a stream names them only then)."""
+    for i, row in enumerate(rows):
+        if i == 0:
+            for column in filter(None, (spec["text_column"], spec["document_column"])):
+                if column not in row:
+                    raise ValueError(f"data.hub entry {spec['path']!r} (split {spec['split']!r}) has no column "
+                                     f"{column!r}; its columns are {list(row)}: set text_column (or document_column)")
+        yield row
+
+
+def _generate(spec: dict, max_documents: int | None, cache_dir: str | None) -> Iterator[dict]:
+    """`Dataset.from_generator` source: the documents of one entry, in order. Its arguments are plain
+    values, so they (and this function's code) are the key of the Arrow cache it fills."""
+    rows = _checked_rows(_load(spec, Path(cache_dir) if cache_dir else None, spec["streaming"]), spec)
+    if spec["format"] == "sentences":
+        documents = _sentence_documents(rows, spec)
+    else:
+        documents = (doc for doc in row_documents((row[spec["text_column"]] for row in rows), spec["format"]) if doc)
+    for n, sentences in enumerate(documents):
+        if max_documents is not None and n >= max_documents:
+            return
+        yield {"sentences": sentences}
+
+
+def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int | None = None,
+                       max_documents: int | None = None) -> Dataset:
+    """One row per document with a `sentences: list[str]` column: every entry's documents, in order
+    (the first `max_documents` of each when set)."""
+    cache_dir = Path(cache_dir)
+    hf_cache = cache_dir / "hf"
+    parts = []
+    for spec in map(hub_spec, entries):
+        if spec["streaming"] or spec["format"] == "sentences":
+            try:
+                documents = Dataset.from_generator(
+                    _generate, features=DOCUMENT_FEATURES, cache_dir=str(hf_cache),
+                    gen_kwargs={"spec": spec, "max_documents": max_documents, "cache_dir": str(hf_cache)},
+                )
+            except DatasetGenerationError as err:  # the builder wraps our own message; show it, not the wrapper
+                if isinstance(err.__cause__, ValueError):
+                    raise err.__cause__ from None
+                raise
+        else:  # an Arrow dataset on disk: split articles into sentences in parallel
+            rows = _load(spec, hf_cache, streaming=False)
+            if max_documents is not None:
+                rows = rows.select(range(min(max_documents, len(rows))))
+            documents = rows.map(_rows_to_documents, batched=True, remove_columns=rows.column_names, num_proc=num_proc,
+                                 features=DOCUMENT_FEATURES,
+                                 fn_kwargs={"text_column": spec["text_column"], "fmt": spec["format"]})
+        if len(documents) == 0:
+            raise ValueError(f"data.hub entry {spec['path']!r} ({spec['format']} format, column "
+                             f"{spec['text_column']!r}) gave no documents")
+        parts.append(documents)
+    return parts[0] if len(parts) == 1 else concatenate_datasets(parts)

@@ -1,0 +1,259 @@
+"""Model selection over sweeps (§3.5, §4.1) and the GLUE server's submission files.
+
+    python -m bert_repro.select multirun/mrpc/2026-01-01_10-00-00 multirun/rte/...   # best run on Dev per task
+    python -m bert_repro.select SWEEP ... --restarts      # mean +- std over seeds per hyper-parameter setting (Table 6)
+    python -m bert_repro.select SWEEP ... --submit        # + test predictions of each selected run, zipped
+
+Runs are the ``results.json`` files under the given folders. A "setting" is what a table cell fixes
+(task, model, ablation, scale, init); within one, the paper keeps the run best on Dev by the task's
+monitored metric of the final weights. Runs that collapsed onto one class (``metrics.degenerate_reason``)
+are flagged and left out of the choice while any other run exists. Writes selection.json and
+selection.md (and submission/ + submission.zip) into --out, the first folder by default.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import math
+import statistics
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+from typing import Any
+
+from bert_repro.data.glue import GLUE_TASKS
+from bert_repro.metrics import COLLAPSE_SHARE, degenerate_reason, glue_score
+
+log = logging.getLogger(__name__)
+
+# the hyper-parameters the summary shows (§3.5's grid and the CPU subset)
+SWEPT = {"lr": ("optim", "lr"), "epochs": ("optim", "epochs"), "batch": ("data", "batch_size"),
+         "max_train": ("data", "max_train_examples")}
+# what restarts of one configuration may differ in: the seed, and keys that change only speed or places
+NOT_SCIENCE = ("seed", "data.seed", "paths.", "trainer.", "logger.", "data.cache_dir", "data.num_workers",
+               "data.num_proc", "data.padding", "ckpt_path", "test")
+
+
+def _science(config: dict, prefix: str = "") -> dict:
+    """The config flattened to dotted keys, less NOT_SCIENCE: runs that share it are restarts of each other."""
+    flat = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict):
+            flat.update(_science(value, f"{name}."))
+        elif not any(name == k or k.endswith(".") and name.startswith(k) for k in NOT_SCIENCE):
+            flat[name] = value
+    return flat
+
+
+def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE) -> tuple[list[dict], list[str]]:
+    """Completed runs (one dict each) under ``folders``, and a note for each run that is not usable."""
+    runs, skipped = [], []
+    for folder in folders:
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder} is not a folder of runs")
+        for path in sorted(folder.rglob("results.json")):
+            try:
+                results = json.loads(path.read_text())
+                config = results["config"]
+                monitor, final = results["monitor"], results["metrics"]["final"]
+            except (json.JSONDecodeError, KeyError, TypeError) as err:
+                skipped.append(f"{path}: unreadable results ({err})")
+                continue
+            if results.get("status") != "complete" or final.get(monitor) is None:
+                skipped.append(f"{path.parent}: status {results.get('status')}, {monitor}={final.get(monitor)}")
+                continue
+            runs.append({
+                "dir": str(path.parent), "task": results["task"], "seed": results["seed"], "monitor": monitor,
+                "mode": config["task"].get("monitor_mode", "max"), "score": final[monitor], "final": final,
+                "setting": {k: results.get(k) for k in ("task", "model", "ablation", "scale", "init")},
+                "hparams": {name: config.get(group, {}).get(key) for name, (group, key) in SWEPT.items()},
+                "science": _science(config),
+                "degenerate": None if results.get("predict_majority") else degenerate_reason(final, collapse_share),
+                "results": results,
+            })
+    return runs, skipped
+
+
+def _groups(runs: list[dict], key) -> dict[str, list[dict]]:
+    groups: dict[str, list[dict]] = {}
+    for run in runs:
+        groups.setdefault(json.dumps(key(run), sort_keys=True), []).append(run)
+    return groups
+
+
+def _best(runs: list[dict]) -> dict:
+    sign = -1 if runs[0]["mode"] == "min" else 1
+    healthy = [r for r in runs if not r["degenerate"]] or runs
+    return max(healthy, key=lambda r: sign * r["score"])
+
+
+def select(runs: list[dict], restarts: bool = False) -> list[dict]:
+    """One entry per setting: the run best on Dev, or (``restarts``) the hyper-parameters best on mean Dev
+    over seeds, with every metric's mean and std over those seeds."""
+    chosen = []
+    for members in _groups(runs, lambda r: r["setting"]).values():
+        entry = {"setting": members[0]["setting"], "monitor": members[0]["monitor"], "runs": len(members),
+                 "degenerate": [{"dir": r["dir"], "reason": r["degenerate"]} for r in members if r["degenerate"]]}
+        if not restarts:
+            best = _best(members)
+            entry.update(selected=best["dir"], hparams=best["hparams"], seed=best["seed"], metrics=best["final"])
+        else:
+            # every seed counts in the mean (Table 6 averages 5 restarts), collapsed ones included and flagged
+            sign = -1 if members[0]["mode"] == "min" else 1
+            by_hparams = _groups(members, lambda r: r["science"]).values()
+            group = max(by_hparams, key=lambda g: sign * statistics.fmean(r["score"] for r in g))
+            names = sorted({k for r in group for k, v in r["final"].items() if v is not None})
+            stats = {}
+            for name in names:
+                values = [r["final"][name] for r in group if r["final"].get(name) is not None]
+                stats[name] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+                               "n": len(values)}
+            entry.update(hparams=group[0]["hparams"], seeds=sorted(r["seed"] for r in group), restarts=stats,
+                         runs_selected=[r["dir"] for r in group], selected=_best(group)["dir"],
+                         metrics={k: v["mean"] for k, v in stats.items()})
+        chosen.append(entry)
+    return sorted(chosen, key=lambda e: json.dumps(e["setting"], sort_keys=True))
+
+
+def table1_scores(entries: list[dict]) -> list[dict]:
+    """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE average."""
+    rows = []
+    for members in _groups(entries, lambda e: {k: v for k, v in e["setting"].items() if k != "task"}).values():
+        scores: dict[str, float | None] = {}
+        for entry in members:
+            task = entry["setting"]["task"]
+            for metric in GLUE_TASKS[task].score if task in GLUE_TASKS else ():
+                column = metric.removesuffix("_acc") if task == "mnli" else task
+                value = entry["metrics"].get(f"val/{metric}")
+                scores[column] = None if value is None else 100 * value
+        if scores:
+            rows.append({"model": {k: v for k, v in members[0]["setting"].items() if k != "task"},
+                         "scores": scores, "average": glue_score(scores)})
+    return rows
+
+
+def _fmt(value: Any) -> str:
+    if isinstance(value, float):
+        return "n/a" if not math.isfinite(value) else f"{value:.4f}"
+    return "n/a" if value is None else str(value)
+
+
+def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: bool) -> str:
+    lines = ["# Selection on Dev" + (" (mean +- std over restarts)" if restarts else " (best run per setting)"), "",
+             "| task | model | ablation | monitor | Dev | lr | epochs | batch | runs | degenerate | selected |",
+             "|---|---|---|---|---|---|---|---|---|---|---|"]
+    for e in entries:
+        s, h, monitor = e["setting"], e["hparams"], e["monitor"]
+        dev = (f"{e['restarts'][monitor]['mean']:.4f} +- {e['restarts'][monitor]['std']:.4f} (n={e['restarts'][monitor]['n']})"
+               if restarts else _fmt(e["metrics"].get(monitor)))
+        lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | {_fmt(h['lr'])} | "
+                     f"{_fmt(h['epochs'])} | {_fmt(h['batch'])} | {e['runs']} | {len(e['degenerate'])} | {e['selected']} |")
+    for row in glue:
+        cells = ", ".join(f"{k} {_fmt(v)}" for k, v in row["scores"].items())
+        lines += ["", f"GLUE average (Table 1 columns, WNLI excluded) for {row['model']}: {_fmt(row['average'])}"
+                  + ("" if row["average"] is not None else " (needs all nine columns)") + f"; {cells}"]
+    flagged = [d for e in entries for d in e["degenerate"]]
+    if flagged:
+        lines += ["", "Degenerate runs (collapsed; not selected while another run exists):"]
+        lines += [f"- {d['dir']}: {d['reason']}" for d in flagged]
+    if skipped:
+        lines += ["", "Not used:"] + [f"- {s}" for s in skipped]
+    return "\n".join(lines) + "\n"
+
+
+def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
+    """Test predictions of a finished run's final weights (checkpoints/last.ckpt), in its test_predictions/."""
+    import lightning as L
+    from hydra.utils import get_class, instantiate
+
+    from bert_repro.run import predict_test
+    from bert_repro.tokenization import save_vocab, tokenizer_from_vocab
+
+    config = results["config"]
+    if results.get("predict_majority"):  # nothing was trained: the majority class needs only the data
+        module = instantiate(config["module"], model=results["model_config"], optim=config["optim"])
+        vocab_file = config["data"].get("tokenizer") or str(run_dir / "init_vocab.txt")
+        lowercase = config["data"].get("lowercase", True)
+    else:
+        ckpt = run_dir / "checkpoints" / "last.ckpt"
+        if not ckpt.is_file():
+            raise FileNotFoundError(f"{ckpt} does not exist; rerun {run_dir} with test=true to predict its test set")
+        module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu")
+        vocab_file = str(Path(tempfile.mkdtemp()) / "vocab.txt")
+        save_vocab(tokenizer_from_vocab(module.vocab, module.lowercase), vocab_file)
+        lowercase = module.lowercase
+    datamodule = instantiate(config["data"], tokenizer=vocab_file, lowercase=lowercase, _convert_="all")
+    trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    return predict_test(trainer, module, datamodule, run_dir / "test_predictions")
+
+
+def write_submission(entries: list[dict], runs: list[dict], out: Path) -> tuple[Path, list[str]]:
+    """The selected runs' test predictions as the GLUE server takes them: one <TASK>.tsv each (AX from the
+    MNLI model, WNLI from its majority-class run), zipped. Returns the zip and the server files missing."""
+    by_dir = {r["dir"]: r for r in runs}
+    tasks = [e["setting"]["task"] for e in entries]
+    repeated = sorted({t for t in tasks if tasks.count(t) > 1})
+    if repeated:
+        raise ValueError(f"several settings (models/ablations) for {repeated}: select one model's runs to submit")
+    folder = out / "submission"
+    folder.mkdir(parents=True, exist_ok=True)
+    for entry in entries:
+        run = by_dir[entry["selected"]]
+        files = run["results"].get("test_predictions") or {}
+        if not files or not all(Path(f).is_file() for f in files.values()):
+            files = predict_run(Path(run["dir"]), run["results"])
+        for path in files.values():
+            (folder / Path(path).name).write_bytes(Path(path).read_bytes())
+    expected = [f"{name}.tsv" for spec in GLUE_TASKS.values() for name in spec.server.values()]
+    zipped = out / "submission.zip"
+    with zipfile.ZipFile(zipped, "w", zipfile.ZIP_DEFLATED) as archive:
+        for name in expected:
+            if (folder / name).is_file():
+                archive.write(folder / name, arcname=name)
+    return zipped, [name for name in expected if not (folder / name).is_file()]
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.select", description=__doc__.split("\n\n")[0])
+    parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (searched for results.json)")
+    parser.add_argument("--restarts", action="store_true", help="mean +- std over seeds per hyper-parameter setting")
+    parser.add_argument("--submit", action="store_true", help="write the GLUE server's files for the selected runs")
+    parser.add_argument("--collapse", type=float, default=COLLAPSE_SHARE,
+                        help="share of one predicted class that flags a run as collapsed (default %(default)s)")
+    parser.add_argument("--out", type=Path, help="where the summary goes (default: the first folder)")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    try:
+        runs, skipped = load_runs(args.folders, args.collapse)
+        if not runs:
+            raise ValueError(f"no completed run (results.json) under {', '.join(map(str, args.folders))}")
+        entries = select(runs, restarts=args.restarts)
+        glue = table1_scores(entries)
+        out = args.out or args.folders[0]
+        out.mkdir(parents=True, exist_ok=True)
+        summary = {"mode": "restarts" if args.restarts else "best", "selection": entries, "glue": glue,
+                   "skipped": skipped}
+        if args.submit:
+            zipped, missing = write_submission(entries, runs, out)
+            summary["submission"] = {"zip": str(zipped), "missing": missing}
+            if missing:
+                log.warning("the GLUE server wants every task; missing: %s", ", ".join(missing))
+        (out / "selection.json").write_text(json.dumps(summary, indent=2, default=str) + "\n")
+        text = render(entries, glue, skipped, args.restarts)
+        (out / "selection.md").write_text(text)
+    except (FileNotFoundError, ValueError) as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print(text, end="")
+    print(f"wrote {out / 'selection.json'} and {out / 'selection.md'}"
+          + (f"; submission: {summary['submission']['zip']}" if args.submit else ""))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,212 @@
+"""Pre-training corpora: the original format, the converted sources, Wikipedia "text passages only",
+and Hugging Face datasets (data.source=hub), read from local dataset folders: tests never touch the Hub."""
+
+import json
+import os
+from pathlib import Path
+
+import pytest
+
+from bert_repro.data import hub
+from bert_repro.data.corpus import (
+    gutenberg_documents,
+    is_passage,
+    load_documents,
+    wiki_passages,
+    wikitext_documents,
+    write_documents,
+)
+from bert_repro.data.hub import load_hub_documents
+from bert_repro.data.pretraining import PretrainDataModule
+
+SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+TEXT = SHARED / "pretrain_text"
+
+
+def _need(path: Path) -> Path:
+    if not path.exists():
+        pytest.skip(f"{path} not found (shared data; set BERT_REPRO_SHARED_DATA)")
+    return path
+
+
+# --- local corpora --------------------------------------------------------------------------------------
+
+
+def test_original_format_crlf_and_document_breaks(tmp_path):
+    (tmp_path / "a.txt").write_bytes(b"First one.\r\nSecond one.\r\n\r\n\r\nNext doc.\r\n   \r\nThird doc.\r\n")
+    (tmp_path / "b.txt").write_text("Only line of b.\n")
+    docs = load_documents(str(tmp_path), cache_dir=tmp_path / "cache")
+    assert docs["sentences"] == [["First one.", "Second one."], ["Next doc."], ["Third doc."], ["Only line of b."]]
+
+
+def test_sample_text_reads_as_three_documents(tmp_path):
+    docs = load_documents(str(_need(TEXT / "sample_text.txt")), cache_dir=tmp_path)
+    assert len(docs) == 3
+    assert docs[0]["sentences"][0].startswith("This text is included to make sure Unicode")
+    assert [len(s) for s in docs["sentences"]] == [3, 13, 15]
+
+
+def test_missing_or_empty_corpus_is_named(tmp_path):
+    with pytest.raises(FileNotFoundError, match="no_such_corpus"):
+        load_documents(str(tmp_path / "no_such_corpus"), cache_dir=tmp_path)
+    (tmp_path / "blank.txt").write_text("\n\n  \n")
+    with pytest.raises(ValueError, match="blank.txt"):
+        load_documents(str(tmp_path / "blank.txt"), cache_dir=tmp_path)
+
+
+def test_pydoc_builtin_corpus(tmp_path):
+    docs = load_documents("builtin:pydoc", cache_dir=tmp_path)
+    assert len(docs) >= 60  # one per pydoc topic with prose
+    sentences = [s for d in docs["sentences"] for s in d]
+    assert len(sentences) > 1500 and all(len(s.split()) >= 3 for s in sentences)
+    written = next((tmp_path / "corpora").glob("pydoc-*.txt"))
+    stamp = written.stat().st_mtime_ns
+    assert len(load_documents("builtin:pydoc", cache_dir=tmp_path)) == len(docs)
+    assert written.stat().st_mtime_ns == stamp  # written once, then read like any other file
+
+
+def test_gutenberg_book_converts_to_chapters(tmp_path):
+    book = _need(TEXT / "gutenberg" / "11.txt")  # Alice's Adventures in Wonderland: 12 chapters
+    path = write_documents(gutenberg_documents(book), tmp_path / "alice.txt")
+    docs = load_documents(str(path), cache_dir=tmp_path)
+    assert len(docs) == 12
+    assert docs[0]["sentences"][0].startswith("Alice was beginning to get very tired")
+    text = " ".join(s for d in docs["sentences"] for s in d)
+    assert "Project Gutenberg" not in text and "START OF" not in text
+
+
+# --- Wikipedia: text passages only (§3.4) ---------------------------------------------------------
+
+ARTICLE = """Anarchism is a political philosophy and movement that is skeptical of all justifications for authority.
+Humans lived in societies without formal hierarchies long before the establishment of states.
+
+History
+= = Early history = =
+During the Neolithic period, people began to settle in villages and form the first states.
+* Peter Kropotkin, a Russian geographer and the best known writer of the movement.
+# A numbered list item that is long enough to be a sentence of its own.
+{| class="wikitable"
+| Year || Event || Place of the event in question.
+! Header cell of the table with several words in it.
+Studio albums
+Church of Realities ( 1995 )
+See also
+Libertarianism is a related philosophy that the article links to at the end."""
+
+
+def test_wiki_passages_keep_running_text_only():
+    kept = list(wiki_passages(ARTICLE.split("\n")))
+    assert kept == [
+        "Anarchism is a political philosophy and movement that is skeptical of all justifications for authority.",
+        "Humans lived in societies without formal hierarchies long before the establishment of states.",
+        "During the Neolithic period, people began to settle in villages and form the first states.",
+    ]  # headings, list items, table rows and cells, discographies, and everything after "See also" dropped
+    assert is_passage('He was described as " horribly menacing " in the role . " ')  # WikiText's spaced quotes
+    assert is_passage("In his later poems, he wrote :")  # a passage leading into a quotation
+    assert not is_passage("Kid Bass ( Kurt Blankenship ) — bass ( 2015 – current )")
+
+
+def test_wikitext_articles_are_text_passages_only(tmp_path):
+    raw = _need(TEXT / "wikitext-2-raw" / "wiki.test.raw")
+    docs = [d for d in wikitext_documents(raw) if d]
+    assert 60 <= len(docs) <= 62  # one document per " = Title = " article (62), unless it is all lists
+    sentences = [s for d in docs for s in d]
+    assert len(sentences) > 8000 and not any(s.startswith("=") or "@-@" in s for s in sentences)
+    text = "\n".join(sentences)
+    assert "Robert Boulter is an English film , television and theatre actor ." in text
+    # lists of the source that must not survive: a discography, a band line-up, a taxonomy
+    for listed in ("Church of Realities ( 1995 )", "Kristoffer Fogelmark — background vocals", "Family Edopidae"):
+        assert listed not in text
+
+
+# --- Hugging Face datasets (data.source=hub), from local dataset folders ------------------------------
+
+
+@pytest.fixture
+def hub_dirs(tmp_path):
+    """A Wikipedia-like dataset (one article per row, headings and lists inline) and a BookCorpus-like one
+    (one sentence per row, a book id column), as JSON-lines folders that `datasets.load_dataset` reads."""
+    wiki, books = tmp_path / "wiki", tmp_path / "books"
+    wiki.mkdir()
+    books.mkdir()
+    with open(wiki / "train.jsonl", "w") as f:
+        for i in range(6):
+            text = ARTICLE.replace("Anarchism", f"Topic{i}")
+            f.write(json.dumps({"id": str(i), "title": f"Topic{i}", "text": text}) + "\n")
+    with open(books / "train.jsonl", "w") as f:
+        for book in range(3):
+            for s in range(5):
+                f.write(json.dumps({"book": book, "text": f"this is sentence {s} of book {book} ."}) + "\n")
+    return wiki, books
+
+
+WIKI_FIRST = ["Topic0 is a political philosophy and movement that is skeptical of all justifications for authority.",
+              "Humans lived in societies without formal hierarchies long before the establishment of states.",
+              "During the Neolithic period, people began to settle in villages and form the first states."]
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_hub_documents_wiki_and_books(hub_dirs, tmp_path, streaming):
+    wiki, books = hub_dirs
+    entries = [{"path": str(wiki), "format": "wiki", "streaming": streaming},
+               {"path": str(books), "format": "sentences", "document_column": "book", "streaming": streaming}]
+    docs = load_hub_documents(entries, cache_dir=tmp_path / "cache", num_proc=None)
+    assert len(docs) == 6 + 3 and docs[0]["sentences"] == WIKI_FIRST
+    assert docs[6]["sentences"] == [f"this is sentence {s} of book 0 ." for s in range(5)]
+    capped = load_hub_documents(entries, cache_dir=tmp_path / "cache", max_documents=2)
+    assert len(capped) == 2 + 2  # the first two documents of each dataset
+
+
+def test_hub_calls_load_dataset_with_the_configured_names(hub_dirs, tmp_path, monkeypatch):
+    """The real Hub path: `load_dataset(path, name, split=, revision=, streaming=)`, here answered locally."""
+    wiki, _ = hub_dirs
+    calls = []
+    real = hub.load_dataset
+
+    def fake(path, name=None, **kwargs):
+        calls.append((path, name, kwargs["split"], kwargs["revision"], kwargs["streaming"]))
+        return real(str(wiki), split=kwargs["split"], streaming=kwargs["streaming"])
+
+    monkeypatch.setattr(hub, "load_dataset", fake)
+    entry = {"path": "wikimedia/wikipedia", "name": "20231101.en", "revision": "abc123", "format": "wiki",
+             "streaming": True}
+    docs = load_hub_documents([entry], cache_dir=tmp_path / "cache")
+    assert calls == [("wikimedia/wikipedia", "20231101.en", "train", "abc123", True)]
+    assert docs[0]["sentences"] == WIKI_FIRST
+    # a second run with the same entry reads the Arrow cache back: the Hub is not asked again
+    monkeypatch.setattr(hub, "load_dataset", lambda *a, **k: pytest.fail("the cached corpus was read again"))
+    assert load_hub_documents([entry], cache_dir=tmp_path / "cache")["sentences"] == docs["sentences"]
+
+
+def test_sentence_rows_without_ids_group_by_count_or_blank_rows(tmp_path):
+    rows = [{"text": t} for t in ["a one .", "a two .", "", "b one .", "b two .", "b three ."]]
+    spec = hub.hub_spec({"path": "x", "format": "sentences"})
+    assert list(hub._sentence_documents(rows, spec)) == [["a one .", "a two ."], ["b one .", "b two .", "b three ."]]
+    spec = hub.hub_spec({"path": "x", "format": "sentences", "rows_per_document": 2})
+    assert list(hub._sentence_documents(rows, spec)) == [["a one .", "a two ."], ["b one ."], ["b two .", "b three ."]]
+
+
+def test_hub_entry_mistakes_are_named(hub_dirs, tmp_path):
+    wiki, _ = hub_dirs
+    with pytest.raises(ValueError, match="unknown: colum"):
+        hub.hub_spec({"path": str(wiki), "colum": "text"})
+    with pytest.raises(ValueError, match="format='html'"):
+        hub.hub_spec({"path": str(wiki), "format": "html"})
+    for streaming in (False, True):
+        with pytest.raises(ValueError, match="no column 'body'.*'title', 'text'"):
+            load_hub_documents([{"path": str(wiki), "text_column": "body", "streaming": streaming}], cache_dir=tmp_path)
+    with pytest.raises(ValueError, match="data.source=hub needs data.hub"):
+        PretrainDataModule(source="hub")
+    with pytest.raises(ValueError, match="data.source='web'"):
+        PretrainDataModule("builtin:pydoc", source="web")
+
+
+def test_datamodule_reads_hub_source(hub_dirs, tmp_path):
+    wiki, books = hub_dirs
+    entries = [{"path": str(wiki), "format": "wiki"}, {"path": str(books), "format": "sentences", "document_column": "book"}]
+    dm = PretrainDataModule(source="hub", hub=entries, vocab_size=300, max_seq_length=32, max_predictions_per_seq=5,
+                            val_fraction=0.2, cache_dir=str(tmp_path / "cache"), nsp=False)
+    dm.setup()
+    assert dm.corpus_name == f"hub:{wiki}+{books}"
+    assert len(set(dm.train_set["doc_index"])) + len(set(dm.val_set["doc_index"])) == 9  # every document, split
+    assert dm.instance_stats["train"]["instances"] == len(dm.train_set) > 0
