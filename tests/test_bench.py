@@ -1,0 +1,27 @@
+"""The benchmark compares like with like: with the same weights, our step and the transformers reference
+compute the same loss for every objective (timing itself is the script's business, not a test's)."""
+
+import pytest
+import torch
+
+from bert_repro.bench import REFERENCE, make_batch, our_step, their_step
+from bert_repro.convert import hf_config, ours_to_hf
+from bert_repro.model import BertConfig, BertForPreTraining
+
+
+@pytest.mark.parametrize("objective", sorted(REFERENCE))
+def test_both_sides_compute_the_same_loss(objective):
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    config = BertConfig(vocab_size=1200, hidden_size=64, num_layers=2, num_heads=4, causal=objective == "ltr")
+    torch.manual_seed(0)
+    ours = BertForPreTraining(config, nsp=objective == "mlm_nsp").eval()
+    hf_kwargs = {k: v for k, v in hf_config(config, REFERENCE[objective]).items() if not k.startswith("bert_repro")}
+    theirs = getattr(transformers, REFERENCE[objective])(transformers.BertConfig(**hf_kwargs, attn_implementation="sdpa"))
+    missing, unexpected = theirs.load_state_dict(ours_to_hf(ours.state_dict()), strict=False)
+    assert not [k for k in missing if "predictions.decoder." not in k]  # only the tied decoder is not stored
+    assert all(k.startswith("bert.pooler") for k in unexpected)  # MaskedLM/LMHead models have no pooler
+    b = make_batch(config, batch=4, seq=32, masked=5, device="cpu", pairs=objective == "mlm_nsp")
+    with torch.no_grad():
+        torch.testing.assert_close(our_step(ours, b, objective), their_step(theirs.eval(), b, objective),
+                                   atol=1e-4, rtol=1e-4)
