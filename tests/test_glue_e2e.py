@@ -57,7 +57,7 @@ def test_sweep_runs_each_combination_in_its_own_folder(sweep):
         assert {"val/acc", "val/f1", "val/top_class_share"} <= set(final) and r["data_sizes"]["dev"] == 408
         epoch = r["metrics"]["per_epoch"][-1]
         assert epoch["train/padding_waste"] > 0 and epoch["train/real_tokens"] > 0 and "val/f1" in epoch
-    assert len(list((sweep.parent / "cache").glob("tokens-mrpc-train-*.arrow"))) == 1  # four runs, one tokenization
+    assert len(list((sweep.parent / "cache" / "glue").glob("tokens-mrpc-train-*.arrow"))) == 1  # four runs, one tokenization
     for wnli in results_of(sweep, "wnli").values():
         assert wnli["predict_majority"] and wnli["global_step"] == 0 and wnli["degenerate"] is None
         assert wnli["metrics"]["final"]["val/acc"] == pytest.approx(40 / 71)  # dev's majority "0": 40 of 71
