@@ -172,10 +172,10 @@ def instance_features(nsp: bool, static_mask: bool) -> Features:
     return Features(features)
 
 
-def instances_batch(batch: dict, indices: list[int], all_documents: Dataset, seed: int, dupe_factor: int,
-                    max_seq_length: int, short_seq_prob: float, nsp: bool, cls_id: int, sep_id: int,
-                    mask: dict | None) -> dict:
-    """`datasets.map` function over the tokenized documents: every instance of the documents at `indices`,
+def instances_batch(indices: list[int], all_documents: Dataset, seed: int, dupe_factor: int, max_seq_length: int,
+                    short_seq_prob: float, nsp: bool, cls_id: int, sep_id: int, mask: dict | None) -> dict:
+    """`datasets.map` function over the tokenized documents (given no columns, only `indices`: it reads the
+    documents it needs itself, random B documents included): every instance of the documents at `indices`,
     `dupe_factor` times with different randomness (the original's outer loop), masked when `mask` is given
     (static masking); without it the collator masks afresh every time (dynamic)."""
     documents = TokenizedDocuments(all_documents)

@@ -230,7 +230,7 @@ class PretrainDataModule(L.LightningDataModule):
         cached = any(folder.glob(f"{cache_file.stem}*.arrow"))  # with num_proc, datasets writes one file per shard
         start = time.perf_counter()
         dataset = tokens.map(instances.instances_batch, batched=True, batch_size=64, with_indices=True,
-                             remove_columns=["tokens"], fn_kwargs={"all_documents": tokens, **settings},
+                             input_columns=[], remove_columns=["tokens"], fn_kwargs={"all_documents": tokens, **settings},
                              num_proc=num_proc, features=instances.instance_features(hp.nsp, mask is not None),
                              cache_file_name=str(cache_file), new_fingerprint=key)
         seconds = time.perf_counter() - start
