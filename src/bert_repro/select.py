@@ -136,9 +136,9 @@ def table1_scores(entries: list[dict]) -> list[dict]:
     return rows
 
 
-def _fmt(value: Any) -> str:
+def _fmt(value: Any, spec: str = ".4f") -> str:
     if isinstance(value, float):
-        return "n/a" if not math.isfinite(value) else f"{value:.4f}"
+        return "n/a" if not math.isfinite(value) else format(value, spec)
     return "n/a" if value is None else str(value)
 
 
@@ -150,11 +150,11 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
         s, h, monitor = e["setting"], e["hparams"], e["monitor"]
         dev = (f"{e['restarts'][monitor]['mean']:.4f} +- {e['restarts'][monitor]['std']:.4f} (n={e['restarts'][monitor]['n']})"
                if restarts else _fmt(e["metrics"].get(monitor)))
-        lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | {_fmt(h['lr'])} | "
+        lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | {_fmt(h['lr'], 'g')} | "
                      f"{_fmt(h['epochs'])} | {_fmt(h['batch'])} | {e['runs']} | {len(e['degenerate'])} | {e['selected']} |")
     for row in glue:
-        cells = ", ".join(f"{k} {_fmt(v)}" for k, v in row["scores"].items())
-        lines += ["", f"GLUE average (Table 1 columns, WNLI excluded) for {row['model']}: {_fmt(row['average'])}"
+        cells = ", ".join(f"{k} {_fmt(v, '.1f')}" for k, v in row["scores"].items())
+        lines += ["", f"GLUE average (Table 1 columns, WNLI excluded) for {row['model']}: {_fmt(row['average'], '.1f')}"
                   + ("" if row["average"] is not None else " (needs all nine columns)") + f"; {cells}"]
     flagged = [d for e in entries for d in e["degenerate"]]
     if flagged:
