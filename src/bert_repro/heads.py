@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import torch
 from torch import Tensor, nn
-from torch.nn.utils.rnn import pack_padded_sequence
+from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
 from bert_repro.model import BertConfig, BertModel, init_weights
 
@@ -53,3 +53,86 @@ class SequenceClassifier(nn.Module):
             _, (h_n, _) = self.lstm(packed)  # h_n: (2, B, H), forward then backward
             features = torch.cat([h_n[0], h_n[1]], dim=-1)  # (B, 2H)
         return self.classifier(self.dropout(features))  # (B, K)
+
+
+def bilstm_outputs(lstm: nn.LSTM, sequence: Tensor, attention_mask: Tensor) -> Tensor:
+    """A batch-first bidirectional LSTM over the real tokens only (padding packed away): (B, T, in) -> (B, T, 2h)."""
+    lengths = attention_mask.sum(dim=1).cpu()
+    packed = pack_padded_sequence(sequence, lengths, batch_first=True, enforce_sorted=False)
+    out, _ = lstm(packed)
+    return pad_packed_sequence(out, batch_first=True, total_length=sequence.shape[1])[0]
+
+
+class TokenTagger(nn.Module):
+    """Encoder + the NER head of v1 §4.3: every final hidden state T_i -> dropout -> Linear(H, K); no CRF.
+
+    ``bilstm``: Table 5's "+ BiLSTM" (§5.1) for tagging: a randomly initialised one-layer BiLSTM (H per
+    direction) over the encoder's outputs, whose 2H output at each position feeds the linear layer.
+    """
+
+    def __init__(self, config: BertConfig, num_labels: int, bilstm: bool = False):
+        super().__init__()
+        self.bert = BertModel(config)
+        self.bert.pooler.requires_grad_(False)  # C is never read here; DDP wants every trained parameter used
+        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
+            if bilstm else None
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        sequence = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
+        if self.lstm is not None:
+            sequence = bilstm_outputs(self.lstm, sequence, attention_mask)  # (B, T, 2H)
+        return self.classifier(self.dropout(sequence))  # (B, T, K)
+
+
+class FeatureTagger(nn.Module):
+    """The feature-based approach (§5.4, Table 7): BERT's parameters frozen, the activations of ``layers``
+    (indices into the hidden states: 0 = the embeddings' output, 1..L the layers, negative from the last;
+    "all" = the L layers) combined by ``combine`` -- concat, sum, or weighted_sum (softmax-normalised learned
+    weights, v2's "weighted sum") -- feed a randomly initialised two-layer BiLSTM of ``lstm_hidden`` units per
+    direction (768 in §5.4), then dropout and Linear(2 x lstm_hidden, K). The frozen encoder always runs in
+    eval mode (no dropout), as features extracted once would be."""
+
+    COMBINE = ("concat", "sum", "weighted_sum")
+
+    def __init__(self, config: BertConfig, num_labels: int, layers: list[int] | str, combine: str = "concat",
+                 lstm_hidden: int = 768):
+        super().__init__()
+        if combine not in self.COMBINE:
+            raise ValueError(f"features.combine={combine!r}; expected one of {', '.join(self.COMBINE)}")
+        L = config.num_layers
+        chosen = list(range(1, L + 1)) if layers == "all" else list(layers)
+        if not chosen or any(not -(L + 1) <= i <= L for i in chosen):
+            raise ValueError(f"features.layers={layers}: expected 'all' or indices in [{-(L + 1)}, {L}] "
+                             f"(0 = embeddings, 1..{L} = layers, negative from the last)")
+        self.layers = [i % (L + 1) for i in chosen]
+        if len(set(self.layers)) != len(self.layers):
+            raise ValueError(f"features.layers={layers} names a layer twice")
+        self.combine = combine
+        self.bert = BertModel(config)
+        self.bert.requires_grad_(False)
+        self.layer_weights = nn.Parameter(torch.zeros(len(self.layers))) if combine == "weighted_sum" else None
+        width = config.hidden_size * (len(self.layers) if combine == "concat" else 1)
+        self.lstm = nn.LSTM(width, lstm_hidden, num_layers=2, batch_first=True, bidirectional=True)
+        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.classifier = nn.Linear(2 * lstm_hidden, num_labels)
+        init_weights(self.classifier, config.initializer_range)
+
+    def features(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        """The selected activations, combined: (B, T, H) or (B, T, len(layers) x H) for concat."""
+        self.bert.eval()  # here, not in train(): Lightning sets each submodule's mode itself
+        with torch.no_grad():
+            hidden = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True).hidden_states
+        chosen = [hidden[i] for i in self.layers]
+        if self.combine == "concat":
+            return torch.cat(chosen, dim=-1)
+        stacked = torch.stack(chosen)  # (n, B, T, H)
+        if self.combine == "sum":
+            return stacked.sum(dim=0)
+        return torch.einsum("n,nbth->bth", self.layer_weights.softmax(dim=0), stacked)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> Tensor:
+        features = self.features(input_ids, token_type_ids, attention_mask)
+        return self.classifier(self.dropout(bilstm_outputs(self.lstm, features, attention_mask)))  # (B, T, K)
