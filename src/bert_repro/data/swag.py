@@ -1,0 +1,234 @@
+"""SWAG (§4.4, Table 4): the original CSV files (train.csv, val.csv, test.csv) or the Hub, as four sequences.
+
+Each example becomes four sequences [CLS] sent1 [SEP] sent2 ending_i [SEP] (segment ids 0 then 1), the longer
+side truncated first as google-research/bert's ``_truncate_seq_pair``; ``datasets`` caches the result. A batch
+is (B, 4, T), padded to its longest sequence.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import torch
+from datasets import Dataset, Features, Sequence, Value, load_dataset
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader
+
+from bert_repro.data.batching import PAD_ID
+from bert_repro.data.corpus import default_cache_dir
+from bert_repro.data.glue import truncated_lengths
+from bert_repro.data.tabular import FileSpec, read_rows
+from bert_repro.tokenization import load_tokenizer, vocab_list
+
+log = logging.getLogger(__name__)
+
+NUM_CHOICES = 4
+SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
+HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
+COLUMNS = ("sent1", "sent2", *(f"ending{i}" for i in range(NUM_CHOICES)))
+HELD_OUT_SEED = 0  # train subsets do not move with the restart seed
+CACHE_VERSION = 1
+
+
+def _key(*parts) -> str:
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def _examples(batch: dict, indices: list[int], where: str, labelled: bool) -> dict:
+    """CSV / Hub rows -> context, the four endings (sent2 + " " + ending_i), label (-1 unlabelled), id, row."""
+    out: dict[str, list] = {"context": [], "endings": [], "label": [], "idx": [], "row": []}
+    for r, i in enumerate(indices):
+        out["context"].append(batch["sent1"][r])
+        out["endings"].append([f"{batch['sent2'][r]} {batch[f'ending{k}'][r]}" for k in range(NUM_CHOICES)])
+        label = -1
+        if labelled:
+            raw = str(batch["label"][r]).strip()
+            if raw not in {str(k) for k in range(NUM_CHOICES)}:
+                raise ValueError(f"{where} row {i + 1} (after the header): label {raw!r}; expected 0-{NUM_CHOICES - 1}")
+            label = int(raw)
+        out["label"].append(label)
+        out["idx"].append(str(batch[""][r]) if "" in batch else str(i))  # the CSV's unnamed id column
+        out["row"].append(i)
+    return out
+
+
+def _tokenize(batch: dict, tokenizer: Tokenizer, max_seq_length: int) -> dict:
+    """[CLS] context [SEP] ending_i [SEP] for each of the four endings: (4, T_i) ids and segment ids."""
+    contexts = tokenizer.encode_batch(batch["context"], add_special_tokens=False)
+    ids, types = [], []
+    for context, endings in zip(contexts, batch["endings"]):
+        choice_ids, choice_types = [], []
+        for ending in tokenizer.encode_batch(endings, add_special_tokens=False):
+            a = context.ids
+            len_a, len_b = truncated_lengths(len(a), len(ending.ids), max_seq_length - 3)
+            packed = [tokenizer.token_to_id("[CLS]"), *a[:len_a], tokenizer.token_to_id("[SEP]"),
+                      *ending.ids[:len_b], tokenizer.token_to_id("[SEP]")]
+            choice_ids.append(packed)
+            choice_types.append([0] * (len_a + 2) + [1] * (len_b + 1))
+        ids.append(choice_ids)
+        types.append(choice_types)
+    return {"input_ids": ids, "token_type_ids": types}
+
+
+class ChoiceCollator:
+    """Pads a batch to (B, 4, T), T its longest sequence."""
+
+    def __call__(self, rows: list[dict]) -> dict:
+        B, T = len(rows), max(len(s) for r in rows for s in r["input_ids"])
+        input_ids = np.full((B, NUM_CHOICES, T), PAD_ID, dtype=np.int64)
+        token_type_ids = np.zeros((B, NUM_CHOICES, T), dtype=np.int64)
+        attention_mask = np.zeros((B, NUM_CHOICES, T), dtype=np.int64)
+        for b, r in enumerate(rows):
+            for c, (ids, types) in enumerate(zip(r["input_ids"], r["token_type_ids"])):
+                input_ids[b, c, :len(ids)], token_type_ids[b, c, :len(ids)], attention_mask[b, c, :len(ids)] = ids, types, 1
+        return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(token_type_ids),
+                "attention_mask": torch.from_numpy(attention_mask),
+                "labels": torch.tensor([r["label"] for r in rows]), "row": torch.tensor([r["row"] for r in rows])}
+
+
+class SwagDataModule(L.LightningDataModule):
+    """SWAG train / dev / test as four-way choices (§4.4).
+
+    ``swag_dir``: a folder with the original train.csv, val.csv (and test.csv, unlabelled); null loads ``hub``
+    (allenai/swag, regular). ``max_train_examples``: a fixed random train subset (CPU runs); null = all.
+    """
+
+    def __init__(self, swag_dir: str | None = None, hub: dict | None = None, tokenizer: str | None = None,
+                 lowercase: bool = True, max_seq_length: int = 128, batch_size: int = 16,
+                 max_train_examples: int | None = None, num_workers: int = 0, seed: int = 12345,
+                 cache_dir: str | None = None):
+        super().__init__()
+        if max_seq_length < 5:
+            raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] A [SEP] B [SEP]")
+        if max_train_examples is not None and max_train_examples < 1:
+            raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, or null")
+        self.save_hyperparameters()
+        self.task = "swag"
+        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "swag"
+        self.lowercase = lowercase
+        self.vocab: list[str] | None = None
+        self._tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, Dataset] = {}
+
+    def prepare_tokenizer(self) -> Tokenizer:
+        hp = self.hparams
+        if hp.tokenizer is None:
+            raise ValueError("task=swag: fine-tuning needs the pre-trained model's vocabulary; give "
+                             "init=<checkpoint> or data.tokenizer=<vocab.txt | tokenizer.json | HF directory>")
+        self._tokenizer = load_tokenizer(hp.tokenizer, lowercase=hp.lowercase)
+        self.vocab = vocab_list(self._tokenizer)
+        if self.vocab[PAD_ID] != "[PAD]":
+            raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected [PAD]")
+        return self._tokenizer
+
+    # -- rows ------------------------------------------------------------------------------------
+    def _rows(self, split: str) -> tuple[Dataset, str] | None:
+        """The split's raw rows and where they came from; None for a missing test file."""
+        hp = self.hparams
+        if hp.swag_dir is None:
+            hub = hp.hub or {"path": "allenai/swag", "name": "regular"}
+            rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split], cache_dir=str(self.cache_dir / "hub"))
+            return rows, f"{hub['path']}:{split}"
+        folder = Path(hp.swag_dir)
+        path = folder / SPLIT_FILES[split]
+        if not path.is_file():
+            if split == "test":
+                return None
+            raise FileNotFoundError(f"task=swag: {path} does not exist; data.swag_dir must hold the original "
+                                    "train.csv and val.csv (test.csv optional), or be null for the Hub")
+        rows = read_rows(FileSpec(str(path), format="csv"), self.cache_dir)
+        wanted = [*COLUMNS, *(["label"] if split != "test" else [])]
+        missing = [c for c in wanted if c not in rows.column_names]
+        if missing:
+            raise ValueError(f"{path}: no column {missing}; SWAG's CSV has {', '.join(wanted)} (its columns: "
+                             f"{rows.column_names})")
+        return rows, str(path)
+
+    def _encoded(self, split: str, rows: Dataset, where: str) -> Dataset:
+        hp = self.hparams
+        labelled = split != "test" and "label" in rows.column_names
+        key = _key(CACHE_VERSION, rows._fingerprint, labelled)
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        examples = rows.map(_examples, batched=True, with_indices=True, remove_columns=rows.column_names,
+                            fn_kwargs={"where": where, "labelled": labelled},
+                            features=Features({"context": Value("string"), "endings": Sequence(Value("string")),
+                                               "label": Value("int64"), "idx": Value("string"), "row": Value("int64")}),
+                            new_fingerprint=f"examples-{key}",
+                            cache_file_name=str(self.cache_dir / f"examples-{split}-{key}.arrow"))
+        subset = None
+        if split == "train" and hp.max_train_examples is not None and hp.max_train_examples < len(examples):
+            rng = np.random.default_rng(HELD_OUT_SEED)
+            subset = np.sort(rng.choice(len(examples), hp.max_train_examples, replace=False))
+            examples = examples.select(subset)
+        key = _key(key, _key(self.vocab), self.lowercase, hp.max_seq_length, None if subset is None else subset.tolist())
+        return examples.map(_tokenize, batched=True, batch_size=1000, remove_columns=["context", "endings"],
+                            fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
+                            features=Features({"label": Value("int64"), "idx": Value("string"), "row": Value("int64"),
+                                               "input_ids": Sequence(Sequence(Value("int32"))),
+                                               "token_type_ids": Sequence(Sequence(Value("int8")))}),
+                            new_fingerprint=f"tokens-{key}",
+                            cache_file_name=str(self.cache_dir / f"tokens-{split}-{key}.arrow"))
+
+    def prepare_data(self) -> None:
+        self.setup()
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        if self._tokenizer is None:
+            self.prepare_tokenizer()
+        for split in SPLIT_FILES:
+            found = self._rows(split)
+            if found is None:
+                log.info("swag: no test.csv in %s; no test predictions", self.hparams.swag_dir)
+                continue
+            self.datasets[split] = self._encoded(split, *found)
+        log.info("swag: %s", ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()))
+
+    @property
+    def test_splits(self) -> list[str]:
+        return ["test"] if "test" in self.datasets else []
+
+    # -- batches ---------------------------------------------------------------------------------
+    def _loader(self, split: str, train: bool = False) -> DataLoader:
+        hp = self.hparams
+        data = self.datasets[split].select_columns(["input_ids", "token_type_ids", "label", "row"])
+        sampler, generator = None, None
+        world = self.trainer.world_size if self.trainer is not None else 1
+        if train:
+            generator = torch.Generator().manual_seed(hp.seed)
+        elif world > 1:  # each dev example exactly once across ranks
+            sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=self.trainer.global_rank, shuffle=False)
+        return DataLoader(data, batch_size=hp.batch_size, shuffle=train, sampler=sampler, generator=generator,
+                          collate_fn=ChoiceCollator(), num_workers=hp.num_workers,
+                          persistent_workers=train and hp.num_workers > 0)
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader:
+        return self._loader("dev")
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        return [self._loader(split) for split in self.test_splits]
+
+    def write_predictions(self, predictions: list[dict], out_dir: str | Path) -> dict[str, str]:
+        """``swag_test.csv``: ``id,label`` a row (the id column of test.csv, the predicted ending 0-3)."""
+        out_dir = Path(out_dir)
+        out_dir.mkdir(parents=True, exist_ok=True)
+        data = self.datasets["test"]
+        values = {}
+        for out in predictions:
+            values.update(zip(out["row"].tolist(), out["prediction"].tolist()))
+        if sorted(values) != list(range(len(data))):
+            raise RuntimeError(f"test: predictions for {len(values)} of {len(data)} rows")
+        path = out_dir / "swag_test.csv"
+        ids = data["idx"]
+        path.write_text("id,label\n" + "".join(f"{ids[r]},{values[r]}\n" for r in range(len(data))), encoding="utf-8")
+        return {"test": str(path)}
