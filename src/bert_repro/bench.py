@@ -3,6 +3,9 @@
     python -m bert_repro.bench                        # MLM + NSP at small and base, seq 128, batch 8, CPU
     python -m bert_repro.bench --objective no_nsp --objective ltr --model small
     python -m bert_repro.bench --model base --steps 20 --foreach
+    python -m bert_repro.bench --device cuda --precision bf16 --peak-tflops 989 --model base --model large \
+        --seq 128 --seq 512 --batch 64 --unpad           # the GPU path, MFU against the H100/H200 bf16 peak
+    python -m bert_repro.bench --device cuda --precision bf16 --model large --seq 128 --seq 512 --max-batch
 
 Both sides do one full step (forward, backward, AdamW step, zero_grad) on the same batch, shapes, threads,
 optimizer and dropout (train mode), for each objective of the pre-training ablations (§5.1):
@@ -30,7 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from bert_repro.convert import hf_config
-from bert_repro.model import BertConfig, BertForPreTraining, count_parameters
+from bert_repro.flops import PEAK_TFLOPS, measured_peak_flops, training_flops
+from bert_repro.model import BertConfig, BertForPreTraining
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 VOCAB = 30522  # the released uncased vocabulary
@@ -99,53 +103,55 @@ def their_step(model, b: dict[str, torch.Tensor], objective: str = "mlm_nsp") ->
     return model(**inputs, labels=b["labels"], next_sentence_label=b["next_sentence_label"]).loss
 
 
-def timed(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer, device: str) -> float:
-    """Seconds for one training step: forward + loss, backward, optimizer step, zero_grad."""
+def timed(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer, device: str,
+          precision: str = "fp32") -> float:
+    """Seconds for one training step: forward + loss (under bf16 autocast with ``precision="bf16"``, as
+    Lightning's bf16-mixed runs it), backward, optimizer step, zero_grad."""
     sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
     sync()
     start = time.perf_counter()
-    step().backward()
+    with torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=precision == "bf16"):
+        loss = step()
+    loss.backward()
     optimizer.step()
     optimizer.zero_grad(set_to_none=True)
     sync()
     return time.perf_counter() - start
 
 
-def training_flops_per_token(config: BertConfig, seq: int, masked_fraction: float) -> float:
-    """Model FLOPs of one trained token (forward + backward = 3 x forward, 2 FLOPs per multiply-add):
-
-        6 * N + 12 * L * T * H + 6 * H * V * P / T
-
-    N = non-embedding parameters (every weight matrix a token passes through, counted once),
-    12 * L * T * H = the attention scores QK^T and the weighted sum AV (2 * 2 * T * H per token and layer,
-    times 3), 6 * H * V * P / T = the tied vocabulary projection, run only at the P of T masked positions.
-    """
-    with torch.device("meta"):
-        n = count_parameters(BertForPreTraining(config), non_embedding=True)
-    return 6 * n + 12 * config.num_layers * seq * config.hidden_size + 6 * config.hidden_size * config.vocab_size * masked_fraction
+def default_predictions(seq: int) -> int:
+    """The released recipe's max_predictions_per_seq: 20 at 128 tokens, 80 at 512 (v2 A.2)."""
+    return max(1, round(seq * 20 / 128))
 
 
-def gemm_flops(device: str, n: int = 2048, reps: int = 5) -> float:
-    """Measured fp32 matmul FLOP/s: the ceiling a dense-GEMM-bound training step can approach."""
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    a @ b  # warm-up
-    sync = torch.cuda.synchronize if device.startswith("cuda") else (lambda: None)
-    sync()
-    start = time.perf_counter()
-    for _ in range(reps):
-        a @ b
-    sync()
-    return 2 * n**3 * reps / (time.perf_counter() - start)
+def peak_flops(device: str, precision: str, peak_tflops: float | None) -> tuple[float, str]:
+    """The MFU denominator: the accelerator's datasheet peak when given, else a measured matmul."""
+    if peak_tflops:
+        return peak_tflops * 1e12, "given"
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    n = 8192 if device.startswith("cuda") else 2048
+    return measured_peak_flops(device, n=n, reps=5, dtype=dtype), f"measured {dtype} matmul"
 
 
-def bench(name: str, batch: int, seq: int, masked: int, steps: int, warmup: int, device: str, fused: bool,
-          objective: str = "mlm_nsp") -> dict:
+def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = False, checkpointing: bool = False,
+               compile: bool = False) -> BertForPreTraining:
+    model = BertForPreTraining(config, nsp=objective == "mlm_nsp").to(device).train()
+    model.bert.encoder.unpad, model.bert.encoder.checkpointing = unpad, checkpointing
+    if compile:
+        model.compile()
+    return model
+
+
+def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmup: int, device: str, fused: bool,
+          objective: str = "mlm_nsp", precision: str = "fp32", peak_tflops: float | None = None,
+          unpad: bool = False, checkpointing: bool = False, compile: bool = False) -> dict:
     import transformers
 
     transformers.logging.set_verbosity_error()
+    masked = masked or default_predictions(seq)
     config = model_config(name, causal=objective == "ltr")
     torch.manual_seed(0)
-    ours = BertForPreTraining(config, nsp=objective == "mlm_nsp").to(device).train()
+    ours = build_ours(config, objective, device, unpad, checkpointing, compile)
     reference = REFERENCE[objective]
     hf_kwargs = {k: v for k, v in hf_config(config, reference).items() if not k.startswith("bert_repro")}
     if objective == "ltr":
@@ -160,26 +166,61 @@ def bench(name: str, batch: int, seq: int, masked: int, steps: int, warmup: int,
             "ref": (lambda: their_step(theirs, b, objective), their_opt)}
     for _ in range(warmup):
         for step, optimizer in runs.values():
-            timed(step, optimizer, device)
+            timed(step, optimizer, device, precision)
     times = {"ours": [], "ref": []}
     for i in range(steps):
         for side in ("ours", "ref") if i % 2 == 0 else ("ref", "ours"):  # A B, B A: neither always goes first
-            times[side].append(timed(*runs[side], device))
+            times[side].append(timed(*runs[side], device, precision))
     ours_s, ref_s = statistics.median(times["ours"]), statistics.median(times["ref"])
     paired = statistics.median(r / o for o, r in zip(times["ours"], times["ref"]))  # robust to load drifting
     tokens = batch * seq
-    predicted = (seq - 1) / seq if objective == "ltr" else masked / seq
-    achieved = training_flops_per_token(config, seq, predicted) * tokens / ours_s
-    peak = gemm_flops(device)
+    real = int(b["attention_mask"].sum())
+    predictions = int(b["attention_mask"][:, 1:].sum()) if objective == "ltr" else batch * masked
+    model_flops = training_flops(config, real, seq, predictions)  # the same work for both sides
+    peak, peak_source = peak_flops(device, precision, peak_tflops)
     return {
         "model": name, "objective": objective, "reference": reference, "seq": seq, "batch": batch,
-        "masked_per_seq": seq - 1 if objective == "ltr" else masked, "device": device,
-        "threads": torch.get_num_threads(), "fused_adamw": fused, "steps": steps,
+        "masked_per_seq": seq - 1 if objective == "ltr" else masked, "device": device, "precision": precision,
+        "threads": torch.get_num_threads(), "fused_adamw": fused, "unpad": unpad, "checkpointing": checkpointing,
+        "compile": compile, "steps": steps,
         "ours_tokens_per_s": round(tokens / ours_s, 1), "ref_tokens_per_s": round(tokens / ref_s, 1),
-        "ratio": round(ref_s / ours_s, 3), "paired_ratio": round(paired, 3), "ours_step_ms": round(1e3 * ours_s, 1), "ref_step_ms": round(1e3 * ref_s, 1),
-        "ours_train_tflops": round(achieved / 1e12, 4), "gemm_fp32_tflops": round(peak / 1e12, 4),
-        "share_of_gemm": round(achieved / peak, 3),
+        "ratio": round(ref_s / ours_s, 3), "paired_ratio": round(paired, 3),
+        "ours_step_ms": round(1e3 * ours_s, 1), "ref_step_ms": round(1e3 * ref_s, 1),
+        "ours_train_tflops": round(model_flops / ours_s / 1e12, 4), "ref_train_tflops": round(model_flops / ref_s / 1e12, 4),
+        "peak_tflops": round(peak / 1e12, 4), "peak_source": peak_source,
+        "ours_mfu": round(model_flops / ours_s / peak, 3), "ref_mfu": round(model_flops / ref_s / peak, 3),
     }
+
+
+def largest_batch(name: str, seq: int, device: str, precision: str, checkpointing: bool, limit: int = 4096) -> int:
+    """The largest per-device batch whose training step fits in the accelerator's memory (doubling, then
+    bisection on out-of-memory), for activation checkpointing's trade (issue #8 §3)."""
+    if not device.startswith("cuda"):
+        raise SystemExit("error: --max-batch probes accelerator memory; it needs --device cuda")
+    config = model_config(name)
+
+    def step(batch: int) -> None:
+        model = build_ours(config, "mlm_nsp", device, checkpointing=checkpointing)
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, fused=True)
+        b = make_batch(config, batch, seq, default_predictions(seq), device)
+        timed(lambda: our_step(model, b), optimizer, device, precision)
+
+    def fits(batch: int) -> bool:
+        try:
+            step(batch)  # model, optimizer and activations are freed when it returns or raises
+            return True
+        except torch.OutOfMemoryError:
+            return False
+        finally:
+            torch.cuda.empty_cache()
+
+    low, high = 0, 8
+    while high <= limit and fits(high):
+        low, high = high, high * 2
+    while high - low > 1:  # low fits, high does not
+        middle = (low + high) // 2
+        low, high = (middle, high) if fits(middle) else (low, middle)
+    return low
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -188,22 +229,39 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--objective", action="append", choices=OBJECTIVES,
                         help="pre-training objective; repeatable (default: mlm_nsp). " + ", ".join(
                             f"{o}: vs transformers {r}" for o, r in REFERENCE.items()))
-    parser.add_argument("--seq", type=int, default=128)
+    parser.add_argument("--seq", type=int, action="append", help="sequence length; repeatable (default: 128)")
     parser.add_argument("--batch", type=int, default=8)
-    parser.add_argument("--masked", type=int, default=20, help="predictions per sequence (§3.1: 15%% of 128 ~ 20)")
+    parser.add_argument("--masked", type=int, help="predictions per sequence (default: 20 at 128, 80 at 512)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=2)
     parser.add_argument("--device", default="cpu")
+    parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
+                        help="bf16: autocast on both sides, as trainer/gpu.yaml's bf16-mixed")
+    parser.add_argument("--peak-tflops", type=float, help="MFU denominator, e.g. " + ", ".join(
+        f"{k} {v:g}" for k, v in PEAK_TFLOPS.items()) + " (default: a measured matmul)")
+    parser.add_argument("--unpad", action="store_true", help="ours: projections and MLP on real tokens only")
+    parser.add_argument("--checkpointing", action="store_true", help="ours: activation checkpointing")
+    parser.add_argument("--compile", action="store_true", help="ours: torch.compile")
+    parser.add_argument("--max-batch", action="store_true",
+                        help="instead of timing: the largest per-device batch that fits, with and without checkpointing")
     parser.add_argument("--foreach", dest="fused", action="store_false",
                         help="torch's default (foreach) AdamW for both sides instead of the fused one training uses")
     parser.add_argument("--threads", type=int, help="torch threads for both sides (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
-    for objective in args.objective or ["mlm_nsp"]:
+    for seq in args.seq or [128]:
         for name in args.model or ["small", "base"]:
-            print(json.dumps(bench(name, args.batch, args.seq, args.masked, args.steps, args.warmup, args.device,
-                                   args.fused, objective)), flush=True)
+            if args.max_batch:
+                for checkpointing in (False, True):
+                    print(json.dumps({"model": name, "seq": seq, "precision": args.precision, "checkpointing": checkpointing,
+                                      "largest_batch": largest_batch(name, seq, args.device, args.precision, checkpointing)}),
+                          flush=True)
+                continue
+            for objective in args.objective or ["mlm_nsp"]:
+                print(json.dumps(bench(name, args.batch, seq, args.masked, args.steps, args.warmup, args.device,
+                                       args.fused, objective, args.precision, args.peak_tflops, args.unpad,
+                                       args.checkpointing, args.compile)), flush=True)
 
 
 if __name__ == "__main__":

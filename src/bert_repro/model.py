@@ -14,6 +14,7 @@ from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
+import torch.utils.checkpoint
 from torch import Tensor, nn
 
 
@@ -103,9 +104,20 @@ class SelfAttention(nn.Module):
         self.attention_dropout = config.attention_dropout
         self.causal = config.causal
 
-    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
+    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None,
+                unpadded: Unpadded | None = None) -> Tensor:
         """``positions`` (B, P): compute outputs only there (queries at P positions, keys and values
-        everywhere); the result is then (B, P, H) and exactly the rows a full pass would give."""
+        everywhere); the result is then (B, P, H) and exactly the rows a full pass would give.
+        ``unpadded``: ``x`` holds only the real tokens (N, H); the projections run on them, and only the
+        attention itself sees them in their padded (B, T) places."""
+        if unpadded is not None:
+            qkv = unpadded.pad(self.qkv(x))  # (B, T, 3H), zeros at the padding
+            B, T, _ = qkv.shape
+            q, k, v = qkv.view(B, T, 3, self.num_heads, self.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+            context = F.scaled_dot_product_attention(
+                q, k, v, attn_mask=mask, dropout_p=self.attention_dropout if self.training else 0.0)
+            context = unpadded.unpad(context.transpose(1, 2).reshape(B, T, -1))  # (N, H)
+            return self.LayerNorm(x + self.dropout(self.dense(context)))
         B, T, H = x.shape
         if positions is None:
             qkv = self.qkv(x).view(B, T, 3, self.num_heads, self.head_dim)  # (B, T, 3, heads, head_dim)
@@ -136,26 +148,68 @@ class Layer(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.dropout = nn.Dropout(config.hidden_dropout)
 
-    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None) -> Tensor:
-        x = self.attention(x, mask, positions)  # (B, T|P, H)
+    def forward(self, x: Tensor, mask: Tensor | None, positions: Tensor | None = None,
+                unpadded: Unpadded | None = None) -> Tensor:
+        x = self.attention(x, mask, positions, unpadded)  # (B, T|P, H), or (N, H) unpadded
         h = F.gelu(self.intermediate(x))  # exact (erf) GELU: HF's "gelu", as the released checkpoints are run
         return self.LayerNorm(x + self.dropout(self.output(h)))
 
 
+class Unpadded:
+    """Where the real tokens of a padded (B, T) batch sit, to move activations between (B, T, ...) and the
+    packed (N, ...) of its N real tokens (MosaicBERT's and NVIDIA's unpadding)."""
+
+    def __init__(self, attention_mask: Tensor):
+        self.shape = attention_mask.shape  # (B, T)
+        self.index = attention_mask.flatten().nonzero().squeeze(1)  # (N,) positions in the flattened batch
+
+    def unpad(self, x: Tensor) -> Tensor:
+        return x.flatten(0, 1).index_select(0, self.index)  # (B, T, ...) -> (N, ...)
+
+    def pad(self, x: Tensor) -> Tensor:
+        flat = x.new_zeros(self.shape.numel(), *x.shape[1:]).index_copy(0, self.index, x)
+        return flat.view(*self.shape, *x.shape[1:])  # (N, ...) -> (B, T, ...), zeros at the padding
+
+
 class Encoder(nn.Module):
+    """The L layers. Speed options that leave the function unchanged (set by the run from trainer/):
+    ``unpad`` runs every projection, feed-forward and LayerNorm on the real tokens only; ``checkpointing``
+    recomputes each layer's activations in the backward pass instead of storing them (activation
+    checkpointing: memory for compute)."""
+
     def __init__(self, config: BertConfig):
         super().__init__()
         self.layer = nn.ModuleList(Layer(config) for _ in range(config.num_layers))
+        self.unpad = False
+        self.checkpointing = False
+
+    def _run(self, layer: Layer, *args) -> Tensor:
+        if self.checkpointing and self.training and torch.is_grad_enabled():
+            return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
 
     def forward(self, x: Tensor, mask: Tensor | None, output_hidden_states: bool = False,
-                last_positions: Tensor | None = None, last_mask: Tensor | None = None) -> EncoderOutput:
-        """``last_positions`` (B, P): the last layer runs only there (with ``last_mask``), see BertModel."""
+                last_positions: Tensor | None = None, last_mask: Tensor | None = None,
+                attention_mask: Tensor | None = None) -> EncoderOutput:
+        """``last_positions`` (B, P): the last layer runs only there (with ``last_mask``), see BertModel.
+        ``attention_mask`` (B, T): the padding, which ``unpad`` removes."""
+        unpadded = Unpadded(attention_mask) if self.unpad and attention_mask is not None \
+            and not bool(attention_mask.all()) else None
         hidden_states = [x] if output_hidden_states else None
+        if unpadded is not None:
+            x = unpadded.unpad(x)  # (N, H)
         for i, layer in enumerate(self.layer):
             last = last_positions is not None and i == len(self.layer) - 1
-            x = layer(x, last_mask, last_positions) if last else layer(x, mask)
+            if last:
+                if unpadded is not None:  # the sparse last layer reads keys and values in place
+                    x, unpadded = unpadded.pad(x), None
+                x = self._run(layer, x, last_mask, last_positions)
+            else:
+                x = self._run(layer, x, mask, None, unpadded)
             if hidden_states is not None:
-                hidden_states.append(x)
+                hidden_states.append(x if unpadded is None else unpadded.pad(x))
+        if unpadded is not None:
+            x = unpadded.pad(x)
         return EncoderOutput(last_hidden_state=x, hidden_states=hidden_states)
 
 
@@ -227,7 +281,7 @@ class BertModel(nn.Module):
         last_mask = None
         if output_positions is not None:
             last_mask = attention_mask_for_sdpa(attention_mask, self.config.causal, T, output_positions)
-        return self.encoder(x, mask, output_hidden_states, output_positions, last_mask)
+        return self.encoder(x, mask, output_hidden_states, output_positions, last_mask, attention_mask)
 
 
 def init_weights(module: nn.Module, std: float) -> None:

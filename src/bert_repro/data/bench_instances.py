@@ -79,17 +79,19 @@ class PeakMemory:
         self._thread.join()
 
 
-def write_corpus(text_dir: Path, out: Path, copies: int) -> Path:
-    """The shared pre-training text in the original format, `copies` times over."""
+def write_corpus(text_dir: Path, out: Path, copies: int, books_only: bool = False) -> Path:
+    """The shared pre-training text in the original format, `copies` times over (the Gutenberg books
+    alone with ``books_only``: the BooksCorpus stand-in)."""
     from bert_repro.data.corpus import gutenberg_documents, wikitext_documents
 
     base = out.with_name("corpus-1x.txt")
     if not base.is_file():
         from bert_repro.data.corpus import write_documents
 
-        documents = (d for source in (wikitext_documents(text_dir / "wikitext-2-raw" / "wiki.test.raw"),
-                                      gutenberg_documents(text_dir / "gutenberg")) for d in source)
-        write_documents(documents, base)
+        sources = [gutenberg_documents(text_dir / "gutenberg")]
+        if not books_only:
+            sources.insert(0, wikitext_documents(text_dir / "wikitext-2-raw" / "wiki.test.raw"))
+        write_documents((d for source in sources for d in source), base)
     out.write_text(base.read_text(encoding="utf-8") * copies, encoding="utf-8")
     return out
 
@@ -116,6 +118,8 @@ def child(args: dict) -> dict:
     return {
         "corpus_copies": args["copies"], "num_proc": args["num_proc"], "dupe_factor": args["dupe_factor"],
         "max_seq_length": args["max_seq_length"], "documents": train["documents"], "instances": train["instances"],
+        "corpus_mb": round(Path(args["corpus"]).stat().st_size / MB, 2),
+        "mb_per_s": round(Path(args["corpus"]).stat().st_size / MB / total, 3),  # text in -> instances out
         "documents_per_s": round(train["documents"] / train["instances_s"], 1),
         "instances_per_s": round(train["instances"] / train["instances_s"], 1),
         "tokenize_s": round(train["tokenize_s"], 2), "instances_s": round(train["instances_s"], 2),
@@ -134,6 +138,7 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--dupe-factor", type=int, default=1)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=8000)
+    parser.add_argument("--books-only", action="store_true", help="the Gutenberg books alone (BooksCorpus's stand-in)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -147,7 +152,7 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_instances-") as tmp:
         tmp = Path(tmp)
-        corpora = {c: write_corpus(args.text, tmp / f"corpus-{c}x-copies.txt", c) for c in sorted(set(args.copies))}
+        corpora = {c: write_corpus(args.text, tmp / f"corpus-{c}x-copies.txt", c, args.books_only) for c in sorted(set(args.copies))}
         docs = load_documents(str(corpora[min(corpora)]), cache_dir=tmp / "vocab-cache")
         texts = (s for batch in docs.iter(batch_size=256) for d in batch["sentences"] for s in d)
         vocab = str(save_vocab(train_wordpiece(texts, args.vocab_size), tmp / "vocab"))
