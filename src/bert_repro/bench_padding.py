@@ -1,4 +1,4 @@
-"""Padding benchmark on real MRPC: dynamic padding vs the released code's fixed 128 tokens (issue #4, §6).
+"""Padding benchmark on real MRPC (or SST-2, --task sst2): dynamic padding vs the released code's fixed 128 tokens (issue #4, §6).
 
     python -m bert_repro.bench_padding --init /ckpt/bert-base-uncased --glue-dir ../shared/data/glue
 
@@ -44,12 +44,13 @@ class StepTimer(L.Callback):
 
 def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> dict:
     L.seed_everything(args.seed, workers=True)
-    data = GlueDataModule("mrpc", glue_dir=str(args.glue_dir), tokenizer=str(vocab_file), lowercase=bool(loaded.lowercase),
+    extra = {"dev_from_train": 872} if args.task == "sst2" else {}  # SST-2's dev size; the shared copy has no dev.tsv
+    data = GlueDataModule(args.task, glue_dir=str(args.glue_dir), tokenizer=str(vocab_file), lowercase=bool(loaded.lowercase),
                           batch_size=args.batch_size, seed=args.seed, cache_dir=str(args.cache_dir),
-                          max_train_examples=args.max_train_examples, **MODES[name])
+                          max_train_examples=args.max_train_examples, **MODES[name], **extra)
     model = {**loaded.config.to_dict(), "vocab_size": len(loaded.vocab)}
     optim = dict(lr=args.lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=None, warmup_ratio=0.1)
-    module = SequenceClassificationModule(model, optim, task="mrpc", num_labels=2)
+    module = SequenceClassificationModule(model, optim, task=args.task, num_labels=2)
     module.load_pretrained(loaded)
     timer = StepTimer()
     trainer = L.Trainer(accelerator=args.accelerator, devices=1, precision=args.precision, max_epochs=args.epochs,
@@ -62,12 +63,14 @@ def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> d
     first = module.history[0]
     return {"mode": name, "processed": first["train/real_tokens"] + first["train/padded_tokens"],
             "real": first["train/real_tokens"], "step_ms": timer.median_ms(),
-            "train_s": seconds, "acc": dev["val/acc"], "f1": dev["val/f1"], "examples": len(data.datasets["train"])}
+            "train_s": seconds, "acc": dev["val/acc"], "f1": dev.get("val/f1", float("nan")),
+            "examples": len(data.datasets["train"])}
 
 
 def main(argv: list[str] | None = None) -> None:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.bench_padding", description=__doc__.split("\n\n")[0])
     parser.add_argument("--init", required=True, help="checkpoint: our .ckpt, an HF directory or a TF checkpoint")
+    parser.add_argument("--task", choices=("mrpc", "sst2"), default="mrpc")
     parser.add_argument("--glue-dir", type=Path, default=Path("../shared/data/glue"))
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/glue"))
     parser.add_argument("--modes", nargs="+", default=["dynamic", "fixed-128"], choices=list(MODES))
@@ -86,7 +89,7 @@ def main(argv: list[str] | None = None) -> None:
     vocab_file = save_vocab(tokenizer_from_vocab(loaded.vocab, bool(loaded.lowercase)), args.cache_dir / "bench_vocab.txt")
     rows = [run_mode(name, args, loaded, vocab_file) for name in args.modes]
     fixed = next((r for r in rows if r["mode"] == "fixed-128"), rows[0])
-    print(f"\nMRPC train ({rows[0]['examples']} examples), batch {args.batch_size}, {args.epochs} epoch(s), "
+    print(f"\n{args.task.upper()} train ({rows[0]['examples']} examples), batch {args.batch_size}, {args.epochs} epoch(s), "
           f"lr {args.lr}, {args.init}")
     print(f"{'mode':<16}{'tokens/epoch':>14}{'vs fixed':>10}{'real share':>12}{'ms/step':>10}{'vs fixed':>10}"
           f"{'train s':>10}{'dev acc':>9}{'dev F1':>8}")
