@@ -120,3 +120,22 @@ def test_document_context_fills_windows_from_neighbouring_sentences(tmp_path, mi
     assert pieces[:3] == ["[CLS]", "eu", "rejects"] and "werner" not in pieces  # document 0 only
     labelled = [p for p, t in zip(pieces, peter_context["labels"]) if t != IGNORE]
     assert labelled == ["peter", "blackburn"]
+
+
+def test_hub_layout_with_class_label_ids(tmp_path, minilm_dir):
+    """The Hub code path (load_dataset), offline: a folder in eriktks/conll2003's layout (IOB2 ids, no documents)."""
+    import json
+
+    s = read_conll(write_dir(tmp_path) / "eng.train")
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    for split in ("train", "validation", "test"):
+        with open(hub / f"{split}.json", "w") as f:
+            for i, (tokens, tags) in enumerate(zip(s["tokens"], s["tags"])):
+                f.write(json.dumps({"id": str(i), "tokens": tokens,
+                                    "ner_tags": [CONLL2003_LABELS.index(t) for t in tags]}) + "\n")
+    data = ConllDataModule(None, hub={"path": str(hub)}, tokenizer=str(minilm_dir), lowercase=True,
+                           cache_dir=str(tmp_path / "cache"))
+    data.setup()
+    assert data.sentences["dev"]["tags"] == s["tags"] and data.test_splits == ["test"]
+    assert [r["labels"][1] for r in rows_of(data, "train")] == [CONLL2003_LABELS.index(t[0]) for t in s["tags"]]

@@ -96,3 +96,20 @@ def test_swag_end_to_end_with_test_predictions(tmp_path, minilm_dir, shared_data
     lines = (tmp_path / "run" / "test_predictions" / "swag_test.csv").read_text().splitlines()
     assert lines[0] == "id,label" and [line.split(",")[0] for line in lines[1:]] == ["0", "1", "2", "3"]
     assert {line.split(",")[1] for line in lines[1:]} <= {"0", "1", "2", "3"}
+
+
+def test_hub_layout(tmp_path, shared_data, minilm_dir):
+    """The Hub code path (load_dataset), offline: real rows in allenai/swag's field names (transformers' fixture)."""
+    hub = tmp_path / "hub"
+    hub.mkdir()
+    sample = (shared_data / "swag" / "transformers_fixture" / "sample.json").read_text()
+    for split in ("train", "validation"):
+        (hub / f"{split}.json").write_text(sample)
+    rows = [json.loads(line) for line in sample.splitlines() if line]
+    (hub / "test.json").write_text("".join(json.dumps({**r, "label": -1}) + "\n" for r in rows))  # the Hub's test
+    data = SwagDataModule(None, hub={"path": str(hub), "name": None}, tokenizer=str(minilm_dir),
+                          cache_dir=str(tmp_path / "cache"))
+    data.setup()
+    assert len(data.datasets["dev"]) == 10 and data.test_splits == ["test"]
+    assert data.datasets["test"]["label"] == [-1] * 10
+    assert data.datasets["dev"]["label"] == [r["label"] for r in rows]

@@ -239,7 +239,7 @@ class ConllDataModule(L.LightningDataModule):
         feature = rows.features["ner_tags"].feature
         names = feature.names if isinstance(feature, ClassLabel) else CONLL2003_LABELS
         tags = [iob1_to_iob2([names[t] for t in sentence]) for sentence in rows["ner_tags"]]
-        return {"tokens": rows["tokens"], "tags": tags, "document": list(range(len(tags))),
+        return {"tokens": list(rows["tokens"]), "tags": tags, "document": list(range(len(tags))),
                 "line": list(range(1, len(tags) + 1))}
 
     def raw_sentences(self) -> dict[str, tuple[dict[str, list], str]]:

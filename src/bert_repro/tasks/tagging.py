@@ -44,7 +44,7 @@ class EntityF1(Metric):
             getattr(self, name).append(value.long())
 
     def compute(self) -> dict[str, float]:
-        if not self.sentence:
+        if isinstance(self.sentence, list) and not self.sentence:  # a list until synced, then one tensor
             return {"precision": 0.0, "recall": 0.0, "f1": 0.0, "token_acc": 0.0}
         sentence, word, pred, target = (dim_zero_cat(getattr(self, n)).cpu().numpy()
                                         for n in ("sentence", "word", "pred", "target"))
