@@ -1,0 +1,162 @@
+"""SQuAD fine-tuning (§4.2; v2 §4.3): a start vector S and an end vector E over the final hidden states;
+P(start = i) = softmax_i(S.T_i), the same for the end with E; loss = the mean of the two cross-entropies.
+Dev windows leave their top start / end logits; at the end of validation they are gathered over the
+ranks, de-duplicated, turned into answers (squad_eval.py) and scored with the official semantics."""
+
+from __future__ import annotations
+
+import logging
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+from lightning.pytorch.trainer.states import TrainerFn
+from torch import Tensor, nn
+
+from bert_repro import squad_eval
+from bert_repro.heads import bilstm_outputs
+from bert_repro.model import BertConfig, BertModel, init_weights
+from bert_repro.squad_eval import Prediction, Window, WindowLogits
+from bert_repro.tasks.base import BertTaskModule
+
+log = logging.getLogger(__name__)
+
+
+class SpanExtractor(nn.Module):
+    """Encoder + S and E as one Linear(H, 2) over every final hidden state T_i (§4.2).
+
+    ``bilstm``: Table 5's "+ BiLSTM" (§5.1): a randomly initialised one-layer BiLSTM (H per direction) over
+    the encoder's token outputs, whose 2H output at each position feeds the span layer.
+    """
+
+    def __init__(self, config: BertConfig, bilstm: bool = False):
+        super().__init__()
+        self.bert = BertModel(config)
+        self.bert.pooler.requires_grad_(False)  # C's pooler is never read here; DDP wants every trained parameter used
+        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
+            if bilstm else None
+        self.qa_outputs = nn.Linear(config.hidden_size * (2 if bilstm else 1), 2)  # rows: S, E
+        init_weights(self.qa_outputs, config.initializer_range)
+
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+        """Start and end logits (B, T), padding at the lowest float."""
+        sequence = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
+        if self.lstm is not None:
+            sequence = bilstm_outputs(self.lstm, sequence, attention_mask)  # (B, T, 2H)
+        logits = self.qa_outputs(sequence).float()  # (B, T, 2)
+        logits = logits.masked_fill(attention_mask[..., None] == 0, torch.finfo(logits.dtype).min)
+        return logits[..., 0], logits[..., 1]
+
+
+class SpanExtractionModule(BertTaskModule):
+    """One LightningModule for SQuAD v1.1 (``version=1``) and v2.0 (``version=2``).
+
+    Metrics: val/exact_match, val/f1, val/loss; v2.0 also val/has_ans_*, val/no_ans_* (exact, f1),
+    val/best_exact(_thresh), val/best_f1(_thresh) and val/null_threshold, the tau tuned on Dev for F1 at each
+    validation that v2.0's answers (and val/exact_match, val/f1) use; the checkpoint saves it. Each
+    validation writes predictions.json, nbest_predictions.json (and v2.0 null_odds.json) into the run folder.
+    """
+
+    def __init__(self, model: dict, optim: dict, version: int, bilstm: bool = False, n_best_size: int = 20,
+                 max_answer_length: int = 30):
+        super().__init__(model, optim)
+        self.save_hyperparameters()
+        if version not in (1, 2):
+            raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")
+        if n_best_size < 1 or max_answer_length < 1:
+            raise ValueError(f"n_best_size={n_best_size}, max_answer_length={max_answer_length}: expected positive")
+        self.version, self.n_best_size, self.max_answer_length = version, n_best_size, max_answer_length
+        self.model = SpanExtractor(self.config, bilstm)
+        self.null_threshold: float | None = None  # v2.0: tau of the last validation
+        self.history: list[dict] = []
+        self._val_windows: list[dict[str, Any]] = []
+
+    def forward(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
+        return self.model(batch["input_ids"], batch["token_type_ids"], batch["attention_mask"])
+
+    def _loss(self, start: Tensor, end: Tensor, batch: dict[str, Tensor], reduction: str = "mean") -> Tensor:
+        return (F.cross_entropy(start, batch["start_positions"], reduction=reduction)
+                + F.cross_entropy(end, batch["end_positions"], reduction=reduction)) / 2
+
+    # -- steps -------------------------------------------------------------------------------------
+    def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
+        loss = self._loss(*self(batch), batch)
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+        start, end = self(batch)
+        k = min(self.n_best_size, start.shape[1])
+        start_logit, start_index = start.topk(k, dim=1)  # (B, k)
+        end_logit, end_index = end.topk(k, dim=1)
+        out = {"window": batch["window"], "start_index": start_index, "start_logit": start_logit,
+               "end_index": end_index, "end_logit": end_logit, "null_start": start[:, 0], "null_end": end[:, 0],
+               "loss": self._loss(start, end, batch, reduction="none")}
+        self._val_windows.append({name: value.cpu().numpy() for name, value in out.items()})
+
+    def _gathered_windows(self) -> dict[int, dict[str, Any]]:
+        """window -> its outputs, over all ranks; the repeats that pad the last rank's share are dropped."""
+        local, self._val_windows = self._val_windows, []
+        parts = [local]
+        if self.trainer.world_size > 1:
+            parts = [None] * self.trainer.world_size
+            torch.distributed.all_gather_object(parts, local)
+        windows: dict[int, dict[str, Any]] = {}
+        for batch in (b for part in parts for b in part):
+            for i, window in enumerate(batch["window"].tolist()):
+                windows.setdefault(window, {name: value[i] for name, value in batch.items()})
+        return windows
+
+    def _predictions(self, outputs: dict[int, dict[str, Any]]) -> tuple[dict[str, Prediction], dict[str, list[str]]]:
+        """Answers of every dev question with at least one window scored, and their gold answers."""
+        data = self.trainer.datamodule
+        seen = sorted(outputs)
+        windows = data.datasets["dev"].select(seen).select_columns(["example", "context_start", "offsets", "max_context"])
+        by_example: dict[int, list[tuple[WindowLogits, Window]]] = {}
+        for window, row in zip(seen, windows):
+            o = outputs[window]
+            logits = WindowLogits(o["start_index"], o["start_logit"], o["end_index"], o["end_logit"],
+                                  float(o["null_start"]), float(o["null_end"]))
+            by_example.setdefault(row["example"], []).append(
+                (logits, Window(row["context_start"], row["offsets"], row["max_context"])))
+        examples = data.examples["dev"]
+        if len(by_example) < len(examples) and not self.trainer.sanity_checking:
+            log.warning("squad_v%d: scored %d of %d dev questions (limit_val_batches)", self.version,
+                        len(by_example), len(examples))
+        questions = examples.select(sorted(by_example)).select_columns(["id", "context", "answers"])
+        predictions, answers = {}, {}
+        for example, question in zip(sorted(by_example), questions):
+            predictions[question["id"]] = squad_eval.predict_question(
+                question["context"], by_example[example], self.n_best_size, self.max_answer_length,
+                with_null=self.version == 2)
+            answers[question["id"]] = question["answers"]["text"]
+        return predictions, answers
+
+    def on_validation_epoch_end(self) -> None:
+        outputs = self._gathered_windows()
+        if not outputs:
+            return
+        predictions, answers = self._predictions(outputs)
+        metrics, final, tau = squad_eval.score(answers, predictions, self.version)
+        loss = sum(float(o["loss"]) for o in outputs.values()) / len(outputs)
+        values = {"val/loss": loss, **{f"val/{name}": value for name, value in metrics.items()}}
+        self.log_dict(values, sync_dist=True)  # the same on every rank: each scored the whole gathered dev set
+        if self.trainer.sanity_checking:
+            return
+        self.null_threshold = tau
+        if self.trainer.is_global_zero:
+            written = squad_eval.write_prediction_files(Path(self.trainer.default_root_dir), final, predictions)
+            log.info("squad_v%d: dev %s; wrote %s", self.version,
+                     ", ".join(f"{k} {v:.2f}" for k, v in values.items()), ", ".join(p.name for p in written))
+        if self.trainer.state.fn == TrainerFn.FITTING:
+            self.history.append({"epoch": self.current_epoch, "step": self.global_step, **values})
+
+    # -- checkpoints carry tau ---------------------------------------------------------------------
+    def on_save_checkpoint(self, checkpoint: dict) -> None:
+        super().on_save_checkpoint(checkpoint)
+        checkpoint["null_threshold"] = self.null_threshold
+
+    def on_load_checkpoint(self, checkpoint: dict) -> None:
+        super().on_load_checkpoint(checkpoint)
+        self.null_threshold = checkpoint.get("null_threshold")

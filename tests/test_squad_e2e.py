@@ -1,0 +1,131 @@
+"""src/train.py on SQuAD v1.1 and v2.0 end to end (CPU, offline, the real fixtures, all-MiniLM-L6-v2 as init=),
+a malformed file through the command line, and Dev scored once per window under DDP."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from .conftest import REPO
+
+SMALL = ["model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false", "data.max_seq_length=128",
+         "data.doc_stride=32", "data.max_query_length=32", "data.max_train_examples=16", "data.max_dev_examples=16",
+         "data.batch_size=16", "optim.epochs=1"]
+
+
+def run(*args, command=None, timeout=600):
+    command = command or [sys.executable, str(REPO / "src" / "train.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small runs on a shared 2-core machine
+    proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    return proc, proc.stdout + proc.stderr
+
+
+def train(task, tmp_path, minilm_dir, shared_data, *extra):
+    proc, out = run(f"task={task}", *SMALL, f"init={minilm_dir}", f"paths.shared_data={shared_data}",
+                    f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}", *extra)
+    assert proc.returncode == 0, out[-3000:]
+    return tmp_path / "run", json.loads((tmp_path / "run" / "results.json").read_text())
+
+
+def dev_ids(shared_data, name, version, count=16):
+    import numpy as np
+
+    from bert_repro.data.squad import HELD_OUT_SEED, read_squad_json
+
+    rows = read_squad_json(shared_data / name, version)
+    chosen = np.sort(np.random.default_rng(HELD_OUT_SEED).choice(len(rows), count, replace=False))
+    return {rows[i]["id"] for i in chosen}
+
+
+def test_squad_v1_end_to_end(tmp_path, minilm_dir, shared_data):
+    run_dir, results = train("squad_v1", tmp_path, minilm_dir, shared_data)
+    final = results["metrics"]["final"]
+    assert {"val/exact_match", "val/f1", "val/loss"} <= set(final) and 0 <= final["val/f1"] <= 100
+    assert results["missing_heads"] == ["qa_outputs"] and results["global_step"] >= 2
+    assert results["monitor"] == "val/f1" and "val/f1" in results["metrics"]["per_epoch"][-1]
+    predictions = json.loads((run_dir / "predictions.json").read_text())
+    assert set(predictions) == dev_ids(shared_data, "squad_v1/dev-v1.1.json", 1)
+    nbest = json.loads((run_dir / "nbest_predictions.json").read_text())
+    assert all(nbest[q][0]["text"] == predictions[q] and len(nbest[q]) <= 20 for q in predictions)
+    assert not (run_dir / "null_odds.json").exists()
+
+
+def test_squad_v2_end_to_end(tmp_path, minilm_dir, shared_data):
+    run_dir, results = train("squad_v2", tmp_path, minilm_dir, shared_data)
+    final = results["metrics"]["final"]
+    assert {"val/exact_match", "val/f1", "val/has_ans_exact", "val/has_ans_f1", "val/no_ans_exact", "val/no_ans_f1",
+            "val/best_f1", "val/best_f1_thresh", "val/null_threshold"} <= set(final)
+    assert final["val/f1"] == pytest.approx(final["val/best_f1"])  # the answers use the tau tuned for F1
+    tau = final["val/null_threshold"]
+    predictions = json.loads((run_dir / "predictions.json").read_text())
+    odds = json.loads((run_dir / "null_odds.json").read_text())
+    nbest = json.loads((run_dir / "nbest_predictions.json").read_text())
+    assert set(predictions) == set(odds) == dev_ids(shared_data, "squad_v2/dev-v2.0.json", 2)
+    for qid, text in predictions.items():
+        best_span = next(e["text"] for e in nbest[qid] if e["text"])
+        assert text == ("" if odds[qid] > tau else best_span), qid
+        assert sum(1 for e in nbest[qid] if e["text"] == "") == 1  # the null answer is always listed
+    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert checkpoint["null_threshold"] == pytest.approx(tau)  # stored with the run, for later predictions
+
+
+def test_malformed_file_fails_with_a_message(tmp_path, minilm_dir):
+    folder = tmp_path / "squad"
+    folder.mkdir()
+    article = {"title": "Cats", "paragraphs": [{"context": "The cat sat.", "qas": [
+        {"id": "q-7", "question": "Who sat?", "answers": [{"text": "The dog", "answer_start": 0}]}]}]}
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (folder / name).write_text(json.dumps({"version": "1.1", "data": [article]}))
+    proc, out = run("task=squad_v1", *SMALL, f"data.tokenizer={minilm_dir}", f"data.squad_dir={folder}",
+                    f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 2, out[-3000:]
+    assert f"{folder / 'train-v1.1.json'}: question q-7: answer 'The dog' does not match the context" in out
+    assert not (tmp_path / "run" / "results.json").exists()
+
+
+def validate_on_two_ranks(minilm_dir: str, squad_dir: str, out: str) -> None:
+    """Dev metrics and predictions of one set of weights on 1 process and on 2 DDP ranks (CPU, gloo)."""
+    import lightning as L
+
+    from bert_repro.data.squad import SquadDataModule
+    from bert_repro.tasks.span import SpanExtractionModule
+
+    shape = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)
+    torch.manual_seed(0)
+    state = SpanExtractionModule(shape, {}, version=2).state_dict()
+    results = []
+    for devices, strategy in ((1, "auto"), (2, "ddp_fork")):
+        data = SquadDataModule(2, squad_dir=squad_dir, tokenizer=minilm_dir, cache_dir=f"{out}.cache", batch_size=4,
+                               max_seq_length=64, doc_stride=16, max_query_length=16, max_dev_examples=7,
+                               max_train_examples=1)
+        data.setup()  # here, so the parent process knows the windows too (ddp_fork's ranks are its children)
+        module = SpanExtractionModule(shape, {}, version=2)
+        module.load_state_dict(state)
+        root = f"{out}.{devices}"
+        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, default_root_dir=root,
+                            enable_progress_bar=False, enable_model_summary=False)
+        metrics = trainer.validate(module, datamodule=data, verbose=False)[0]
+        results.append({"metrics": metrics, "windows": len(data.datasets["dev"]),
+                        "predictions": json.loads(Path(root, "nbest_predictions.json").read_text())})
+    Path(out).write_text(json.dumps(results))
+
+
+def test_dev_windows_are_scored_once_under_ddp(tmp_path, minilm_dir, shared_data):
+    """An odd number of Dev windows on 2 ranks: Lightning's sampler repeats one; the module drops the repeat."""
+    out = tmp_path / "metrics.json"
+    code = "import sys; from tests.test_squad_e2e import validate_on_two_ranks as v; v(*sys.argv[1:])"
+    proc, log = run("-c", code, str(minilm_dir), str(shared_data / "squad_v2"), str(out), command=[sys.executable])
+    assert proc.returncode == 0, log[-3000:]
+    single, ddp = json.loads(out.read_text())
+    assert single["windows"] % 2 == 1 and single["windows"] > 7  # several windows per question, one repeated
+    assert set(single["metrics"]) == set(ddp["metrics"]) and "val/no_ans_f1" in single["metrics"]
+    for name, value in single["metrics"].items():
+        assert ddp["metrics"][name] == pytest.approx(value, abs=1e-5), name  # val/loss would count the repeat
+    assert set(ddp["predictions"]) == set(single["predictions"])
+    for qid, nbest in single["predictions"].items():
+        assert [e["text"] for e in ddp["predictions"][qid]] == [e["text"] for e in nbest]
+        assert [e["probability"] for e in ddp["predictions"][qid]] == pytest.approx([e["probability"] for e in nbest], abs=1e-4)

@@ -1,0 +1,73 @@
+"""The span module: S and E as one Linear(H, 2), its loss, the causal (LTR) constraint and the + BiLSTM head."""
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from bert_repro.convert import LoadedCheckpoint, load_checkpoint
+from bert_repro.model import BertConfig
+from bert_repro.tasks.span import SpanExtractionModule
+
+TINY = dict(vocab_size=100, hidden_size=32, num_layers=2, num_heads=2)
+
+
+def batch(B=3, T=12):
+    g = torch.Generator().manual_seed(0)
+    mask = torch.ones(B, T, dtype=torch.long)
+    mask[0, 9:] = 0  # a padded row
+    return {"input_ids": torch.randint(5, 100, (B, T), generator=g), "token_type_ids": (torch.arange(T) > 4).long().expand(B, T),
+            "attention_mask": mask, "start_positions": torch.tensor([3, 0, 7]), "end_positions": torch.tensor([5, 0, 7])}
+
+
+def test_span_layer_and_loss():
+    module = SpanExtractionModule(TINY, {}, version=1).eval().requires_grad_(False)
+    assert tuple(module.model.qa_outputs.weight.shape) == (2, 32)  # rows S and E (§4.2)
+    b = batch()
+    start, end = module(b)
+    assert start.shape == end.shape == (3, 12)
+    assert (start[0, 9:] == torch.finfo(start.dtype).min).all()  # padding is never a start or an end
+    expected = (F.cross_entropy(start, b["start_positions"]) + F.cross_entropy(end, b["end_positions"])) / 2
+    assert float(module._loss(start, end, b)) == pytest.approx(float(expected))
+    hidden = module.model.bert(b["input_ids"], b["token_type_ids"], b["attention_mask"]).last_hidden_state
+    S, b_S = module.model.qa_outputs.weight[0], module.model.qa_outputs.bias[0]
+    assert torch.allclose(start[1], hidden[1] @ S + b_S, atol=1e-6)  # S.T_i
+
+
+def changed_logits(module):
+    """Start logits of positions 0-5 before and after changing the token at position 8."""
+    b = batch()
+    before = module(b)[0][:, :6]
+    b["input_ids"] = b["input_ids"].clone()
+    b["input_ids"][:, 8] = 4
+    return not torch.allclose(before, module(b)[0][:, :6])
+
+
+def test_ltr_stays_left_to_right_and_bilstm_reads_right_context():
+    """Table 5: "LTR & No NSP" keeps the left-only constraint at fine-tuning; "+ BiLSTM" adds right context."""
+    torch.manual_seed(0)
+    assert changed_logits(SpanExtractionModule(TINY, {}, version=1).eval())  # bidirectional
+    assert not changed_logits(SpanExtractionModule({**TINY, "causal": True}, {}, version=1).eval())
+    assert changed_logits(SpanExtractionModule({**TINY, "causal": True}, {}, version=1, bilstm=True).eval())
+
+
+def test_init_from_a_checkpoint(minilm_dir):
+    loaded = load_checkpoint(minilm_dir)
+    shape = {**loaded.config.to_dict(), "causal": True}
+    module = SpanExtractionModule(shape, {}, version=2, bilstm=True)
+    assert module.load_pretrained(loaded) == ["lstm", "qa_outputs"]  # the new, randomly initialised parameters
+    assert torch.equal(module.model.bert.embeddings.word_embeddings.weight,
+                       loaded.state_dict["bert.embeddings.word_embeddings.weight"])
+    causal = LoadedCheckpoint(BertConfig(**{**TINY, "causal": True}), SpanExtractionModule({**TINY, "causal": True}, {}, 1)
+                              .model.state_dict(), [], None, True, "ltr.ckpt")
+    with pytest.raises(ValueError, match="left-to-right"):  # a causal checkpoint is never fine-tuned bidirectionally
+        SpanExtractionModule(TINY, {}, version=1).load_pretrained(causal)
+
+
+def test_null_threshold_travels_in_the_checkpoint():
+    module = SpanExtractionModule(TINY, {}, version=2)
+    module.null_threshold = -1.25
+    checkpoint = {}
+    module.on_save_checkpoint(checkpoint)
+    restored = SpanExtractionModule(TINY, {}, version=2)
+    restored.on_load_checkpoint(checkpoint)
+    assert restored.null_threshold == -1.25
