@@ -145,4 +145,7 @@ def test_table5_heads_causal_and_bilstm():
     assert torch.allclose(before[:, :4], after[:, :4]) and not torch.allclose(before[:, 4:], after[:, 4:])
     bilstm = TokenTaggingModule(SHAPE, OPTIM, bilstm=True)
     assert bilstm.model.lstm.bidirectional and bilstm.model.classifier.in_features == 2 * SHAPE["hidden_size"]
+    for module in (causal.train(), bilstm):
+        module._loss(module(batch), batch["labels"]).backward()
+        assert all(p.grad is not None for p in module.parameters() if p.requires_grad)  # none idle under DDP
     fit_steps(bilstm, steps=1)

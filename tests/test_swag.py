@@ -82,6 +82,8 @@ def test_one_vector_scores_each_choice():
         module({k: v[:, :3] for k, v in batch.items()})
     bilstm = MultipleChoiceModule({**SHAPE, "causal": True}, {}, bilstm=True)  # Table 5's heads
     assert bilstm.model.lstm is not None and bilstm(batch).shape == (2, 4)
+    bilstm(batch).sum().backward()
+    assert all(p.grad is not None for p in bilstm.parameters() if p.requires_grad)  # none idle under DDP
 
 
 def test_swag_end_to_end_with_test_predictions(tmp_path, minilm_dir, shared_data):
