@@ -162,3 +162,27 @@ def test_second_run_reads_the_token_cache(tmp_path, shared_data, minilm_dir, mon
     assert second.examples["dev"]["id"] == first.examples["dev"]["id"]
     with pytest.raises(AssertionError, match="tokenized again"):  # another window setting is another cache entry
         SquadDataModule(**{**settings, "doc_stride": 64}).setup()
+
+
+def test_hub_rows_are_read_and_checked_like_the_files(tmp_path, shared_data, minilm_dir, monkeypatch):
+    """squad_dir=null reads rajpurkar/squad_v2 through datasets.load_dataset (here answered offline from the fixture
+    in the Hub's schema); its rows pass the same answer check as the official files."""
+    from datasets import Dataset
+
+    rows = read_squad_json(shared_data / "squad_v2/dev-v2.0.json", 2)[:30]
+    calls = []
+
+    def hub(path, name, split, cache_dir):
+        calls.append((path, name, split))
+        return Dataset.from_list(rows)
+
+    monkeypatch.setattr(squad, "load_dataset", hub)
+    data = SquadDataModule(2, squad_dir=None, tokenizer=str(minilm_dir), cache_dir=str(tmp_path))
+    data.setup()
+    assert calls == [("rajpurkar/squad_v2", None, "train"), ("rajpurkar/squad_v2", None, "validation")]
+    assert data.examples["dev"]["id"] == [r["id"] for r in rows] and len(data.datasets["dev"]) >= 30
+    bad = next(r for r in rows if r["answers"]["text"])
+    rows[rows.index(bad)] = {**bad, "answers": {"text": ["x" + bad["answers"]["text"][0]],
+                                                "answer_start": bad["answers"]["answer_start"]}}
+    with pytest.raises(ValueError, match=f"rajpurkar/squad_v2 \\(train\\): question {bad['id']}: answer 'x"):
+        SquadDataModule(2, squad_dir=None, tokenizer=str(minilm_dir), cache_dir=str(tmp_path)).setup()

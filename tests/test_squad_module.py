@@ -71,3 +71,19 @@ def test_null_threshold_travels_in_the_checkpoint():
     restored = SpanExtractionModule(TINY, {}, version=2)
     restored.on_load_checkpoint(checkpoint)
     assert restored.null_threshold == -1.25
+
+
+@pytest.mark.parametrize("task, version, epochs, batch", [("squad_v1", 1, 3, 32), ("squad_v2", 2, 2, 48)])
+def test_task_configs_build_the_module_with_the_paper_defaults(task, version, epochs, batch):
+    """conf/task/squad_*.yaml: §4.2 / v2 §4.3 hyper-parameters; ablation=ltr_no_nsp_bilstm reaches the module."""
+    from hydra.utils import instantiate
+
+    from .test_config import compose_cfg, resolved
+
+    cfg = resolved(compose_cfg([f"task={task}", "model=tiny", "ablation=ltr_no_nsp_bilstm"]))
+    assert (cfg["optim"]["lr"], cfg["optim"]["epochs"], cfg["data"]["batch_size"]) == (5e-5, epochs, batch)
+    assert (cfg["data"]["max_seq_length"], cfg["data"]["doc_stride"], cfg["data"]["max_query_length"]) == (384, 128, 64)
+    assert cfg["task"]["monitor"] == "val/f1" and "planned_in" not in cfg["task"]
+    module = instantiate(cfg["module"], model=cfg["model"], optim=cfg["optim"])
+    assert module.version == version and module.config.causal and module.model.lstm is not None
+    assert (module.n_best_size, module.max_answer_length) == (20, 30)
