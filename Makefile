@@ -33,3 +33,18 @@ bench: install
 
 clean:
 	rm -rf $(VENV) .cache outputs multirun
+
+# The paper's tables beside its numbers: experiments/results/<table>.{md,csv,tex} (+ figures).
+#   make table5 SCALE=smoke|budget|paper [FORCE=1] [INIT=<dir> | INIT=base=<dir>,large=<dir>]
+#        [LAUNCHER=local|joblib|slurm] [LOGGER=csv|wandb] [ACTION=collect]
+# Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them. conf/experiment/<table>.yaml
+# holds each table's sweeps, selection rule and the compute it takes.
+TABLES   := table1 table2 table3 table4 table5 table6 table7 table8 figure4
+SCALE    ?= smoke
+ACTION   ?= run
+LAUNCHER ?= local
+.PHONY: $(TABLES)
+
+$(TABLES): install
+	$(BIN)/python -m bert_repro.tables $(ACTION) $@ --scale $(SCALE) --launcher $(LAUNCHER) \
+		$(if $(filter 1 yes true,$(FORCE)),--force) $(if $(INIT),--init $(INIT)) $(if $(LOGGER),--logger $(LOGGER))

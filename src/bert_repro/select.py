@@ -119,6 +119,18 @@ def select(runs: list[dict], restarts: bool = False) -> list[dict]:
     return sorted(chosen, key=lambda e: json.dumps(e["setting"], sort_keys=True))
 
 
+def restart_spread(runs: list[dict], entry: dict, name: str) -> dict | None:
+    """Mean, std and count of metric ``name`` over the restarts (seeds) of the selected run's hyper-parameters:
+    the spread behind a best-on-Dev cell. None when that metric is absent."""
+    selected = next(r for r in runs if r["dir"] == entry["selected"])
+    values = [r["final"][name] for r in runs
+              if r["science"] == selected["science"] and r["final"].get(name) is not None]
+    if not values:
+        return None
+    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
+            "n": len(values)}
+
+
 def table1_scores(entries: list[dict]) -> list[dict]:
     """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE average."""
     rows = []

@@ -1,0 +1,75 @@
+"""``python -m bert_repro.tables run|collect <table> --scale smoke|budget|paper`` (what ``make tableN`` runs)."""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+from pathlib import Path
+
+from bert_repro.tables import SCALES, TABLES
+from bert_repro.tables.collect import collect, load_reference
+from bert_repro.tables.render import write_all
+from bert_repro.tables.runner import run_table
+from bert_repro.tables.spec import REPO, TableError, build
+
+LAUNCHERS = ("local", "joblib", "slurm")
+
+
+def parse_inits(values: list[str]) -> dict[str, str]:
+    """``INIT=/ckpt`` (every external checkpoint) or ``INIT=base=/ckpt/base,large=/ckpt/large``."""
+    inits = {}
+    for value in values:
+        for item in value.split(","):
+            key, sep, path = item.partition("=")
+            if sep and "/" not in key:
+                inits[key] = path
+            else:
+                inits["*"] = item
+    return inits
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.tables", description=__doc__)
+    parser.add_argument("action", choices=("run", "collect"))
+    parser.add_argument("table", help=f"one of {', '.join(TABLES)}")
+    parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
+    parser.add_argument("--force", action="store_true", help="re-run complete runs too")
+    parser.add_argument("--init", action="append", default=[], help="external checkpoint(s): PATH or KEY=PATH,...")
+    parser.add_argument("--launcher", default="local", choices=LAUNCHERS, help="where the runs execute")
+    parser.add_argument("--logger", choices=("csv", "wandb", "none"), help="default: the table's, per scale")
+    parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        help="override the table config (dotlist on its `table:` node), e.g. grid.seed=1,2")
+    parser.add_argument("--runs-dir", type=Path, default=REPO / "experiments" / "runs")
+    parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")
+    parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    args = parser.parse_args(argv)
+    logging.basicConfig(level=logging.INFO, format="%(message)s")
+    start = time.time()
+    try:
+        table = build(args.table, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set, args.logger)
+        reference = load_reference()
+        if args.action == "run":
+            launcher = table.spec.get("launchers", {}).get(args.launcher)
+            if launcher is None:
+                raise TableError(f"conf/experiment/{args.table}.yaml has no launchers.{args.launcher}")
+            summary = run_table(table, launcher, force=args.force, dry_run=args.dry_run)
+            if args.dry_run:
+                return 0
+            folder = args.runs_dir / args.table / args.scale
+            folder.mkdir(parents=True, exist_ok=True)
+            (folder / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
+                                                             "sweeps": summary}, indent=2) + "\n")
+        written = write_all(table, collect(table, reference), reference, args.results_dir)
+    except TableError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print((args.results_dir / f"{args.table}.md").read_text(), end="")
+    print(f"wrote {', '.join(str(p) for p in written)} in {time.time() - start:.0f} s")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

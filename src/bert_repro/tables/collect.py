@@ -1,0 +1,203 @@
+"""From run folders to cells: each cell is our number (after the table's selection rule), the paper's number,
+and the spread over restarts, or an explicit mark (failed, not run, skipped) with the reason, never a number."""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bert_repro import select
+from bert_repro.tables.runner import job_state
+from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
+
+REFERENCE = REPO / "experiments" / "reference.yaml"
+REQUIRED = ("status", "task", "seed", "monitor", "metrics", "config")
+
+
+@dataclass
+class Cell:
+    value: float | None = None
+    paper: float | None = None
+    spread: float | None = None  # std over the restarts behind the value
+    n: int = 0  # runs behind the value (restarts averaged, or the grid searched)
+    status: str = "ok"  # ok | failed | missing | skipped | paper
+    reason: str | None = None
+    run: str | None = None  # the selected run's folder
+    note: str | None = None  # e.g. the selected run collapsed onto one class
+
+    @property
+    def diff(self) -> float | None:
+        return None if self.value is None or self.paper is None else self.value - self.paper
+
+
+@dataclass
+class Row:
+    key: str
+    label: str
+    cells: dict[str, Cell]
+    checkpoint: str
+
+
+def read_results(path: Path) -> dict:
+    """A results.json, checked: a malformed file is an error that names it."""
+    try:
+        results = json.loads(path.read_text())
+    except json.JSONDecodeError as err:
+        raise TableError(f"{path}: malformed results.json ({err})") from None
+    missing = [k for k in REQUIRED if not isinstance(results, dict) or k not in results]
+    if missing or not isinstance(results["metrics"], dict) or "final" not in results["metrics"]:
+        raise TableError(f"{path}: malformed results.json (missing {', '.join(missing) or 'metrics.final'})")
+    return results
+
+
+def load_reference(path: Path = REFERENCE) -> dict:
+    if not path.is_file():
+        raise TableError(f"{path} does not exist (the paper's numbers; a copy of ../shared/paper/reference.yaml)")
+    return yaml.safe_load(path.read_text())
+
+
+def paper_value(reference: dict, part: Part, row: str, column: str) -> float | None:
+    block = reference.get(part.reference or "", {}) or {}
+    columns, rows = block.get("columns") or [], block.get("rows") or {}
+    values = rows.get(row)
+    if column not in columns or values is None:
+        return None
+    return values[columns.index(column)]
+
+
+def field(results: dict, path: str) -> Any:
+    """``model_config.num_layers`` or ``config.data.mask_shares.0`` in a results.json."""
+    node: Any = results
+    for key in path.split("."):
+        node = node[int(key)] if isinstance(node, list) else (node or {}).get(key)
+    return node
+
+
+@dataclass
+class Outcome:
+    """What a sweep's folders hold: usable runs (select.py's records) and the failures with their reasons."""
+
+    runs: list[dict]
+    failed: list[str]
+    missing: int
+    jobs: int
+
+
+def outcome(sweep: Sweep) -> Outcome:
+    complete, failed, missing = [], [], 0
+    jobs = sweep.jobs()
+    for _, folder in jobs:
+        state, reason = job_state(folder)
+        if state == "complete":
+            read_results(folder / "results.json")
+            complete.append(folder)
+        elif state == "failed":
+            failed.append(reason or "failed")
+        else:
+            missing += 1
+    runs, skipped = select.load_runs(complete) if complete else ([], [])
+    return Outcome(runs, failed + skipped, missing, len(jobs))
+
+
+def _mark(out: Outcome, sweep: Sweep) -> Cell:
+    if out.failed:
+        reasons = sorted(set(out.failed))
+        return Cell(status="failed", reason="; ".join(reasons))
+    return Cell(status="missing", reason=f"not run yet ({sweep.name}: {out.missing} of {out.jobs} jobs)")
+
+
+def finetune_cell(sweep: Sweep, out: Outcome, metric: str, scale: float) -> Cell:
+    if not out.runs:
+        return _mark(out, sweep)
+    restarts = sweep.selection == "mean_over_restarts"
+    entries = select.select(out.runs, restarts=restarts)
+    if len(entries) != 1:
+        raise TableError(f"{sweep.folder}: runs of {len(entries)} different settings in one sweep")
+    entry = entries[0]
+    stats = entry["restarts"].get(metric) if restarts else select.restart_spread(out.runs, entry, metric)
+    value = entry["metrics"].get(metric)
+    if value is None:
+        return Cell(status="failed", reason=f"{metric} absent from the selected run {entry['selected']}")
+    degenerate = next((d["reason"] for d in entry["degenerate"] if d["dir"] == entry["selected"]), None)
+    cell = Cell(value=scale * value, run=entry["selected"], n=stats["n"] if restarts else len(out.runs),
+                spread=scale * stats["std"] if stats and stats["n"] > 1 else None,
+                note=f"collapsed: {degenerate}" if degenerate else None)
+    if out.failed:
+        cell.note = "; ".join(filter(None, [cell.note, f"{len(out.failed)} of {out.jobs} runs failed"]))
+    return cell
+
+
+def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
+    if sweep is None:
+        return Cell(status="skipped", reason="this row has no pre-training run of ours")
+    folder = sweep.jobs()[0][1]
+    state, reason = job_state(folder)
+    if state != "complete":
+        return Cell(status=state, reason=reason or f"not run yet ({sweep.name})")
+    results = read_results(folder / "results.json")
+    if "metric" in column:
+        value = results["metrics"]["final"].get(column["metric"])
+    else:
+        value = field(results, column["field"])
+    if value is None:
+        return Cell(status="failed", reason=f"{column.get('metric') or column.get('field')} absent from {folder}")
+    return Cell(value=float(column.get("scale", 1)) * value, run=str(folder), n=1)
+
+
+def average_cell(cells: list[Cell | None], names: list[str]) -> Cell:
+    """The mean of other columns of the row (Table 1's GLUE average), only when every one has a number."""
+    absent = [n for n, c in zip(names, cells) if c is None or c.status != "ok"]
+    if absent:
+        return Cell(status="missing", reason=f"the average needs every one of its columns; no number for {', '.join(absent)}")
+    return Cell(value=sum(c.value for c in cells) / len(cells), n=len(cells))
+
+
+def checkpoint_of(table: Table, part: Part, key: str) -> str:
+    row = part.rows[key]
+    if row.get("skip"):
+        return f"none ({row['skip']})"
+    if row.get("pretrain"):
+        sweep = table.sweeps[f"pretrain/{row['pretrain']}"]
+        name = next((s.checkpoint for s in table.sweeps.values() if s.needs is sweep), "last.ckpt")
+        return f"our pre-training run {sweep.name} ({sweep.overrides.get('model')}), {name}"
+    if row.get("init"):
+        inits = [s.overrides.get("init") for s in table.sweeps.values()
+                 if s.name.startswith(f"finetune/{key}/") and s.overrides.get("init")]
+        return f"{row['init']}: {inits[0]}" if inits else f"{row['init']}: none given"
+    return "random initialisation"
+
+
+def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
+    """Every part's rows with their cells; our rows first, then the paper's other systems."""
+    tables: dict[str, list[Row]] = {}
+    outcomes: dict[str, Outcome] = {}
+    for part in table.parts:
+        rows = []
+        for key, row in part.rows.items():
+            cells = {}
+            for name, column in part.columns.items():
+                found = column_run(name, column)
+                if row.get("skip") or column.get("skip"):
+                    cell = Cell(status="skipped", reason=row.get("skip") or column["skip"])
+                elif column.get("source") == "average":
+                    cell = average_cell([cells.get(c) for c in column["of"]], column["of"])
+                elif found is None:
+                    cell = pretrain_cell(table.pretrain_sweep(key, part), column)
+                else:
+                    sweep = table.finetune_sweep(key, found[0])
+                    if sweep.name not in outcomes:
+                        outcomes[sweep.name] = outcome(sweep)
+                    cell = finetune_cell(sweep, outcomes[sweep.name], column["metric"], float(column.get("scale", 100)))
+                cell.paper = paper_value(reference, part, row.get("paper", key), name)
+                cells[name] = cell
+            rows.append(Row(key, row.get("label", key), cells, checkpoint_of(table, part, key)))
+        for key in part.paper_rows:
+            cells = {name: Cell(status="paper", reason="another system: the paper's number only",
+                                paper=paper_value(reference, part, key, name)) for name in part.columns}
+            rows.append(Row(key, f"{key} (paper)", cells, "—"))
+        tables[part.name] = rows
+    return tables

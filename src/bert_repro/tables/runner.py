@@ -1,0 +1,157 @@
+"""Runs a table's sweeps through ``src/train.py -m``: pre-training first, then the fine-tuning that starts from it.
+
+A job whose results.json says ``complete`` is skipped (an interrupted table resumes); ``force`` re-runs it.
+A job that fails leaves ``failed.json`` (the reason) in its folder and does not stop the table: the jobs a
+failed multirun never reached are launched on their own, and fine-tuning from a failed pre-training run is
+marked failed with that reason instead of being started.
+"""
+
+from __future__ import annotations
+
+import json
+import logging
+import os
+import re
+import shutil
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value
+
+log = logging.getLogger(__name__)
+
+TRAIN = REPO / "src" / "train.py"
+NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
+
+
+def job_state(folder: Path) -> tuple[str, str | None]:
+    """(complete | failed | missing, reason) of one job folder, from the files it left."""
+    results = folder / "results.json"
+    if results.is_file():
+        try:
+            record = json.loads(results.read_text())
+        except json.JSONDecodeError as err:
+            raise TableError(f"{results}: malformed results.json ({err})") from None
+        if not isinstance(record, dict):
+            raise TableError(f"{results}: malformed results.json (not a JSON object)")
+        status = record.get("status")
+        return ("complete", None) if status == "complete" else (
+            "failed", record.get("reason") or f"run ended with status {status!r}")
+    failed = folder / "failed.json"
+    if failed.is_file():
+        return "failed", json.loads(failed.read_text()).get("reason")
+    logged = logged_error(folder)
+    if logged:
+        return "failed", logged
+    return ("failed", "no results.json (the run stopped early)") if (folder / ".hydra").is_dir() else ("missing", None)
+
+
+def logged_error(folder: Path) -> str | None:
+    """The last ERROR line of a job's Hydra log (run.py logs a wrong input there before exiting)."""
+    for log_file in sorted(folder.glob("*.log")):
+        errors = [line for line in log_file.read_text(errors="replace").splitlines() if "][ERROR] - " in line]
+        if errors:
+            return errors[-1].split("][ERROR] - ", 1)[1].replace(" (set BERT_REPRO_TRACEBACK=1 for the traceback)", "")
+    return None
+
+
+def launch_error(output: str) -> str:
+    """The line of a failed launch's output that says what went wrong (Hydra's compose error, the exception)."""
+    lines = [line.strip() for line in output.splitlines() if line.strip()]
+    lines = [line for line in lines if not re.match(r"^\[\d{4}-\d\d-\d\d ", line) and not line.startswith(NOISE)]
+    if "Error executing job" in output or "Traceback" in output:
+        return lines[-1] if lines else "the run failed"
+    return lines[0] if lines else "the run failed without output"
+
+
+def mark_failed(folder: Path, reason: str, output: str = "") -> None:
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "failed.json").write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}, indent=2) + "\n")
+
+
+def _clear(folder: Path) -> None:
+    """An earlier attempt's folder, before a re-run: Lightning would version new checkpoints beside old ones."""
+    if folder.is_dir() and ((folder / ".hydra").is_dir() or (folder / "failed.json").is_file()):
+        shutil.rmtree(folder)
+
+
+def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
+    """The multirun of ``sweep``: every job's folder is ``sweep.folder/<override_dirname of the swept keys>``."""
+    fixed = sweep.fixed_args()
+    excluded = [k for k in sweep.overrides]  # fixed keys stay out of the folder name; the sweep folder says them
+    subdir = "${hydra.job.override_dirname}" if sweep.params else "default"
+    return [sys.executable, str(TRAIN), "--multirun", *fixed, *swept,
+            *(f"{k}={hydra_value(v)}" for k, v in flatten(launcher).items()),
+            f"hydra.sweep.dir={sweep.folder}", f"hydra.sweep.subdir={subdir}",
+            f"hydra.job.config.override_dirname.exclude_keys=[{','.join(k.lstrip('+') for k in excluded)}]"]
+
+
+def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = False) -> tuple[int, str]:
+    cmd = command(sweep, swept, launcher)
+    if dry_run:
+        print(" ".join(cmd))
+        return 0, ""
+    log.info("%s: launching %s", sweep.name, " ".join(swept) or "one run")
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
+    return proc.returncode, proc.stdout + proc.stderr
+
+
+def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool = False) -> dict[str, int]:
+    """Launch the jobs of ``sweep`` that are not complete; returns counts of skipped / complete / failed jobs."""
+    jobs = sweep.jobs()
+    todo = [(swept, folder) for swept, folder in jobs if force or job_state(folder)[0] != "complete"]
+    counts = {"skipped": len(jobs) - len(todo), "complete": 0, "failed": 0}
+    if not todo:
+        return counts
+    if dry_run:
+        swept = sweep.params_args() if len(todo) == len(jobs) else todo[0][0]
+        _launch(sweep, swept, launcher, dry_run=True)
+        return counts
+    reason = sweep.skip
+    if reason is None and sweep.needs is not None:
+        upstream, why = job_state(sweep.needs.jobs()[0][1])
+        if upstream != "complete":
+            reason = f"pre-training run {sweep.needs.name} {upstream}" + (f": {why}" if why else "")
+        elif not sweep.init_path().is_file():
+            reason = f"pre-training run {sweep.needs.name} left no {sweep.checkpoint}"
+    for _, folder in todo:
+        _clear(folder)
+    if reason is not None:
+        for _, folder in todo:
+            mark_failed(folder, reason)
+        counts["failed"] = len(todo)
+        return counts
+    # the whole grid in one multirun (the launcher may spread it); a partial grid one job at a time
+    batches = [(sweep.params_args(), todo)] if len(todo) == len(jobs) else [(swept, [(swept, f)]) for swept, f in todo]
+    for swept, members in batches:
+        code, output = _launch(sweep, swept, launcher)
+        unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
+        if code != 0 and len(members) > 1 and len(unreached) < len(members):  # stopped at a failed job
+            for s, f in unreached:
+                _, out_one = _launch(sweep, s, launcher)
+                if job_state(f)[0] == "missing":
+                    mark_failed(f, launch_error(out_one), out_one)
+        for _, folder in members:
+            state, _ = job_state(folder)
+            if state == "missing":  # nothing ran (a compose error): the launch's own message is the reason
+                mark_failed(folder, launch_error(output) if code else "the launcher ran no job here", output)
+            elif state == "failed" and not (folder / "failed.json").is_file():
+                mark_failed(folder, job_state(folder)[1] or launch_error(output), output)
+            counts["complete" if job_state(folder)[0] == "complete" else "failed"] += 1
+    return counts
+
+
+def run_table(table: Table, launcher: dict | None = None, force: bool = False, dry_run: bool = False) -> list[dict]:
+    """Every sweep of ``table`` in order (pre-training first); one line of counts per sweep."""
+    summary = []
+    for sweep in table.sweeps.values():
+        start = time.time()
+        own = dict((launcher or {}).get("common", {}), **(launcher or {}).get(sweep.stage, {}))
+        counts = run_sweep(sweep, own, force=force, dry_run=dry_run)
+        summary.append({"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)})
+        log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
+                 counts["complete"], counts["failed"], time.time() - start)
+    return summary

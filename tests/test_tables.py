@@ -1,0 +1,275 @@
+"""Table collection and rendering on synthetic results.json files: selection rules, paper values and differences,
+failed/missing marks with reasons, md/csv/tex and figures; the runner's skipping and FORCE; clear errors."""
+
+import csv
+import json
+import statistics
+from pathlib import Path
+
+import pytest
+import yaml
+
+from bert_repro.tables import SCALES, TABLES, runner
+from bert_repro.tables import __main__ as cli
+from bert_repro.tables.collect import collect, load_reference
+from bert_repro.tables.render import write_all
+from bert_repro.tables.spec import TableError, build
+
+from .conftest import REPO
+
+REFERENCE = load_reference()
+
+
+def write_results(folder: Path, task: str, metrics: dict, *, seed: int = 1, lr: float = 1e-3, status: str = "complete",
+                  monitor: str = "val/acc", model_config: dict | None = None, config: dict | None = None) -> None:
+    """A results.json as run.py writes it, with only the fields the tables read."""
+    folder.mkdir(parents=True, exist_ok=True)
+    base = {"task": {"name": task, "monitor_mode": "min" if task == "pretrain" else "max"},
+            "optim": {"lr": lr, "epochs": 1}, "data": {"batch_size": 16}, "seed": seed}
+    results = {"status": status, "task": task, "model": "tiny", "ablation": "none", "scale": "smoke", "seed": seed,
+               "init": None, "monitor": monitor, "predict_majority": False,
+               "metrics": {"final": metrics}, "model_config": model_config or {"num_layers": 2},
+               "config": {**base, **(config or {})}}
+    (folder / "results.json").write_text(json.dumps(results))
+
+
+def job_dirs(table, sweep_name):
+    return {tuple(swept): folder for swept, folder in table.sweeps[sweep_name].jobs()}
+
+
+def fill(table, values) -> None:
+    """Complete runs for every sweep: ``values(sweep, swept) -> metrics``."""
+    for sweep in table.sweeps.values():
+        task = sweep.overrides["task"]
+        for swept, folder in sweep.jobs():
+            args = dict(s.split("=", 1) for s in swept)
+            metrics = values(sweep, args)
+            if metrics is not None:
+                write_results(folder, task, metrics, seed=int(args.get("seed", 1)), lr=float(args.get("optim.lr", 1e-3)),
+                              monitor="val/mlm_loss" if task == "pretrain" else next(iter(metrics)),
+                              config={"data": {"batch_size": 16, "mask_shares": [0.8, 0.1, 0.1]}})
+
+
+def glue_metrics(sweep, args):
+    if sweep.stage == "pretrain":
+        return {"val/mlm_loss": 5.0, "val/mlm_ppl": 150.0}
+    lr, seed = float(args["optim.lr"]), int(args.get("seed", 1))
+    acc = 0.6 + (0.1 if lr == 1e-3 else 0.0) + 0.01 * seed  # lr 1e-3 wins; seeds spread it
+    return {"val/acc": acc, "val/f1": acc, "val/mnli_m_acc": acc, "val/mnli_mm_acc": acc - 0.01}
+
+
+@pytest.fixture
+def table5(tmp_path):
+    return build("table5", "smoke", tmp_path / "runs", sets=["grid.seed=1,2"])
+
+
+def test_best_on_dev_cell_has_ours_paper_difference_and_spread(table5, tmp_path):
+    fill(table5, lambda sweep, args: None if "squad" in sweep.name else glue_metrics(sweep, args))
+    squad = table5.sweeps["finetune/bert_base/squad_v1"]
+    runner.mark_failed(squad.jobs()[0][1], "task=squad_v1 needs bert_repro.tasks.span.SpanExtractionModule, "
+                                           "which is not built yet")
+    rows = collect(table5, REFERENCE)["main"]
+    mrpc = rows[0].cells["mrpc_acc"]
+    best = [0.6 + 0.1 + 0.01 * s for s in (1, 2)]
+    assert mrpc.value == pytest.approx(100 * max(best)) and mrpc.paper == 86.7
+    assert mrpc.diff == pytest.approx(100 * max(best) - 86.7)
+    assert mrpc.spread == pytest.approx(100 * statistics.stdev(best)) and mrpc.n == 4  # 2 lrs x 2 seeds searched
+    assert "optim.lr=0.001,seed=2" in mrpc.run  # Hydra's own spelling of the swept values names the folder
+    assert [r.key for r in rows] == ["bert_base", "no_nsp", "ltr_no_nsp", "ltr_no_nsp_bilstm"]
+    assert rows[3].cells["mnli_m_acc"].paper == 82.1 and rows[1].cells["sst2_acc"].paper == 92.6
+    squad_cell = rows[0].cells["squad_v1_f1"]  # one of four jobs failed, the others never ran
+    assert squad_cell.status == "failed" and "not built yet" in squad_cell.reason and squad_cell.value is None
+
+
+def test_mean_over_restarts_picks_hyper_parameters_by_mean_and_reports_std(tmp_path):
+    table = build("table6", "smoke", tmp_path / "runs", sets=["grid.optim.lr=1e-4,1e-3"])
+
+    def values(sweep, args):
+        if sweep.stage == "pretrain":
+            return {"val/mlm_loss": 5.0, "val/mlm_ppl": 40.0 + len(sweep.name)}
+        seed, lr = int(args["seed"]), float(args["optim.lr"])
+        # lr 1e-4 has the single best run (seed 2) but the lower mean: the mean rule must not take it
+        acc = {(1e-4, 1): 0.50, (1e-4, 2): 0.90, (1e-3, 1): 0.75, (1e-3, 2): 0.77}[(lr, seed)]
+        return {"val/acc": acc, "val/mnli_m_acc": acc}
+
+    fill(table, values)
+    row = collect(table, REFERENCE)["main"][0]
+    cell = row.cells["mrpc_acc"]
+    assert cell.value == pytest.approx(76.0) and cell.spread == pytest.approx(100 * statistics.stdev([0.75, 0.77]))
+    assert cell.n == 2 and cell.paper == 79.8
+    assert row.cells["lm_ppl"].value == pytest.approx(40.0 + len("pretrain/L3_H768_A12")) and row.cells["lm_ppl"].paper == 5.84
+    assert row.cells["layers"].value == 2 and row.cells["layers"].paper == 3
+
+
+def test_missing_and_failed_cells_show_marks_with_reasons_never_numbers(table5, tmp_path):
+    fill(table5, lambda sweep, args: glue_metrics(sweep, args) if "qnli" not in sweep.name else None)
+    for _, folder in table5.sweeps["finetune/no_nsp/mrpc"].jobs():  # a run that logged its error and stopped
+        (folder / "results.json").unlink()
+        (folder / ".hydra").mkdir()
+        (folder / "train.log").write_text("[2026-01-01 00:00:00,000][bert_repro.run][ERROR] - task=mrpc split dev: "
+                                          "/x/dev.tsv does not exist (set BERT_REPRO_TRACEBACK=1 for the traceback)\n")
+    paths = write_all(table5, collect(table5, REFERENCE), REFERENCE, tmp_path / "results")
+    md = paths[0].read_text()
+    qnli_line = next(line for line in md.splitlines() if line.startswith("| No NSP"))
+    cells = [c.strip() for c in qnli_line.strip("|").split("|")]
+    assert cells[2].startswith("not run [") and cells[3].startswith("failed [")  # QNLI, MRPC
+    assert "/x/dev.tsv does not exist" in md and "not run yet (finetune/no_nsp/qnli: 4 of 4 jobs)" in md
+    with paths[1].open() as f:
+        records = {(r["row"], r["column"]): r for r in csv.DictReader(f)}
+    assert records[("no_nsp", "mrpc_acc")]["status"] == "failed" and records[("no_nsp", "mrpc_acc")]["ours"] == ""
+    assert records[("no_nsp", "qnli_acc")]["status"] == "missing" and records[("no_nsp", "qnli_acc")]["paper"] == "84.9"
+
+
+def test_md_csv_tex_state_scale_checkpoint_and_selection(table5, tmp_path):
+    fill(table5, glue_metrics)
+    md, csv_path, tex = write_all(table5, collect(table5, REFERENCE), REFERENCE, tmp_path / "results")[:3]
+    text = md.read_text()
+    assert text.startswith("# Table 5: ablation over the pre-training tasks (Dev) — scale=smoke")
+    assert "- Scale: smoke (tiny BERT" in text and "best run on Dev over the grid" in text
+    assert "- Checkpoint, + BiLSTM: our pre-training run pretrain/ltr_no_nsp (tiny), last.ckpt" in text
+    assert "| BERT-base (MLM + NSP) | 72.0 ± 0.71 (84.4; -12.4)" in text
+    with csv_path.open() as f:
+        records = list(csv.DictReader(f))
+    assert len(records) == 4 * 5 and {r["scale"] for r in records} == {"smoke"}
+    first = records[0]
+    assert (first["row"], first["column"], float(first["ours"]), float(first["paper"])) == ("bert_base", "mnli_m_acc", 72.0, 84.4)
+    assert float(first["diff"]) == pytest.approx(72.0 - 84.4) and first["selection"] == "best_on_dev"
+    latex = tex.read_text()
+    assert r"\begin{tabular}{lrrrrr}" in latex and r"72.0 $\pm$ 0.71 (84.4; -12.4)" in latex
+    assert "SQuAD (F1)" in latex and r"\end{tabular}" in latex
+
+
+def test_paper_only_rows_skipped_rows_and_columns(tmp_path):
+    table = build("table2", "smoke", tmp_path / "runs")
+    fill(table, lambda sweep, args: {"val/f1": 61.5, "val/exact_match": 50.25})
+    rows = {r.key: r for r in collect(table, REFERENCE)["main"]}
+    base = rows["bert_base_single"].cells
+    assert base["dev_f1"].value == pytest.approx(61.5) and base["dev_f1"].paper == 88.5  # 0-100 metric, scale 1
+    assert base["test_f1"].status == "skipped" and "leaderboard" in base["test_f1"].reason
+    assert rows["bert_large_single"].cells["dev_em"].status == "skipped"
+    assert rows["bert_large_ensemble"].cells["dev_f1"].status == "paper" and rows["bert_large_ensemble"].cells["dev_f1"].paper == 91.8
+    assert "finetune/bert_large_single/squad_v1" not in table.sweeps  # a skipped row runs nothing
+
+
+def test_glue_average_only_when_every_column_has_a_number(tmp_path):
+    table = build("table1", "smoke", tmp_path / "runs")
+    metrics = {"val/acc": 0.8, "val/f1": 0.7, "val/mcc": 0.3, "val/spearman": 0.6, "val/mnli_m_acc": 0.5, "val/mnli_mm_acc": 0.4}
+    fill(table, lambda sweep, args: metrics if "cola" not in sweep.name else None)
+    row = collect(table, REFERENCE)["main"][0]
+    assert row.cells["average"].status == "missing" and "cola" in row.cells["average"].reason
+    fill(table, lambda sweep, args: metrics)
+    row = collect(table, REFERENCE)["main"][0]
+    expected = [50, 40, 70, 80, 80, 30, 60, 70, 80]  # mnli-m, mm, qqp f1, qnli, sst2, cola, stsb, mrpc f1, rte
+    assert row.cells["average"].value == pytest.approx(sum(expected) / 9) and row.cells["average"].paper == 79.6
+
+
+def test_figures_are_written_as_png_and_pdf(tmp_path):
+    for name in ("figure4", "table6"):
+        table = build(name, "smoke", tmp_path / "runs")
+        fill(table, lambda sweep, args: {"val/mlm_loss": 4.0, "val/mlm_ppl": 60.0} if sweep.stage == "pretrain"
+             else {"val/acc": 0.5, "val/mnli_m_acc": 0.4 + 0.1 * ("k300" in sweep.name)})
+        paths = write_all(table, collect(table, REFERENCE), REFERENCE, tmp_path / "results")
+        figures = [p for p in paths if p.suffix in (".png", ".pdf")]
+        assert len(figures) == 2, paths
+        for figure in figures:
+            head = figure.read_bytes()[:8]
+            assert head.startswith(b"\x89PNG" if figure.suffix == ".png" else b"%PDF") and figure.stat().st_size > 5000
+
+
+def test_malformed_results_json_is_an_error_naming_the_file(table5, tmp_path):
+    fill(table5, glue_metrics)
+    bad = table5.sweeps["finetune/bert_base/mrpc"].jobs()[0][1] / "results.json"
+    bad.write_text('{"status": "complete", "metrics": ')
+    with pytest.raises(TableError, match=f"{bad}: malformed results.json"):
+        collect(table5, REFERENCE)
+    bad.write_text(json.dumps({"status": "complete", "task": "mrpc"}))
+    with pytest.raises(TableError, match=f"{bad}: malformed results.json \\(missing seed, monitor, metrics, config\\)"):
+        collect(table5, REFERENCE)
+
+
+def test_unknown_table_or_scale_is_a_clear_error(capsys, tmp_path):
+    with pytest.raises(TableError, match="unknown table 'table9'; expected one of table1, .*figure4"):
+        build("table9", "smoke", tmp_path)
+    assert cli.main(["collect", "table5", "--scale", "huge", "--runs-dir", str(tmp_path)]) == 2
+    assert "unknown SCALE 'huge'; expected one of smoke, budget, paper" in capsys.readouterr().err
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_every_table_config_builds_its_sweeps(scale, tmp_path):
+    for name in TABLES:
+        table = build(name, scale, tmp_path, inits={"*": "/ckpt/given"})
+        finetune = [s for s in table.sweeps.values() if s.stage == "finetune"]
+        assert finetune and all(s.overrides["task"] != "pretrain" and s.overrides.get("init") for s in finetune), name
+        for sweep in finetune:
+            if sweep.needs is not None:  # starts from the table's own pre-training run
+                assert sweep.overrides["init"].startswith(str(sweep.needs.folder)), sweep.name
+        for sweep in table.sweeps.values():
+            assert all(folder.is_relative_to(tmp_path / name / scale) for _, folder in sweep.jobs())
+
+
+def test_runner_skips_complete_runs_relaunches_the_rest_and_force_reruns_all(table5, monkeypatch):
+    sweep = table5.sweeps["finetune/bert_base/mrpc"]
+    launched = []
+
+    def fake_launch(sweep_, swept, launcher, dry_run=False):  # what src/train.py -m would leave behind
+        launched.append(list(swept))
+        for combo, folder in sweep_.jobs():
+            if not swept or all(s in combo for s in swept) or swept == sweep_.params_args():
+                write_results(folder, "mrpc", {"val/acc": 0.7})
+        return 0, ""
+
+    monkeypatch.setattr(runner, "_launch", fake_launch)
+    write_results(sweep.needs.jobs()[0][1], "pretrain", {"val/mlm_loss": 5.0})
+    (sweep.needs.jobs()[0][1] / "checkpoints").mkdir()
+    sweep.init_path().write_bytes(b"ckpt")
+    assert runner.run_sweep(sweep, {}) == {"skipped": 0, "complete": 4, "failed": 0}
+    assert launched == [sweep.params_args()]  # the whole grid: one multirun
+    launched.clear()
+    assert runner.run_sweep(sweep, {}) == {"skipped": 4, "complete": 0, "failed": 0} and launched == []
+    (stale := sweep.jobs()[1][1] / "results.json").unlink()
+    assert runner.run_sweep(sweep, {}) == {"skipped": 3, "complete": 1, "failed": 0}
+    assert launched == [sweep.jobs()[1][0]]  # only the missing job, alone, with its own swept values
+    launched.clear()
+    marker = sweep.jobs()[0][1] / "checkpoints"
+    marker.mkdir()
+    (sweep.jobs()[0][1] / ".hydra").mkdir()
+    assert runner.run_sweep(sweep, {}, force=True) == {"skipped": 0, "complete": 4, "failed": 0}
+    assert launched == [sweep.params_args()] and not marker.exists() and stale.is_file()  # old folders cleared
+
+
+def test_fine_tuning_from_a_failed_pre_training_run_is_marked_with_its_reason(table5, monkeypatch):
+    monkeypatch.setattr(runner, "_launch", lambda *a, **k: pytest.fail("nothing may be launched"))
+    pretrain = table5.sweeps["pretrain/no_nsp"].jobs()[0][1]
+    runner.mark_failed(pretrain, "CUDA out of memory")
+    counts = runner.run_sweep(table5.sweeps["finetune/no_nsp/sst2"], {})
+    assert counts == {"skipped": 0, "complete": 0, "failed": 4}
+    row = next(r for r in collect(table5, REFERENCE)["main"] if r.key == "no_nsp")
+    assert row.cells["sst2_acc"].reason == "pre-training run pretrain/no_nsp failed: CUDA out of memory"
+
+
+def test_launch_error_names_the_cause():
+    compose = ("In 'train': Could not find 'ablation/feature_x'\n\nAvailable options in 'ablation':\n\tnone\n"
+               "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+    assert runner.launch_error(compose) == "In 'train': Could not find 'ablation/feature_x'"
+    crash = ("[2026-01-01 00:00:00,000][HYDRA] Launching 1 jobs locally\nError executing job with overrides: ['a=1']\n"
+             "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: shapes do not match\n"
+             "\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+    assert runner.launch_error(crash) == "RuntimeError: shapes do not match"
+
+
+def test_dry_run_prints_the_multiruns_and_writes_nothing(capsys, tmp_path):
+    assert cli.main(["run", "table5", "--scale", "smoke", "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+    out = capsys.readouterr().out
+    lines = [line for line in out.splitlines() if "src/train.py --multirun" in line]
+    assert len(lines) == 3 + 4 * 5  # three pre-training runs, then four rows x five tasks
+    mnli = next(line for line in lines if "task=mnli" in line and "/bert_base/" in line)
+    assert "optim.lr=2e-4,1e-3" in mnli and f"init={tmp_path}/runs/table5/smoke/pretrain/none/default/checkpoints/last.ckpt" in mnli
+    assert "hydra.sweep.subdir=${hydra.job.override_dirname}" in mnli and "exclude_keys=[" in mnli
+    assert not (tmp_path / "runs").exists()
+
+
+def test_reference_copy_matches_the_shared_one():
+    shared = REPO.parent / "shared" / "paper" / "reference.yaml"
+    if not shared.is_file():
+        pytest.skip("../shared/paper/reference.yaml is absent on this clone")
+    assert yaml.safe_load((REPO / "experiments" / "reference.yaml").read_text()) == yaml.safe_load(shared.read_text())
