@@ -273,3 +273,65 @@ def test_reference_copy_matches_the_shared_one():
     if not shared.is_file():
         pytest.skip("../shared/paper/reference.yaml is absent on this clone")
     assert yaml.safe_load((REPO / "experiments" / "reference.yaml").read_text()) == yaml.safe_load(shared.read_text())
+
+
+def test_a_killed_run_that_resumes_itself_keeps_its_folder_unless_forced(table5, monkeypatch):
+    sweep = table5.sweeps["pretrain/none"]
+    folder = sweep.jobs()[0][1]
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "checkpoints" / "last.ckpt").write_bytes(b"step 150")
+    (folder / ".hydra").mkdir()
+    (folder / ".hydra" / "config.yaml").write_text("ckpt_path: last\nseed: 1\n")
+    seen = []
+
+    def fake_launch(sweep_, swept, launcher, dry_run=False):
+        seen.append((folder / "checkpoints" / "last.ckpt").is_file())  # what the relaunched run finds
+        write_results(folder, "pretrain", {"val/mlm_loss": 4.0}, monitor="val/mlm_loss")
+        return 0, ""
+
+    monkeypatch.setattr(runner, "_launch", fake_launch)
+    assert runner.resumable(folder) and runner.run_sweep(sweep, {})["complete"] == 1
+    (folder / "results.json").unlink()
+    (folder / ".hydra" / "config.yaml").write_text("ckpt_path: null\n")  # would start afresh: clear it first
+    (folder / ".hydra").mkdir(exist_ok=True)
+    assert not runner.resumable(folder) and runner.run_sweep(sweep, {})["complete"] == 1
+    assert seen == [True, False]
+
+
+@pytest.mark.parametrize("scale", ["smoke", "budget"])
+def test_every_run_of_every_table_composes(scale):
+    """Each sweep's overrides (its first job) compose with conf/train.yaml: no misspelled key, no missing option."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from bert_repro.tables.spec import CONF_DIR
+
+    tables = {name: build(name, scale, REPO / "experiments" / "runs", inits={"*": "/ckpt/given"}) for name in TABLES}
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for name, table in tables.items():
+            for sweep in table.sweeps.values():
+                swept, _ = sweep.jobs()[0]
+                overrides = [o for o in sweep.fixed_args() if not o.startswith("hydra")] + swept
+                cfg = compose("train", overrides=overrides)
+                assert cfg.task.name == sweep.overrides["task"], (name, sweep.name)
+                if scale == "budget":  # W&B: the table is the group, its axes the tags
+                    assert cfg.logger.wandb.group == name and scale in cfg.logger.wandb.tags
+    GlobalHydra.instance().clear()
+
+
+def test_collected_table_is_logged_as_a_wandb_table_offline(table5, tmp_path, monkeypatch):
+    from bert_repro.tables.render import log_wandb
+
+    monkeypatch.setenv("WANDB_MODE", "offline")
+    monkeypatch.setenv("WANDB_SILENT", "true")
+    fill(table5, glue_metrics)
+    collected = collect(table5, REFERENCE)
+    written = write_all(table5, collected, REFERENCE, tmp_path / "results")
+    run_dir = log_wandb(table5, collected, written, tmp_path / "wandb_runs")
+    logged = list(run_dir.rglob("*.table.json"))
+    assert run_dir.name.startswith("offline-run-") and logged, sorted(p.name for p in run_dir.rglob("*"))
+    content = json.loads(logged[0].read_text())
+    assert content["columns"][:5] == ["part", "row", "column", "ours", "paper"] and len(content["data"]) == 4 * 5
+    assert ["main", "bert_base", "mnli_m_acc", 72.0, 84.4] == [round(v, 6) if isinstance(v, float) else v
+                                                                 for v in content["data"][0][:5]]

@@ -11,7 +11,7 @@ from pathlib import Path
 
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables.collect import collect, load_reference
-from bert_repro.tables.render import write_all
+from bert_repro.tables.render import log_wandb, write_all
 from bert_repro.tables.runner import run_table
 from bert_repro.tables.spec import REPO, TableError, build
 
@@ -62,7 +62,10 @@ def main(argv: list[str] | None = None) -> int:
             folder.mkdir(parents=True, exist_ok=True)
             (folder / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
                                                              "sweeps": summary}, indent=2) + "\n")
-        written = write_all(table, collect(table, reference), reference, args.results_dir)
+        collected = collect(table, reference)
+        written = write_all(table, collected, reference, args.results_dir)
+        if (args.logger or table.spec.get("logger")) == "wandb":  # the table itself too, beside its runs
+            log_wandb(table, collected, written, args.runs_dir / args.table / args.scale)
     except TableError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2

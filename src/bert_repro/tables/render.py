@@ -126,3 +126,30 @@ def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, ou
 
             written += PLOTS[part.plot](table, part, collected[part.name], reference, out_dir)
     return written
+
+
+def log_wandb(table: Table, collected: dict[str, list[Row]], written: list[Path], folder: Path) -> Path:
+    """The collected table as a W&B table (and an artifact with its files), in the table's group; offline unless
+    WANDB_MODE says otherwise, so `wandb sync <folder>/wandb/offline-run-*` uploads it later. Returns the run's folder."""
+    import os
+
+    import wandb
+
+    columns = ["part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "status", "reason"]
+    data = [[part.name, row.key, name, cell.value, cell.paper, cell.diff, cell.spread, cell.n, cell.status, cell.reason]
+            for part in table.parts for row in collected[part.name] for name, cell in row.cells.items()]
+    folder.mkdir(parents=True, exist_ok=True)
+    run = wandb.init(project="bert-repro", group=table.name, job_type="table", name=f"{table.name}-{table.scale}",
+                     tags=[table.name, table.scale], dir=str(folder), mode=os.environ.get("WANDB_MODE", "offline"),
+                     config={"table": table.name, "scale": table.scale})
+    try:
+        cells = wandb.Table(columns=columns, data=data)
+        run.log({table.name: cells})
+        artifact = wandb.Artifact(f"{table.name}-{table.scale}", type="table")
+        artifact.add(cells, table.name)
+        for path in written:
+            artifact.add_file(str(path))
+        run.log_artifact(artifact)
+        return Path(run.dir).parent
+    finally:
+        run.finish()

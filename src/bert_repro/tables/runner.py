@@ -18,6 +18,8 @@ import sys
 import time
 from pathlib import Path
 
+import yaml
+
 from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value
 
 log = logging.getLogger(__name__)
@@ -71,9 +73,20 @@ def mark_failed(folder: Path, reason: str, output: str = "") -> None:
     (folder / "failed.json").write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}, indent=2) + "\n")
 
 
-def _clear(folder: Path) -> None:
-    """An earlier attempt's folder, before a re-run: Lightning would version new checkpoints beside old ones."""
-    if folder.is_dir() and ((folder / ".hydra").is_dir() or (folder / "failed.json").is_file()):
+def resumable(folder: Path) -> bool:
+    """A run killed before its results.json that src/train.py continues from its own last.ckpt (ckpt_path=last)."""
+    config = folder / ".hydra" / "config.yaml"
+    return ((folder / "checkpoints" / "last.ckpt").is_file() and not (folder / "results.json").exists()
+            and not (folder / "failed.json").exists() and config.is_file()
+            and (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") == "last")
+
+
+def _clear(folder: Path, force: bool) -> None:
+    """An earlier attempt's folder, before a re-run (Lightning would version new checkpoints beside old ones),
+    unless it is a killed run that resumes itself; FORCE clears that too."""
+    if not folder.is_dir() or (not force and resumable(folder)):
+        return
+    if (folder / ".hydra").is_dir() or (folder / "failed.json").is_file():
         shutil.rmtree(folder)
 
 
@@ -118,7 +131,7 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
         elif not sweep.init_path().is_file():
             reason = f"pre-training run {sweep.needs.name} left no {sweep.checkpoint}"
     for _, folder in todo:
-        _clear(folder)
+        _clear(folder, force)
     if reason is not None:
         for _, folder in todo:
             mark_failed(folder, reason)

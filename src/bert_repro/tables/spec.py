@@ -222,7 +222,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
         if logger != "wandb":
             return {}
         keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"), scale)
-        return {"+logger.wandb.group": table, "+logger.wandb.tags": [str(k) for k in keys]}
+        return {"++logger.wandb.group": table, "++logger.wandb.tags": [str(k) for k in keys]}
 
     sweeps: dict[str, Sweep] = {}
     for name, own in (spec.get("pretrain") or {}).items():
