@@ -148,6 +148,7 @@ def test_paper_only_rows_skipped_rows_and_columns(tmp_path):
     assert base["test_f1"].status == "skipped" and "leaderboard" in base["test_f1"].reason
     assert rows["bert_large_single"].cells["dev_em"].status == "skipped"
     assert rows["bert_large_ensemble"].cells["dev_f1"].status == "paper" and rows["bert_large_ensemble"].cells["dev_f1"].paper == 91.8
+    assert rows["bert_large_ensemble"].label == "BERT-large (ensemble) (paper)"
     assert "finetune/bert_large_single/squad_v1" not in table.sweeps  # a skipped row runs nothing
 
 

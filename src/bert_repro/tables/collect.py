@@ -162,8 +162,8 @@ def checkpoint_of(table: Table, part: Part, key: str) -> str:
         return f"none ({row['skip']})"
     if row.get("pretrain"):
         sweep = table.sweeps[f"pretrain/{row['pretrain']}"]
-        name = next((s.checkpoint for s in table.sweeps.values() if s.needs is sweep), "last.ckpt")
-        return f"our pre-training run {sweep.name} ({sweep.overrides.get('model')}), {name}"
+        names = sorted({s.checkpoint for s in table.sweeps.values() if s.needs is sweep}) or ["last.ckpt"]
+        return f"our pre-training run {sweep.name} ({sweep.overrides.get('model')}), {', '.join(names)}"
     if row.get("init"):
         inits = [s.overrides.get("init") for s in table.sweeps.values()
                  if s.name.startswith(f"finetune/{key}/") and s.overrides.get("init")]
@@ -195,9 +195,9 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
                 cell.paper = paper_value(reference, part, row.get("paper", key), name)
                 cells[name] = cell
             rows.append(Row(key, row.get("label", key), cells, checkpoint_of(table, part, key)))
-        for key in part.paper_rows:
+        for key, label in part.paper_rows.items():
             cells = {name: Cell(status="paper", reason="another system: the paper's number only",
                                 paper=paper_value(reference, part, key, name)) for name in part.columns}
-            rows.append(Row(key, f"{key} (paper)", cells, "—"))
+            rows.append(Row(key, label, cells, "—"))
         tables[part.name] = rows
     return tables

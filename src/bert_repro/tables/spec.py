@@ -103,7 +103,7 @@ class Part:
     rows: dict[str, dict]
     columns: dict[str, dict]
     selection: str
-    paper_rows: list[str] = field(default_factory=list)
+    paper_rows: dict[str, str] = field(default_factory=dict)  # reference row -> label: the paper's other systems
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
 
@@ -164,6 +164,12 @@ def flatten(node: dict | None, prefix: str = "") -> dict:
     return flat
 
 
+def _labels(rows: list | dict | None) -> dict[str, str]:
+    if isinstance(rows, dict):
+        return {k: f"{v} (paper)" for k, v in rows.items()}
+    return {k: f"{k} (paper)" for k in rows or []}
+
+
 def _parts(spec: dict) -> list[Part]:
     raw = spec.get("parts") or {"main": {}}
     shared = {k: v for k, v in spec.items() if k in ("title", "reference", "rows", "columns", "selection",
@@ -179,7 +185,7 @@ def _parts(spec: dict) -> list[Part]:
         if not rows or not columns:
             raise TableError(f"part {name}: needs rows and columns")
         parts.append(Part(name, merged.get("title", name), merged.get("reference"), rows, columns,
-                          selection, list(merged.get("paper_rows") or []), merged.get("plot"),
+                          selection, _labels(merged.get("paper_rows")), merged.get("plot"),
                           list(merged.get("notes") or [])))
     return parts
 
