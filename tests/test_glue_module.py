@@ -108,6 +108,12 @@ def test_bilstm_head_for_the_table5_ablation():
     padded = {k: torch.cat([v, torch.zeros(2, 3, dtype=v.dtype)], dim=1) if v.dim() == 2 else v
               for k, v in short.items()}
     torch.testing.assert_close(module(padded), module(short))
+    # every trained parameter gets a gradient (DDP refuses unused ones): the pooler is out of training
+    module.train()
+    module._loss(module(short), short["labels"]).backward()
+    trained = [n for n, p in module.named_parameters() if p.requires_grad]
+    assert not [n for n in trained if module.get_parameter(n).grad is None]
+    assert not any("pooler" in n for n in trained)
 
 
 def test_init_from_a_pretrained_checkpoint_keeps_it_causal(minilm_dir):

@@ -35,6 +35,8 @@ class SequenceClassifier(nn.Module):
         self.bert = BertModel(config)
         self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
             if bilstm else None
+        if bilstm:  # the BiLSTM's final states replace the pooled C; DDP wants every trained parameter used
+            self.bert.pooler.requires_grad_(False)
         self.dropout = nn.Dropout(config.hidden_dropout)  # §3.5: 0.1
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)  # N(0, 0.02), zero bias, as the released code

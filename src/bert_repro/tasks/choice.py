@@ -24,9 +24,7 @@ class MultipleChoiceModule(BertTaskModule):
         if num_choices < 2:
             raise ValueError(f"num_choices={num_choices}: a choice needs at least two candidates")
         self.num_choices = num_choices
-        self.model = SequenceClassifier(self.config, 1, bilstm)
-        if bilstm:  # the BiLSTM's final states replace the pooled C_i; DDP wants every trained parameter used
-            self.model.bert.pooler.requires_grad_(False)
+        self.model = SequenceClassifier(self.config, 1, bilstm)  # (+ BiLSTM: its states replace the pooled C_i)
         self.val_acc = MulticlassAccuracy(num_classes=num_choices, average="micro")
         self.val_loss = MeanMetric()
         self.history: list[dict] = []
