@@ -336,3 +336,38 @@ def test_collected_table_is_logged_as_a_wandb_table_offline(table5, tmp_path, mo
     assert content["columns"][:5] == ["part", "row", "column", "ours", "paper"] and len(content["data"]) == 4 * 5
     assert ["main", "bert_base", "mnli_m_acc", 72.0, 84.4] == [round(v, 6) if isinstance(v, float) else v
                                                                  for v in content["data"][0][:5]]
+
+
+@pytest.mark.parametrize("launcher", ["joblib", "slurm"])
+def test_launcher_settings_compose_with_their_hydra_plugins(launcher, tmp_path):
+    """conf/experiment/table_tasks.yaml's launchers: every key is one the plugin's config has (stage by stage)."""
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from bert_repro.tables.spec import CONF_DIR, hydra_value
+
+    table = build("table5", "paper", tmp_path)
+    settings = table.spec["launchers"][launcher]
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        for stage in ("pretrain", "finetune"):
+            merged = runner.stage_launcher(settings, stage)
+            cfg = compose("train", overrides=[f"{k}={hydra_value(v)}" for k, v in merged.items()], return_hydra_config=True)
+            target = cfg.hydra.launcher._target_
+            assert ("Joblib" in target) if launcher == "joblib" else ("Slurm" in target), target
+            if launcher == "slurm":
+                expected = 8 if stage == "pretrain" else 1
+                assert cfg.hydra.launcher.gpus_per_node == expected and cfg.hydra.launcher.tasks_per_node == expected
+                assert cfg.hydra.launcher.partition == "gpu" and cfg.hydra.launcher.mem_gb == 64  # common kept
+    GlobalHydra.instance().clear()
+
+
+def test_launcher_choice_reaches_every_multirun(capsys, tmp_path):
+    assert cli.main(["run", "table8", "--scale", "paper", "--launcher", "slurm", "--dry-run",
+                     "--runs-dir", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "--multirun" in line]
+    pretrain = [line for line in lines if "task=pretrain" in line]
+    assert len(pretrain) == 6 and all("hydra/launcher=submitit_slurm" in line for line in lines)
+    assert all("hydra.launcher.nodes=4" in line and "trainer.num_nodes=4" in line for line in pretrain)
+    assert all("hydra.launcher.nodes=1" in line and "hydra.launcher.partition=gpu" in line
+               for line in lines if line not in pretrain)

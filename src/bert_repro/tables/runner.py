@@ -157,13 +157,17 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
     return counts
 
 
+def stage_launcher(launcher: dict | None, stage: str) -> dict:
+    """A launcher block's settings for one stage: ``common``, then the stage's own, as dotted override keys."""
+    return {**flatten((launcher or {}).get("common")), **flatten((launcher or {}).get(stage))}
+
+
 def run_table(table: Table, launcher: dict | None = None, force: bool = False, dry_run: bool = False) -> list[dict]:
     """Every sweep of ``table`` in order (pre-training first); one line of counts per sweep."""
     summary = []
     for sweep in table.sweeps.values():
         start = time.time()
-        own = dict((launcher or {}).get("common", {}), **(launcher or {}).get(sweep.stage, {}))
-        counts = run_sweep(sweep, own, force=force, dry_run=dry_run)
+        counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force, dry_run=dry_run)
         summary.append({"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)})
         log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
                  counts["complete"], counts["failed"], time.time() - start)
