@@ -93,6 +93,7 @@ def test_mean_over_restarts_picks_hyper_parameters_by_mean_and_reports_std(tmp_p
         return {"val/acc": acc, "val/mnli_m_acc": acc}
 
     fill(table, values)
+    assert "optim.lr" not in table.sweeps["finetune/L3_H768_A12/mrpc"].overrides  # swept, so not also fixed
     row = collect(table, REFERENCE)["main"][0]
     cell = row.cells["mrpc_acc"]
     assert cell.value == pytest.approx(76.0) and cell.spread == pytest.approx(100 * statistics.stdev([0.75, 0.77]))

@@ -260,6 +260,8 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                              **flatten(spec.get("finetune_overrides")), **flatten(spec["task_data"].get(run["task"])),
                              **flatten(row.get("overrides")), **flatten(run["overrides"]), "task": run["task"]}
                 params = {k: str(v) for k, v in {**flatten(spec.get("grid")), **flatten(row.get("grid"))}.items()}
+                for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over a fixed lr)
+                    overrides.pop(key, None)
                 skip = None
                 if row.get("init"):
                     path, skip = resolve_init(row["init"], inits)
