@@ -10,10 +10,11 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from bert_repro.cli import unknown_key_hints
+from bert_repro.cli import register_resolvers, unknown_key_hints
 from bert_repro.run import main as run_main
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
+register_resolvers()  # ${run_name:...}: run folders named by the command, not the clock (conf/train.yaml)
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")

@@ -85,5 +85,5 @@ def test_unusable_input_is_reported(tmp_path, capsys):
     assert "is not a folder of runs" in capsys.readouterr().err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "results.json").write_text("{not json")
-    assert select.main([str(tmp_path)]) == 2
-    assert "no completed run" in capsys.readouterr().err
+    assert select.main([str(tmp_path)]) == 2  # a damaged results.json is an error naming it, not skipped silently
+    assert "broken/results.json is not a results.json as src/train.py writes it" in capsys.readouterr().err

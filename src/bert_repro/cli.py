@@ -3,12 +3,61 @@
 from __future__ import annotations
 
 import difflib
+import hashlib
+import sys
+import tempfile
 from pathlib import Path
+from typing import Any
 
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
+
+# Overrides that change the science but hold paths (a "/" would nest folders), so override_dirname leaves them
+# out: the run folder takes a short hash of them instead, so init=A and init=B do not share a folder.
+SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus")
+MAX_NAME = 160
+
+
+def run_name(override_dirname: str, overrides: list[str] | None = None) -> str:
+    """A run's folder name from its command alone (never the clock): the science overrides, "default" when
+    there are none, and a hash of the path-valued science overrides when there are any."""
+    name = override_dirname or "default"
+    paths = sorted(o for o in overrides or [] if o.split("=", 1)[0].lstrip("+~") in SCIENCE_PATHS)
+    if paths:
+        name += ",paths=" + hashlib.sha256("\n".join(paths).encode()).hexdigest()[:8]
+    if len(name) > MAX_NAME:  # file systems stop at 255 bytes: keep a readable head, and a hash of the whole
+        name = name[:MAX_NAME - 12] + ",h=" + hashlib.sha256(name.encode()).hexdigest()[:8]
+    return name
+
+
+def register_resolvers() -> None:
+    if not OmegaConf.has_resolver("run_name"):
+        OmegaConf.register_new_resolver("run_name", lambda dirname, overrides=None: run_name(dirname, list(overrides or [])))
+
+
+class OutputFolderCheck(Callback):
+    """Hydra creates the run (or sweep) folder before src/train.py gets control: one that cannot be created or
+    written to ends the run here with a message naming it, not a traceback (conf/train.yaml hydra.callbacks)."""
+
+    def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        _check_writable(Path(str(config.hydra.run.dir)), "hydra.run.dir")
+
+    def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        _check_writable(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")
+
+
+def _check_writable(folder: Path, key: str) -> None:
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        print(f"output folder {folder} cannot be written ({err.strerror}); choose another with {key}=...",
+              file=sys.stderr)
+        raise SystemExit(2) from None
 
 
 def unknown_key_hints(overrides: list[str], config_dir: Path, config_name: str = "train") -> list[str]:

@@ -229,14 +229,34 @@ def _read_vocab(path: Path) -> list[str] | None:
     return vocab
 
 
-def _read_weights(path: Path) -> dict[str, Tensor]:
+def _first_line(err: BaseException) -> str:
+    """torch's unpickling errors run to paragraphs of advice; keep the line that says what was refused."""
+    lines = [line.strip() for line in str(err).splitlines() if line.strip()]
+    advice = ("Weights only load failed", "Check the documentation", "Please file an issue")
+    reason = next((line for line in lines if not line.startswith(advice)), lines[0] if lines else "")
+    return f"{type(err).__name__}: {reason}"
+
+
+def safe_torch_load(path: str | Path, map_location="cpu", what: str = "loadable") -> dict:
+    """``torch.load`` with ``weights_only=True`` only: tensors and plain containers, never pickled code (a
+    checkpoint from elsewhere may carry a payload that unpickling would run). Refusals name the file."""
     try:
-        if path.suffix == ".safetensors":
-            from safetensors.torch import load_file
-            return load_file(str(path))
-        return torch.load(path, weights_only=True, map_location="cpu")
-    except Exception as err:  # safetensors and torch raise a zoo of types for a damaged file
-        raise CheckpointError(f"{path}: cannot read weights ({type(err).__name__}: {err})") from err
+        return torch.load(path, weights_only=True, map_location=map_location)
+    except FileNotFoundError:
+        raise
+    except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError ... for a bad file
+        raise CheckpointError(f"{path}: not {what} with torch.load(weights_only=True), which accepts only tensors "
+                              f"and plain containers ({_first_line(err)})") from None
+
+
+def _read_weights(path: Path) -> dict[str, Tensor]:
+    if path.suffix != ".safetensors":
+        return safe_torch_load(path)
+    try:
+        from safetensors.torch import load_file
+        return load_file(str(path))
+    except Exception as err:  # safetensors raises a zoo of types for a damaged file
+        raise CheckpointError(f"{path}: cannot read weights ({_first_line(err)})") from None
 
 
 def _load_hf_dir(path: Path) -> LoadedCheckpoint:
@@ -278,12 +298,12 @@ def _load_tf(prefix: Path) -> LoadedCheckpoint:
 
 
 def _load_lightning(path: Path) -> LoadedCheckpoint:
+    ckpt = safe_torch_load(path, what="a readable bert_repro Lightning checkpoint")
     try:
-        ckpt = torch.load(path, weights_only=True, map_location="cpu")
         hparams, weights = ckpt["hyper_parameters"]["model"], ckpt["state_dict"]
     except Exception as err:
-        raise CheckpointError(f"{path}: not a readable bert_repro Lightning checkpoint; expected "
-                              f"'state_dict' and 'hyper_parameters.model' ({type(err).__name__}: {err})") from err
+        raise CheckpointError(f"{path}: not a bert_repro Lightning checkpoint; expected 'state_dict' and "
+                              f"'hyper_parameters.model' ({_first_line(err)})") from None
     try:
         config = BertConfig(**dict(hparams))
     except (TypeError, ValueError) as err:

@@ -35,6 +35,14 @@ def write_results(path: Path, results: dict[str, Any]) -> None:
     os.replace(tmp, path)
 
 
+def read_status(path: Path) -> str | None:
+    """The ``status`` of an existing results.json; None when there is none or it cannot be read."""
+    try:
+        return json.loads(Path(path).read_text()).get("status")
+    except (OSError, ValueError, AttributeError):
+        return None
+
+
 def print_results(results: dict[str, Any], console: Console | None = None) -> None:
     scale = results.get("scale")
     caption = ("scale=smoke: a smoke-scale demonstration of the whole path, not the paper's numbers"

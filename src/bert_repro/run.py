@@ -6,6 +6,7 @@ import importlib.util
 import logging
 import math
 import os
+import tempfile
 import time
 from pathlib import Path
 from typing import Any
@@ -13,19 +14,36 @@ from typing import Any
 import lightning as L
 import torch
 from hydra.core.hydra_config import HydraConfig
+from hydra.errors import InstantiationException
+from hydra.types import RunMode
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.callbacks import Throughput
 from bert_repro.metrics import degenerate_reason
-from bert_repro.results import git_revision, print_results, write_results
+from bert_repro.reliability import (
+    AtomicCheckpointIO,
+    NonFiniteLoss,
+    NonFiniteLossGuard,
+    Preempted,
+    Preemption,
+    RNGState,
+    SameRun,
+    slurm_plugins,
+)
+from bert_repro.results import git_revision, print_results, read_status, write_results
 
 log = logging.getLogger(__name__)
 
 
 class UsageError(Exception):
     """A wrong input (unknown task module, inconsistent batch sizes, missing data): message, exit code 2."""
+
+
+class SweepUsageError(UsageError):
+    """A wrong input common to every job of a multirun: the whole sweep stops, no job is recorded."""
 
 
 def _plain(node: Any) -> Any:
@@ -72,17 +90,41 @@ def split_batch(global_batch: int, trainer_cfg: DictConfig) -> tuple[int, int]:
     return per_device, accumulation
 
 
-def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path) -> tuple[L.Trainer, ModelCheckpoint]:
+# keys of trainer/ that are not Trainer arguments
+NOT_TRAINER_ARGS = ("per_device_batch_size", "compile", "peak_tflops", "unpad", "activation_checkpointing")
+# what a checkpoint found in the run folder must share with the run that resumes it: all but speed and places
+NOT_SETTINGS = ("trainer", "logger", "paths", "ckpt_path", "checkpoint", "test")
+
+
+def run_settings(cfg: DictConfig) -> dict[str, Any]:
+    settings = {k: v for k, v in _plain(cfg).items() if k not in NOT_SETTINGS}
+    data = settings.get("data")
+    if isinstance(data, dict):  # speed or places only
+        settings["data"] = {k: v for k, v in data.items() if k not in ("num_workers", "num_proc", "cache_dir")}
+    return settings
+
+
+def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
+                  resume_strict: bool = False) -> tuple[L.Trainer, ModelCheckpoint]:
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
-    checkpoint = ModelCheckpoint(
-        dirpath=output_dir / "checkpoints", filename="best", monitor=cfg.task.monitor,
-        mode=cfg.task.monitor_mode, save_top_k=1, save_last=True, auto_insert_metric_name=False,
+    folder = output_dir / "checkpoints"
+    keep = cfg.checkpoint.keep_recent
+    # best on Dev (the selection the paper does), and last.ckpt: at each validation, and every
+    # checkpoint.every_n_steps optimizer steps (what a kill can lose), with keep_recent older ones beside it
+    best = ModelCheckpoint(
+        dirpath=folder, filename="best", monitor=cfg.task.monitor, mode=cfg.task.monitor_mode, save_top_k=1,
+        auto_insert_metric_name=False, enable_version_counter=False,
     )
-    callbacks = [checkpoint, Throughput()]
+    last = ModelCheckpoint(
+        dirpath=folder, filename="recent-{step}", monitor="step", mode="max", save_top_k=keep, save_last=True,
+        every_n_train_steps=cfg.checkpoint.every_n_steps, auto_insert_metric_name=False, enable_version_counter=False,
+    )
+    callbacks = [best, last, Throughput(), RNGState(), SameRun(run_settings(cfg), strict=resume_strict),
+                 NonFiniteLossGuard(), Preemption(folder / "last.ckpt")]
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     optim = cfg.optim
-    trainer_kwargs = {k: v for k, v in _plain(cfg.trainer).items() if k not in ("per_device_batch_size", "compile")}
+    trainer_kwargs = {k: v for k, v in _plain(cfg.trainer).items() if k not in NOT_TRAINER_ARGS}
     step_interval = isinstance(optim.val_check_interval, int) and optim.val_check_interval > 1
     trainer = instantiate(
         trainer_kwargs,
@@ -97,8 +139,63 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path) -> tuple
         callbacks=callbacks,
         logger=loggers or False,
         default_root_dir=str(output_dir),
+        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
     )
-    return trainer, checkpoint
+    return trainer, best
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | None, bool]:
+    """``last``: this run folder's checkpoints/last.ckpt when it exists (so a killed or preempted run resumes by
+    rerunning its command; the folder does not depend on the clock), else a fresh start. Returns the path and
+    whether it was found rather than named (then its settings must be this run's)."""
+    if ckpt_path in (None, "", "null"):
+        return None, False
+    if ckpt_path == "last":
+        last = output_dir / "checkpoints" / "last.ckpt"
+        return (str(last), True) if last.is_file() else (None, False)
+    if not Path(ckpt_path).is_file():
+        raise UsageError(f"ckpt_path={ckpt_path} does not exist; expected a Lightning checkpoint (.ckpt) to resume, "
+                         "'last' (this run folder's checkpoints/last.ckpt, when there is one) or null")
+    return str(ckpt_path), False
+
+
+def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
+    """Inputs that would otherwise fail late, or not at all: refused before any work, each naming the input."""
+    optim = cfg.optim
+    for key, value in (("optim.lr", optim.lr), ("data.batch_size", cfg.data.batch_size)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise UsageError(f"{key}={value}: expected a positive number")
+    if optim.get("epochs") is not None and (not isinstance(optim.epochs, int) or optim.epochs < 1):
+        raise UsageError(f"optim.epochs={optim.epochs}: expected a positive whole number of epochs (or null with "
+                         "optim.max_steps)")
+    if optim.get("max_steps") is not None and optim.max_steps != -1 and optim.max_steps < 1:
+        raise UsageError(f"optim.max_steps={optim.max_steps}: expected a positive number of steps, or -1 (epochs decide)")
+    if optim.get("epochs") is None and optim.get("max_steps") in (None, -1):
+        raise UsageError("optim.epochs and optim.max_steps are both unset: give one, or the run never ends")
+    max_seq, max_position = cfg.data.get("max_seq_length"), cfg.model.get("max_position")
+    if max_seq is not None and max_position is not None and max_seq > max_position:
+        raise UsageError(f"data.max_seq_length={max_seq} exceeds model.max_position={max_position}: the model has "
+                         "no position embedding beyond it; lower data.max_seq_length")
+    every, keep = cfg.checkpoint.every_n_steps, cfg.checkpoint.keep_recent
+    if every is not None and (not isinstance(every, int) or every < 1):
+        raise UsageError(f"checkpoint.every_n_steps={every}: expected a positive number of steps, or null")
+    if not isinstance(keep, int) or keep < 0:
+        raise UsageError(f"checkpoint.keep_recent={keep}: expected 0 or more")
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        launcher = str(hydra_cfg.launcher.get("_target_", ""))
+        if hydra_cfg.mode == RunMode.MULTIRUN and _world_size(cfg.trainer) > 1 and "submitit" not in launcher:
+            raise SweepUsageError(
+                f"a local multirun (-m) with {_world_size(cfg.trainer)} devices: Lightning starts each DDP rank by "
+                "rerunning the command line, which would start the sweep again inside every job. Run the sweep "
+                "with hydra/launcher=submitit_slurm (one SLURM task per device), or its cells one by one")
+    try:  # writable before any work: a run that cannot write its results has nothing to show
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as err:
+        raise UsageError(f"output folder {output_dir} is not writable ({err.strerror}); choose another with "
+                         "hydra.run.dir=... (or hydra.sweep.dir=... for -m)") from None
 
 
 def _floats(metrics: dict[str, Any]) -> dict[str, float]:
@@ -130,8 +227,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     """Build data, model and trainer from ``cfg``, fit, validate the final weights, write results.json."""
     start = time.time()
     output_dir = Path(cfg.paths.output_dir)
-    output_dir.mkdir(parents=True, exist_ok=True)
+    check_inputs(cfg, output_dir)
     check_task_built(cfg)
+    ckpt_path, found = resolve_ckpt_path(cfg.ckpt_path, output_dir)
     L.seed_everything(cfg.seed, workers=True)
 
     loaded = None
@@ -162,13 +260,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if cfg.trainer.get("compile"):
         module.model.compile()
 
-    trainer, checkpoint = build_trainer(cfg, accumulation, output_dir)
+    if "fsdp" in str(_plain(cfg.trainer.strategy)).lower() and cfg.trainer.accelerator == "cpu":
+        raise UsageError("trainer=fsdp needs GPUs: Lightning's FSDPStrategy does not run on CPU; use trainer=cpu "
+                         "or trainer=ddp_cpu here, trainer=fsdp on a GPU node")
+    trainer, checkpoint = build_trainer(cfg, accumulation, output_dir, resume_strict=found)
+    if ckpt_path is not None:
+        log.info("resuming from %s", ckpt_path)
     status = "complete"
     majority = bool(cfg.task.get("predict_majority", False))  # §4.1 WNLI: the majority class, nothing trained
     test_files: dict[str, str] = {}
     try:
         if not majority:
-            trainer.fit(module, datamodule=datamodule, ckpt_path=cfg.ckpt_path)
+            trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         if majority or not trainer.fast_dev_run:  # one dict per dev set (MNLI: matched, mismatched)
             final = _floats({k: v for d in trainer.validate(module, datamodule=datamodule, verbose=False)
                              for k, v in d.items()})
@@ -194,6 +297,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "scale": cfg.scale.name,
         "seed": cfg.seed,
         "init": cfg.init,
+        "resumed_from": ckpt_path,
         "missing_heads": missing_heads,
         "predict_majority": majority,
         "monitor": cfg.task.monitor,
@@ -220,12 +324,61 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
+# wrong input: a message naming it, not a traceback (InstantiationException: a constructor refused its arguments)
+USER_ERRORS = (UsageError, FileNotFoundError, ValueError, PermissionError, InstantiationException, OmegaConfBaseException)
+
+
+def record_failure(cfg: DictConfig, err: BaseException) -> None:
+    """results.json with status "failed" and the reason, so a sweep's collector shows the cell as failed; never
+    over a completed run's results, and only on rank 0 (the others' folder is the same)."""
+    ranks = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")  # torchrun, SLURM, Lightning's DDP children
+    if any(int(os.environ.get(name, 0)) != 0 for name in ranks):
+        return
+    try:
+        path = Path(cfg.paths.output_dir) / "results.json"
+        if read_status(path) == "complete":
+            return
+        choices = HydraConfig.get().runtime.choices if HydraConfig.initialized() else {}
+        write_results(path, {
+            "status": "failed", "reason": f"{type(err).__name__}: {err}", "task": cfg.task.name,
+            "model": choices.get("model"), "ablation": cfg.ablation.name, "scale": cfg.scale.name, "seed": cfg.seed,
+            "init": cfg.init, "monitor": cfg.task.monitor, "metrics": {"final": {}, "best": {}},
+            "git": git_revision(), "config": _plain(cfg),
+        })
+    except (OSError, OmegaConfBaseException) as write_err:  # e.g. the folder is not writable: the message says why
+        log.debug("no failure record written: %s", write_err)
+
+
+class JobFailed(Exception):
+    """One job of a multirun failed: Hydra's launcher records it, runs the other jobs, and fails at the end."""
+
+
 def main(cfg: DictConfig) -> float | None:
+    multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         results = train(cfg)
-    except (UsageError, FileNotFoundError, ValueError) as err:  # wrong input: a message, not a traceback
+    except Preempted as err:  # checkpoint saved: rerunning the command resumes; 128 + signal, as a shell reports it
+        log.warning("%s", err)
+        raise SystemExit(128 + int(err.signum)) from None
+    except SweepUsageError as err:  # a SystemExit is not a job failure to Hydra: the sweep stops here
+        log.error("%s", err)
+        raise SystemExit(2) from None
+    except USER_ERRORS as err:
+        if multirun:
+            record_failure(cfg, err)
         if os.environ.get("BERT_REPRO_TRACEBACK"):
             raise
         log.error("%s (set BERT_REPRO_TRACEBACK=1 for the traceback)", err)
+        if multirun:
+            raise JobFailed(str(err)) from None
         raise SystemExit(2) from None
+    except NonFiniteLoss as err:  # the run diverged: failed in results.json, never a number
+        record_failure(cfg, err)
+        log.error("%s", err)
+        if multirun:
+            raise JobFailed(str(err)) from None
+        raise SystemExit(3) from None
+    except Exception as err:  # a bug, not an input: keep the traceback, but leave the cell marked failed
+        record_failure(cfg, err)
+        raise
     return results["metrics"]["final"].get(cfg.task.monitor)

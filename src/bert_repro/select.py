@@ -49,8 +49,11 @@ def _science(config: dict, prefix: str = "") -> dict:
     return flat
 
 
-def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE) -> tuple[list[dict], list[str]]:
-    """Completed runs (one dict each) under ``folders``, and a note for each run that is not usable."""
+def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE,
+              failed: list[dict] | None = None) -> tuple[list[dict], list[str]]:
+    """Completed runs (one dict each) under ``folders``, and a note for each run that is not usable.
+    ``failed``: a list that receives each failed run's folder, setting and reason (its results.json says
+    status "failed"), so the summary can mark the cell. A results.json that is not one is an error."""
     runs, skipped = [], []
     for folder in folders:
         if not folder.is_dir():
@@ -60,11 +63,17 @@ def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE) -> tu
                 results = json.loads(path.read_text())
                 config = results["config"]
                 monitor, final = results["monitor"], results["metrics"]["final"]
-            except (json.JSONDecodeError, KeyError, TypeError) as err:
-                skipped.append(f"{path}: unreadable results ({err})")
-                continue
+            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
+                raise ValueError(f"{path} is not a results.json as src/train.py writes it ({type(err).__name__}: "
+                                 f"{err}); expected JSON with status, task, monitor, metrics.final and config. "
+                                 "Fix or remove that file (or its run folder) and collect again") from None
             if results.get("status") != "complete" or final.get(monitor) is None:
-                skipped.append(f"{path.parent}: status {results.get('status')}, {monitor}={final.get(monitor)}")
+                reason = results.get("reason")
+                skipped.append(f"{path.parent}: status {results.get('status')}, {monitor}={final.get(monitor)}"
+                               + (f" ({reason})" if reason else ""))
+                if failed is not None and results.get("status") == "failed":
+                    failed.append({"dir": str(path.parent), "reason": reason or "no reason recorded",
+                                   "setting": {k: results.get(k) for k in ("task", "model", "ablation", "scale", "init")}})
                 continue
             runs.append({
                 "dir": str(path.parent), "task": results["task"], "seed": results["seed"], "monitor": monitor,
@@ -91,13 +100,16 @@ def _best(runs: list[dict]) -> dict:
     return max(healthy, key=lambda r: sign * r["score"])
 
 
-def select(runs: list[dict], restarts: bool = False) -> list[dict]:
+def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None = None) -> list[dict]:
     """One entry per setting: the run best on Dev, or (``restarts``) the hyper-parameters best on mean Dev
-    over seeds, with every metric's mean and std over those seeds."""
+    over seeds, with every metric's mean and std over those seeds. ``failed`` runs (``load_runs``) are
+    listed in their setting's entry with their reasons; a setting with no completed run is an entry too."""
     chosen = []
-    for members in _groups(runs, lambda r: r["setting"]).values():
+    failures = _groups(failed or [], lambda f: f["setting"])
+    for key, members in _groups(runs, lambda r: r["setting"]).items():
         entry = {"setting": members[0]["setting"], "monitor": members[0]["monitor"], "runs": len(members),
-                 "degenerate": [{"dir": r["dir"], "reason": r["degenerate"]} for r in members if r["degenerate"]]}
+                 "degenerate": [{"dir": r["dir"], "reason": r["degenerate"]} for r in members if r["degenerate"]],
+                 "failed": [{"dir": f["dir"], "reason": f["reason"]} for f in failures.pop(key, [])]}
         if not restarts:
             best = _best(members)
             entry.update(selected=best["dir"], hparams=best["hparams"], seed=best["seed"], metrics=best["final"])
@@ -116,6 +128,10 @@ def select(runs: list[dict], restarts: bool = False) -> list[dict]:
                          runs_selected=[r["dir"] for r in group], selected=_best(group)["dir"],
                          metrics={k: v["mean"] for k, v in stats.items()})
         chosen.append(entry)
+    for members in failures.values():  # settings where every run failed: the cell shows why
+        chosen.append({"setting": members[0]["setting"], "monitor": None, "runs": 0, "degenerate": [],
+                       "failed": [{"dir": f["dir"], "reason": f["reason"]} for f in members], "selected": None,
+                       "hparams": dict.fromkeys(SWEPT), "metrics": {}})
     return sorted(chosen, key=lambda e: json.dumps(e["setting"], sort_keys=True))
 
 
@@ -156,14 +172,19 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
 
 def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: bool) -> str:
     lines = ["# Selection on Dev" + (" (mean +- std over restarts)" if restarts else " (best run per setting)"), "",
-             "| task | model | ablation | monitor | Dev | lr | epochs | batch | runs | degenerate | selected |",
-             "|---|---|---|---|---|---|---|---|---|---|---|"]
+             "| task | model | ablation | monitor | Dev | lr | epochs | batch | runs | degenerate | failed | selected |",
+             "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         s, h, monitor = e["setting"], e["hparams"], e["monitor"]
-        dev = (f"{e['restarts'][monitor]['mean']:.4f} +- {e['restarts'][monitor]['std']:.4f} (n={e['restarts'][monitor]['n']})"
-               if restarts else _fmt(e["metrics"].get(monitor)))
+        if e["selected"] is None:  # every run of this setting failed
+            dev = "failed: " + "; ".join(f["reason"] for f in e["failed"])[:200]
+        elif restarts:
+            dev = f"{e['restarts'][monitor]['mean']:.4f} +- {e['restarts'][monitor]['std']:.4f} (n={e['restarts'][monitor]['n']})"
+        else:
+            dev = _fmt(e["metrics"].get(monitor))
         lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | {_fmt(h['lr'], 'g')} | "
-                     f"{_fmt(h['epochs'])} | {_fmt(h['batch'])} | {e['runs']} | {len(e['degenerate'])} | {e['selected']} |")
+                     f"{_fmt(h['epochs'])} | {_fmt(h['batch'])} | {e['runs']} | {len(e['degenerate'])} | "
+                     f"{len(e.get('failed', []))} | {e['selected']} |")
     for row in glue:
         cells = ", ".join(f"{k} {_fmt(v, '.1f')}" for k, v in row["scores"].items())
         lines += ["", f"GLUE average (Table 1 columns, WNLI excluded) for {row['model']}: {_fmt(row['average'], '.1f')}"
@@ -172,6 +193,9 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
     if flagged:
         lines += ["", "Degenerate runs (collapsed; not selected while another run exists):"]
         lines += [f"- {d['dir']}: {d['reason']}" for d in flagged]
+    failed = [f for e in entries for f in e.get("failed", [])]
+    if failed:
+        lines += ["", "Failed runs (no number reported):"] + [f"- {f['dir']}: {f['reason']}" for f in failed]
     if skipped:
         lines += ["", "Not used:"] + [f"- {s}" for s in skipped]
     return "\n".join(lines) + "\n"
@@ -194,7 +218,7 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
         ckpt = run_dir / "checkpoints" / "last.ckpt"
         if not ckpt.is_file():
             raise FileNotFoundError(f"{ckpt} does not exist; rerun {run_dir} with test=true to predict its test set")
-        module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu")
+        module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
         vocab_file = str(Path(tempfile.mkdtemp()) / "vocab.txt")
         save_vocab(tokenizer_from_vocab(module.vocab, module.lowercase), vocab_file)
         lowercase = module.lowercase
@@ -215,6 +239,8 @@ def write_submission(entries: list[dict], runs: list[dict], out: Path) -> tuple[
     folder = out / "submission"
     folder.mkdir(parents=True, exist_ok=True)
     for entry in entries:
+        if entry["selected"] is None:  # every run failed: nothing to submit for it
+            continue
         run = by_dir[entry["selected"]]
         files = run["results"].get("test_predictions") or {}
         if not files or not all(Path(f).is_file() for f in files.values()):
@@ -241,10 +267,11 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     try:
-        runs, skipped = load_runs(args.folders, args.collapse)
-        if not runs:
+        failed: list[dict] = []
+        runs, skipped = load_runs(args.folders, args.collapse, failed=failed)
+        if not runs and not failed:
             raise ValueError(f"no completed run (results.json) under {', '.join(map(str, args.folders))}")
-        entries = select(runs, restarts=args.restarts)
+        entries = select(runs, restarts=args.restarts, failed=failed)
         glue = table1_scores(entries)
         out = args.out or args.folders[0]
         out.mkdir(parents=True, exist_ok=True)

@@ -1,10 +1,12 @@
-"""Batching for fine-tuning: dynamic padding, and optionally batches of similar length."""
+"""Batching: dynamic padding, batches of similar length, and the loaders every datamodule shares (a\ntraining order that survives a resume and does not depend on the number of ranks; evaluation sets\nseen once each under DDP)."""
 
 from __future__ import annotations
 
 import numpy as np
 import torch
-from torch.utils.data import Sampler
+from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
+from torch.utils.data import DataLoader, DistributedSampler, Sampler
+from torchdata.stateful_dataloader import StatefulDataLoader
 
 PAD_ID = 0  # [PAD] in google-research/bert vocabularies (the data modules check it against the tokenizer)
 
@@ -55,3 +57,106 @@ class LengthGroupedSampler(Sampler[int]):
             full = len(chunk) // self.batch_size  # a short last batch stays last, so the loader's batches stay aligned
             for b in [*rng.permutation(full), *range(full, len(batches))]:
                 yield from batches[b].tolist()
+
+
+class GlobalBatchSampler(DistributedSampler):
+    """The training order of a run, the same whatever the number of ranks (STYLE 8: global batch is the truth).
+
+    A permutation fixed by (seed, epoch), or grouped by length (``lengths``), is cut into global batches of
+    ``per_device x num_replicas``; rank r takes the r-th per-device share of each, so one process and N
+    processes train on the same global batches (a short last global batch is shared out evenly, wrapping
+    round to fill the last share as DistributedSampler pads). A DistributedSampler, so Lightning does not
+    replace it; stateful (the epoch of the pass in progress), so a StatefulDataLoader that saved its position
+    mid-epoch resumes the same order. ``keyed``: yield ``(epoch, index)``, for data that draw randomness per
+    example (dynamic masking: the same masks after a resume, and on any number of ranks or workers).
+    """
+
+    def __init__(self, size: int, per_device: int, seed: int, num_replicas: int = 1, rank: int = 0,
+                 lengths: list[int] | None = None, group: int = 50, keyed: bool = False):
+        super().__init__(range(size), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
+        self.size, self.per_device, self.keyed = size, per_device, keyed
+        self.grouped = LengthGroupedSampler(lengths, per_device * num_replicas, seed, group) if lengths is not None else None
+        self._pass_epoch, self._position, self._skip = self.epoch, 0, 0
+
+    def order(self, epoch: int) -> np.ndarray:
+        """Every index once, in the global order of ``epoch`` (the same on every rank)."""
+        if self.grouped is not None:
+            self.grouped.set_epoch(epoch)
+            return np.fromiter(iter(self.grouped), dtype=np.int64, count=self.size)
+        return np.random.default_rng([self.seed, epoch]).permutation(self.size)
+
+    def _share(self, remainder: int) -> int:
+        return -(-remainder // self.num_replicas)  # ceil
+
+    def __len__(self) -> int:
+        full, remainder = divmod(self.size, self.per_device * self.num_replicas)
+        return full * self.per_device + (self._share(remainder) if remainder else 0)
+
+    def __iter__(self):
+        epoch = self._pass_epoch = self.epoch
+        skip, self._skip, self._position = self._skip, 0, 0
+        order, step = self.order(epoch), self.per_device * self.num_replicas
+        for start in range(0, self.size, step):
+            chunk = order[start:start + step]
+            share = self.per_device if len(chunk) == step else self._share(len(chunk))
+            chunk = np.resize(chunk, share * self.num_replicas)  # repeats from the start when it must pad
+            for i in chunk[self.rank * share:(self.rank + 1) * share].tolist():
+                self._position += 1
+                if self._position > skip:
+                    yield (epoch, i) if self.keyed else i
+        self.epoch = epoch + 1  # a second pass without set_epoch (outside Lightning) is a new epoch too
+
+    def state_dict(self) -> dict:
+        return {"epoch": self._pass_epoch, "position": self._position}
+
+    def load_state_dict(self, state: dict) -> None:
+        """Resume the pass that was saved: its epoch, after the examples it had already handed out."""
+        epoch, position = int(state["epoch"]), int(state["position"])
+        if position >= len(self):  # saved after the pass's last batch: the next pass starts the next epoch
+            epoch, position = epoch + 1, 0
+        self.epoch = self._pass_epoch = epoch
+        self._skip = position
+
+
+class EpochKeyed(torch.utils.data.Dataset):
+    """Rows of ``data`` fetched by ``(epoch, index)`` keys (a keyed GlobalBatchSampler), each with its key."""
+
+    def __init__(self, data):
+        self.data = data
+
+    def __len__(self) -> int:
+        return len(self.data)
+
+    def __getitem__(self, key: tuple[int, int]) -> dict:
+        return {**self.data[key[1]], "example_key": key}
+
+    def __getitems__(self, keys: list[tuple[int, int]]) -> list[dict]:
+        rows = self.data.__getitems__([i for _, i in keys])
+        return [{**row, "example_key": key} for row, key in zip(rows, keys)]
+
+
+def _world(trainer) -> tuple[int, int]:
+    return (trainer.world_size, trainer.global_rank) if trainer is not None else (1, 0)
+
+
+def train_loader(data, per_device: int, seed: int, collate_fn, trainer=None, num_workers: int = 0,
+                 lengths: list[int] | None = None, keyed: bool = False) -> StatefulDataLoader:
+    """The training loader every datamodule shares: a GlobalBatchSampler (same global batches on any number
+    of ranks) in torchdata's StatefulDataLoader, whose position Lightning saves in every checkpoint. The
+    loader's own generator seeds its workers, so loading data never draws from the global RNG that dropout
+    uses (a resumed run replays the same dropout masks)."""
+    world, rank = _world(trainer)
+    sampler = GlobalBatchSampler(len(data), per_device, seed, num_replicas=world, rank=rank, lengths=lengths,
+                                 keyed=keyed)
+    return StatefulDataLoader(EpochKeyed(data) if keyed else data, batch_size=per_device, sampler=sampler,
+                              collate_fn=collate_fn, num_workers=num_workers, persistent_workers=num_workers > 0,
+                              generator=torch.Generator().manual_seed(seed))
+
+
+def eval_loader(data, batch_size: int, collate_fn, trainer=None, num_workers: int = 0) -> DataLoader:
+    """An evaluation loader: in order, and under DDP each example on exactly one rank (Lightning's default
+    DistributedSampler repeats examples to even out the ranks, which would count them twice in the metrics)."""
+    world, rank = _world(trainer)
+    sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=rank, shuffle=False) if world > 1 else None
+    return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
+                      generator=torch.Generator())  # its own generator: iterating it leaves the global RNG alone

@@ -216,6 +216,9 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
     """One row per document with a `sentences: list[str]` column, in corpus order."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     files = _resolve(source, cache_dir)
+    if not any(Path(f).stat().st_size for f in files):  # the text builder fails obscurely on empty files
+        raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) is empty; expected plain text, "
+                         "one sentence per line and a blank line between documents")
     # Universal newlines: the text builder opens files in text mode, so CRLF reads as "\n". It reads 1 MB at a
     # time (instead of its default 10 MB) and the map below 64 documents at a time, each written out as it
     # comes: memory stays flat whatever the corpus size.

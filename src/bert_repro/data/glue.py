@@ -19,13 +19,11 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-import torch
 from datasets import Dataset, Features, Value, load_dataset
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID, LengthGroupedSampler, PadCollator
+from bert_repro.data.batching import PAD_ID, PadCollator, eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir
 from bert_repro.data.tabular import FileSpec, normalise_rows, read_rows
 from bert_repro.tokenization import load_tokenizer, vocab_list
@@ -305,17 +303,10 @@ class GlueDataModule(L.LightningDataModule):
         hp = self.hparams
         data = self.datasets[split].select_columns(["input_ids", "token_type_ids", "label", "row", "idx"])
         collate = PadCollator(hp.max_seq_length if hp.padding == "max_length" else None, self.spec.labels is None)
-        sampler, shuffle, generator = None, False, None
-        world = self.trainer.world_size if self.trainer is not None else 1
-        if train and hp.group_by_length:
-            sampler = LengthGroupedSampler(self.datasets[split]["length"], hp.batch_size * world, hp.seed)
-        elif train:  # §4.1: a restart's seed changes the data order (and the classifier's init)
-            shuffle, generator = True, torch.Generator().manual_seed(hp.seed)
-        elif world > 1:
-            # each dev example exactly once across ranks (Lightning's default sampler repeats some to even out)
-            sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=self.trainer.global_rank, shuffle=False)
-        return DataLoader(data, batch_size=hp.batch_size, shuffle=shuffle, sampler=sampler, generator=generator,
-                          collate_fn=collate, num_workers=hp.num_workers, persistent_workers=train and hp.num_workers > 0)
+        if train:  # §4.1: a restart's seed changes the data order (and the classifier's init)
+            lengths = self.datasets[split]["length"] if hp.group_by_length else None
+            return train_loader(data, hp.batch_size, hp.seed, collate, self.trainer, hp.num_workers, lengths=lengths)
+        return eval_loader(data, hp.batch_size, collate, self.trainer, hp.num_workers)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

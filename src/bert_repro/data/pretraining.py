@@ -18,6 +18,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from bert_repro.data import instances
+from bert_repro.data.batching import eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir, load_documents
 from bert_repro.data.hub import load_hub_documents
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
@@ -40,8 +41,12 @@ class PretrainingCollator:
         self.mask, self.dynamic, self.nsp, self.seed = mask, dynamic, nsp, seed
         self._rng, self._rng_key = None, None
 
-    def _generator(self) -> np.random.Generator:
-        # One stream per process: in a worker, seeded from the worker's seed (which the loader's
+    def _generator(self, example: dict) -> np.random.Generator:
+        # Keyed examples (epoch, index) each get their own stream: a resumed run, or one on N ranks or with
+        # workers, masks every example exactly as the uninterrupted single-process run does.
+        if "example_key" in example:
+            return np.random.default_rng([self.seed, *example["example_key"]])
+        # Otherwise one stream per process: in a worker, seeded from the worker's seed (which the loader's
         # seeded generator draws afresh every epoch), so no two workers repeat each other's masks.
         info = torch.utils.data.get_worker_info()
         key = None if info is None else info.seed
@@ -64,7 +69,7 @@ class PretrainingCollator:
             ids, n = np.asarray(e["input_ids"]), len(e["input_ids"])
             if self.mask is not None:
                 if self.dynamic:
-                    ids, pos, labels = instances.mask_sequence(ids, self._generator(), self.mask)
+                    ids, pos, labels = instances.mask_sequence(ids, self._generator(e), self.mask)
                 else:
                     pos, labels = e["masked_lm_positions"], e["masked_lm_ids"]
                 positions[b, : len(pos)], lm_ids[b, : len(pos)], weights[b, : len(pos)] = pos, labels, 1.0
@@ -267,15 +272,12 @@ class PretrainDataModule(L.LightningDataModule):
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         static = hp.masking == "static"
-        if getattr(self, "_train_collator", None) is None:  # kept, so the dynamic-mask stream continues across epochs
-            self._train_collator = self.collator(static)
-        generator = torch.Generator().manual_seed(hp.seed)
-        return DataLoader(self.train_set.select_columns(self._columns(static)), batch_size=hp.batch_size, shuffle=True,
-                          generator=generator, collate_fn=self._train_collator, num_workers=hp.num_workers,
-                          persistent_workers=hp.num_workers > 0)
+        # dynamic masks are drawn per (epoch, example): the same after a resume, on any number of ranks or workers
+        return train_loader(self.train_set.select_columns(self._columns(static)), hp.batch_size, hp.seed,
+                            self.collator(static), self.trainer, hp.num_workers, keyed=not static)
 
     def val_dataloader(self) -> DataLoader | list:
         if self.val_set is None:
             return []
-        return DataLoader(self.val_set.select_columns(self._columns(True)), batch_size=self.hparams.batch_size,
-                          collate_fn=self.collator(static=True), num_workers=self.hparams.num_workers)
+        return eval_loader(self.val_set.select_columns(self._columns(True)), self.hparams.batch_size,
+                           self.collator(static=True), self.trainer, self.hparams.num_workers)

