@@ -58,6 +58,16 @@ def good(tmp_path_factory):
     (files / "wrong_columns.tsv").write_text("premise\thypothesis\tgold\na\tb\tentailment\n")
     (files / "empty.txt").write_text("")
     (files / "a_file").write_text("not a folder")
+    squad = files / "squad_bad"
+    squad.mkdir()
+    article = {"title": "t", "paragraphs": [{"context": "A short context.", "qas": [
+        {"id": "q1", "question": "Where?", "answers": [{"text": "far away", "answer_start": 500}]}]}]}
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (squad / name).write_text(json.dumps({"version": "1.1", "data": [article]}))
+    conll = files / "conll_bad"
+    conll.mkdir()
+    for name in ("eng.train", "eng.testa"):
+        (conll / name).write_text("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ\n")
     sweep = tmp / "collect"
     (sweep / "run0").mkdir(parents=True)
     (sweep / "run0" / "results.json").write_text('{"status": "complete", "task": "rte", "metrics": {')  # cut short
@@ -82,6 +92,10 @@ CASES = [
                                  "data.files.dev=FILES/wrong_columns.tsv"], None,
      ["wrong_columns.tsv: no column", "sentence1", "its columns are"]),
     ("glue-without-vocabulary", [*GLUE], None, ["fine-tuning needs the pre-trained model's vocabulary", "data.tokenizer"]),
+    ("squad-answer-outside-context", ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_bad"],
+     None, ["question q1: answer 'far away' at answer_start 500 lies outside its"]),
+    ("conll-malformed-line", ["task=conll2003", "data.tokenizer=FILES/vocab.txt", "data.conll_dir=FILES/conll_bad"],
+     None, ["eng.train line 4: 2 column(s), expected 4"]),
     ("missing-corpus", ["data.corpus=/nonexistent/corpus.txt"], None, ["/nonexistent/corpus.txt"]),
     ("empty-corpus", ["data.corpus=FILES/empty.txt"], None, ["empty.txt"]),
     ("vocabulary-checkpoint-mismatch", ["init=ROOT/good/checkpoints/last.ckpt", "data.tokenizer=FILES/small_vocab.txt"],
