@@ -26,7 +26,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID
+from bert_repro.data.batching import PAD_ID, train_loader
 from bert_repro.data.corpus import default_cache_dir
 from bert_repro.tokenization import load_tokenizer, vocab_list
 
@@ -296,9 +296,9 @@ class ConllDataModule(L.LightningDataModule):
         data = self.datasets[split].select_columns(["input_ids", "labels", "word", "sentence"])
         sampler, generator = None, None
         world = self.trainer.world_size if self.trainer is not None else 1
-        if train:
-            generator = torch.Generator().manual_seed(hp.seed)  # a restart's seed changes the data order
-        elif world > 1:  # each window once across ranks; the metric also drops repeats, whatever the sampler
+        if train:  # a restart's seed changes the data order; stateful and rank-independent (batching.train_loader)
+            return train_loader(data, hp.batch_size, hp.seed, TagCollator(), self.trainer, hp.num_workers)
+        if world > 1:  # each window once across ranks; the metric also drops repeats, whatever the sampler
             sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=self.trainer.global_rank, shuffle=False)
         return DataLoader(data, batch_size=hp.batch_size, shuffle=train, sampler=sampler, generator=generator,
                           collate_fn=TagCollator(), num_workers=hp.num_workers,

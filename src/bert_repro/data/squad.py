@@ -27,7 +27,7 @@ from datasets import Dataset, Features, Sequence, Value, load_dataset
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID
+from bert_repro.data.batching import PAD_ID, train_loader
 from bert_repro.data.corpus import default_cache_dir
 from bert_repro.tokenization import load_tokenizer, vocab_list
 
@@ -298,10 +298,11 @@ class SquadDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         hp = self.hparams
         columns = ["input_ids", "token_type_ids", "start_positions", "end_positions", "window"]
-        generator = torch.Generator().manual_seed(hp.seed) if train else None  # §4.1: a restart's seed changes the order
-        return DataLoader(self.datasets[split].select_columns(columns), batch_size=hp.batch_size, shuffle=train,
-                          generator=generator, collate_fn=SpanCollator(), num_workers=hp.num_workers,
-                          persistent_workers=train and hp.num_workers > 0)
+        if train:  # §4.1: a restart's seed changes the order; stateful and rank-independent (batching.train_loader)
+            return train_loader(self.datasets[split].select_columns(columns), hp.batch_size, hp.seed, SpanCollator(),
+                                self.trainer, hp.num_workers)
+        return DataLoader(self.datasets[split].select_columns(columns), batch_size=hp.batch_size,
+                          collate_fn=SpanCollator(), num_workers=hp.num_workers)
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

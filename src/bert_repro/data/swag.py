@@ -20,7 +20,7 @@ from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID
+from bert_repro.data.batching import PAD_ID, train_loader
 from bert_repro.data.corpus import default_cache_dir
 from bert_repro.data.glue import truncated_lengths
 from bert_repro.data.tabular import FileSpec, read_rows
@@ -201,9 +201,9 @@ class SwagDataModule(L.LightningDataModule):
         data = self.datasets[split].select_columns(["input_ids", "token_type_ids", "label", "row"])
         sampler, generator = None, None
         world = self.trainer.world_size if self.trainer is not None else 1
-        if train:
-            generator = torch.Generator().manual_seed(hp.seed)
-        elif world > 1:  # each dev example exactly once across ranks
+        if train:  # stateful and rank-independent (batching.train_loader)
+            return train_loader(data, hp.batch_size, hp.seed, ChoiceCollator(), self.trainer, hp.num_workers)
+        if world > 1:  # each dev example exactly once across ranks
             sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=self.trainer.global_rank, shuffle=False)
         return DataLoader(data, batch_size=hp.batch_size, shuffle=train, sampler=sampler, generator=generator,
                           collate_fn=ChoiceCollator(), num_workers=hp.num_workers,
