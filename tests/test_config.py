@@ -106,12 +106,13 @@ def test_misspelled_key_lists_valid_keys():
     assert "did you mean 'model.num_layers'" in out.stderr and "num_heads" in out.stderr
 
 
-def test_unbuilt_task_fails_clearly(tmp_path):
-    out = run_train("task=squad_v2", f"hydra.run.dir={tmp_path}")
+@pytest.mark.parametrize("target", ["bert_repro.tasks.ranking.RankingModule", "bert_repro_plugins.tasks.Mine"])
+def test_unbuilt_task_fails_clearly(tmp_path, target):
+    out = run_train("task=mrpc", f"module._target_={target}", "+task.planned_in=issue 99", f"hydra.run.dir={tmp_path}")
     assert out.returncode == 2
     message = out.stdout + out.stderr  # Hydra's console log handler writes to stdout
-    assert "not built yet" in message and "squad" in message.lower()
-    assert not (tmp_path / "results.json").exists()
+    assert f"module._target_={target}, which is not built yet (planned in issue 99)" in message
+    assert "Traceback" not in message and not (tmp_path / "results.json").exists()
 
 
 @pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_slurm"])

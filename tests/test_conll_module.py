@@ -49,7 +49,8 @@ def test_entity_metric_counts_each_word_once_and_rebuilds_sentences():
     assert metric.compute()["f1"] == 0.0 and metric.compute()["token_acc"] == pytest.approx(2 / 3)
 
 
-def batch_of(B=4, T=7, K=len(CONLL2003_LABELS)):
+def batch_of(B=4, T=7, K=None):
+    K = K or len(CONLL2003_LABELS)
     g = torch.Generator().manual_seed(0)
     ids = torch.randint(5, SHAPE["vocab_size"], (B, T), generator=g)
     mask = torch.ones(B, T, dtype=torch.long)

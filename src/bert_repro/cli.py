@@ -17,7 +17,8 @@ from omegaconf import OmegaConf
 
 # Overrides that change the science but hold paths (a "/" would nest folders), so override_dirname leaves them
 # out: the run folder takes a short hash of them instead, so init=A and init=B do not share a folder.
-SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus")
+SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus", "data.squad_dir",
+                 "data.conll_dir", "data.swag_dir")
 MAX_NAME = 160
 
 

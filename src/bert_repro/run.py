@@ -23,6 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.callbacks import Throughput
 from bert_repro.metrics import degenerate_reason
+from bert_repro.model import Encoder
 from bert_repro.reliability import (
     AtomicCheckpointIO,
     NonFiniteLoss,
@@ -51,14 +52,20 @@ def _plain(node: Any) -> Any:
 
 
 def check_task_built(cfg: DictConfig) -> None:
-    """A task whose LightningModule or DataModule a later issue builds fails here, clearly, before any work."""
+    """A task config naming a LightningModule or DataModule that does not exist (a user's own task with a
+    typo, or one planned but not built) fails here, clearly, before any work."""
     for key in ("module", "data"):
         target = cfg[key]["_target_"]
         module_path = target.rsplit(".", 1)[0]
-        if importlib.util.find_spec(module_path) is None:
+        try:
+            found = importlib.util.find_spec(module_path) is not None
+        except ModuleNotFoundError:  # a parent package is missing
+            found = False
+        if not found:
+            planned = cfg.task.get("planned_in")
             raise UsageError(
-                f"task={cfg.task.name} needs {target}, which is not built yet "
-                f"(planned in {cfg.task.get('planned_in', 'a later issue')}); no result was produced"
+                f"task={cfg.task.name} needs {key}._target_={target}, which is not built yet"
+                + (f" (planned in {planned})" if planned else "") + "; no result was produced"
             )
 
 
@@ -119,7 +126,7 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
         dirpath=folder, filename="recent-{step}", monitor="step", mode="max", save_top_k=keep, save_last=True,
         every_n_train_steps=cfg.checkpoint.every_n_steps, auto_insert_metric_name=False, enable_version_counter=False,
     )
-    callbacks = [best, last, Throughput(), RNGState(), SameRun(run_settings(cfg), strict=resume_strict),
+    callbacks = [best, last, Throughput(peak_tflops=cfg.trainer.get("peak_tflops")), RNGState(), SameRun(run_settings(cfg), strict=resume_strict),
                  NonFiniteLossGuard(), Preemption(folder / "last.ckpt")]
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
@@ -257,6 +264,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     missing_heads: list[str] = []
     if loaded is not None:
         missing_heads = module.load_pretrained(loaded)
+    for encoder in (m for m in module.modules() if isinstance(m, Encoder)):  # speed only: the same function
+        encoder.unpad = bool(cfg.trainer.get("unpad"))
+        encoder.checkpointing = bool(cfg.trainer.get("activation_checkpointing"))
     if cfg.trainer.get("compile"):
         module.model.compile()
 
@@ -314,6 +324,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "world_size": trainer.world_size,
         "tokens_per_s": throughput.tokens_per_s,
         "sequences_per_s": throughput.sequences_per_s,
+        "perf": throughput.summary(),  # + model FLOP/s per device and MFU against the peak it names
         "wall_time_s": round(time.time() - start, 2),
         "git": git_revision(),
         "config": _plain(cfg),

@@ -88,10 +88,11 @@ class PretrainModule(BertTaskModule):
             loss = loss + nsp_loss
             getattr(self, f"{split}_nsp_acc").update(nsp_logits.argmax(-1), labels)
             metrics[f"{split}/nsp_acc"] = getattr(self, f"{split}_nsp_acc")
-            self.log(f"{split}/nsp_loss", nsp_loss, batch_size=len(labels))
+            self.log(f"{split}/nsp_loss", nsp_loss, batch_size=len(labels), sync_dist=split == "val")
         on_step = split == "train"
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=max(n, 1))
-        self.log(f"{split}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=max(n, 1))
+        self.log(f"{split}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=max(n, 1),
+                 sync_dist=not on_step)  # the Dev loss is the mean over every rank's batches
         return loss
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:

@@ -4,7 +4,6 @@ frozen under a two-layer BiLSTM (§5.4, Table 7). Scored at the entity level wit
 from __future__ import annotations
 
 import numpy as np
-import torch
 import torch.nn.functional as F
 from seqeval.metrics import f1_score, precision_score, recall_score
 from torch import Tensor
