@@ -9,4 +9,5 @@ results.json files and ``render.py`` writes experiments/results/<table>.{md,csv,
 """
 
 TABLES = ("table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8", "figure4")
+DEMOS = ("table5_demo",)  # `make demo`: Table 5 in miniature on the embedded corpus (smoke scale only)
 SCALES = ("smoke", "budget", "paper")

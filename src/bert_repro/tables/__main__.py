@@ -9,7 +9,7 @@ import sys
 import time
 from pathlib import Path
 
-from bert_repro.tables import SCALES, TABLES
+from bert_repro.tables import DEMOS, SCALES, TABLES
 from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.render import log_wandb, write_all
 from bert_repro.tables.runner import run_table
@@ -34,7 +34,7 @@ def parse_inits(values: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.tables", description=__doc__)
     parser.add_argument("action", choices=("run", "collect"))
-    parser.add_argument("table", help=f"one of {', '.join(TABLES)}")
+    parser.add_argument("table", help=f"one of {', '.join(TABLES + DEMOS)}")
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
     parser.add_argument("--force", action="store_true", help="re-run complete runs too")
     parser.add_argument("--init", action="append", default=[], help="external checkpoint(s): PATH or KEY=PATH,...")

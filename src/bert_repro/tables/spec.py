@@ -20,7 +20,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.tables import SCALES, TABLES
+from bert_repro.tables import DEMOS, SCALES, TABLES
 
 REPO = Path(__file__).resolve().parents[3]
 CONF_DIR = REPO / "conf"
@@ -127,8 +127,8 @@ class Table:
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
     """conf/experiment/<table>.yaml composed by Hydra, its ``table`` node with the scale's block merged in;
     interpolations (``${paths.shared_data}``) stay for the runs to resolve."""
-    if table not in TABLES:
-        raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES)}")
+    if table not in TABLES + DEMOS:
+        raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
         raise TableError(f"unknown SCALE {scale!r}; expected one of {', '.join(SCALES)}")
     GlobalHydra.instance().clear()

@@ -1,0 +1,113 @@
+"""Two small fine-tuning tasks derived from the embedded pre-training corpus (``builtin:pydoc``, CPython's
+reference text), so that ``make demo`` runs Table 5 in miniature with no download. Demonstration tasks, not
+GLUE tasks and not the paper's: their numbers say the pipeline works, nothing about BERT.
+
+``pydoc_order`` (one sentence, like SST-2 / CoLA): is the sentence as written (1), or has one pair of adjacent
+words been swapped (0)? Half the sentences of each split are swapped.
+
+``pydoc_next`` (a pair, like MNLI / QNLI / MRPC): is B the sentence that follows A in its document (1), or
+another sentence of the same document (0)? Close to the NSP objective the BERT-base row is pre-trained on
+(whose negatives come from other documents), so that row has a head start here by construction.
+
+Train and Dev come from disjoint documents (every fifth document is Dev), each a fixed random sample
+(seed 0). Pre-training saw every document's text but never these labels. The rows are written once as
+TSV files under the cache folder and read by :class:`~bert_repro.data.glue.GlueDataModule`, whose task
+table gains the two tasks when this module is imported (the task configs import it as ``data._target_``).
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from bert_repro.data.corpus import default_cache_dir, pydoc_documents
+from bert_repro.data.glue import GLUE_TASKS, GlueDataModule, GlueTask
+
+TASKS = {
+    "pydoc_order": GlueTask("PYDOC_ORDER", "sentence", None, "label", ("0", "1"), ("acc",), ("acc",), {},
+                            ("sentence", None)),
+    "pydoc_next": GlueTask("PYDOC_NEXT", "sentence1", "sentence2", "label", ("0", "1"), ("acc",), ("acc",), {},
+                           ("sentence1", "sentence2")),
+}
+for _name, _task in TASKS.items():
+    GLUE_TASKS.setdefault(_name, _task)  # additive: the GLUE tasks themselves are untouched
+
+VERSION = 1  # bump when the rows below change
+DEV_EVERY = 5  # documents 0, 5, 10, ... are Dev
+
+
+def _clean(sentence: str) -> str:
+    return " ".join(sentence.split())  # no tabs or newlines inside a TSV field
+
+
+def _order_rows(documents: list[list[str]], n: int, rng: np.random.Generator) -> list[dict]:
+    candidates = [_clean(s) for doc in documents for s in doc if len(s.split()) >= 6]
+    picked = [candidates[i] for i in rng.choice(len(candidates), min(n, len(candidates)), replace=False)]
+    rows = []
+    for k, sentence in enumerate(picked):
+        words, label = sentence.split(), 1
+        if k % 2:  # swap one pair of adjacent, different words
+            pairs = [i for i in range(len(words) - 1) if words[i].lower() != words[i + 1].lower()]
+            if pairs:
+                i = pairs[rng.integers(len(pairs))]
+                words[i], words[i + 1] = words[i + 1], words[i]
+                label = 0
+        rows.append({"sentence": " ".join(words), "label": str(label)})
+    return rows
+
+
+def _next_rows(documents: list[list[str]], n: int, rng: np.random.Generator) -> list[dict]:
+    docs = [[_clean(s) for s in doc] for doc in documents if len(doc) >= 3]
+    anchors = [(d, i) for d, doc in enumerate(docs) for i in range(len(doc) - 1)]
+    picked = [anchors[j] for j in rng.choice(len(anchors), min(n, len(anchors)), replace=False)]
+    rows = []
+    for k, (d, i) in enumerate(picked):
+        doc = docs[d]
+        if k % 2 == 0:
+            rows.append({"sentence1": doc[i], "sentence2": doc[i + 1], "label": "1"})
+        else:  # another sentence of the same document: not the next one, not A itself
+            others = [j for j in range(len(doc)) if j not in (i, i + 1)]
+            rows.append({"sentence1": doc[i], "sentence2": doc[others[rng.integers(len(others))]], "label": "0"})
+    return rows
+
+
+def write_task(task: str, folder: Path, train_examples: int, dev_examples: int) -> dict[str, str]:
+    """The task's train.tsv and dev.tsv (written once, then reused); returns their paths."""
+    if task not in TASKS:
+        raise ValueError(f"unknown demonstration task {task!r}; expected one of {', '.join(TASKS)}")
+    key = hashlib.sha256(json.dumps([VERSION, task, train_examples, dev_examples]).encode()).hexdigest()[:12]
+    out = folder / f"{task}-{key}"
+    paths = {split: out / f"{split}.tsv" for split in ("train", "dev")}
+    if all(p.is_file() for p in paths.values()):
+        return {s: str(p) for s, p in paths.items()}
+    documents = list(pydoc_documents())
+    split_docs = {"train": [d for i, d in enumerate(documents) if i % DEV_EVERY],
+                  "dev": [d for i, d in enumerate(documents) if i % DEV_EVERY == 0]}
+    make = _order_rows if task == "pydoc_order" else _next_rows
+    out.mkdir(parents=True, exist_ok=True)
+    for split, n in (("train", train_examples), ("dev", dev_examples)):
+        rows = make(split_docs[split], n, np.random.default_rng(0 if split == "train" else 1))
+        tmp = paths[split].with_suffix(".tmp")
+        with tmp.open("w", encoding="utf-8") as f:  # literal fields (no tabs or newlines in them), as GLUE's TSVs
+            f.write("\t".join(rows[0]) + "\n")
+            f.writelines("\t".join(row.values()) + "\n" for row in rows)
+        tmp.replace(paths[split])
+    return {s: str(p) for s, p in paths.items()}
+
+
+class PydocTaskDataModule(GlueDataModule):
+    """A demonstration task of this module (``pydoc_order``, ``pydoc_next``) as a GLUE-style data module."""
+
+    def __init__(self, task: str, train_examples: int = 512, dev_examples: int = 256, tokenizer: str | None = None,
+                 lowercase: bool = True, max_seq_length: int = 128, batch_size: int = 32, padding: str = "longest",
+                 num_workers: int = 0, num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None):
+        if train_examples < 2 or dev_examples < 2:
+            raise ValueError(f"train_examples={train_examples}, dev_examples={dev_examples}: expected at least 2 each")
+        cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "glue"
+        files = write_task(task, cache / "pydoc_tasks", train_examples, dev_examples)
+        super().__init__(task=task, glue_dir=None, files=files, hub=None, tokenizer=tokenizer, lowercase=lowercase,
+                         max_seq_length=max_seq_length, batch_size=batch_size, padding=padding,
+                         num_workers=num_workers, num_proc=num_proc, seed=seed, cache_dir=str(cache))
