@@ -60,7 +60,7 @@ def glue_metrics(sweep, args):
 
 @pytest.fixture
 def table5(tmp_path):
-    return build("table5", "smoke", tmp_path / "runs", sets=["grid.seed=1,2"])
+    return build("table5", "smoke", tmp_path / "runs", sets=["grid.optim.lr=2e-4,1e-3", "grid.seed=1,2"])
 
 
 def test_best_on_dev_cell_has_ours_paper_difference_and_spread(table5, tmp_path):
@@ -265,7 +265,7 @@ def test_dry_run_prints_the_multiruns_and_writes_nothing(capsys, tmp_path):
     lines = [line for line in out.splitlines() if "src/train.py --multirun" in line]
     assert len(lines) == 3 + 4 * 5  # three pre-training runs, then four rows x five tasks
     mnli = next(line for line in lines if "task=mnli" in line and "/bert_base/" in line)
-    assert "optim.lr=2e-4,1e-3" in mnli and f"init={tmp_path}/runs/table5/smoke/pretrain/none/default/checkpoints/last.ckpt" in mnli
+    assert "optim.lr=1e-3" in mnli and "data.max_train_examples=256" in mnli and f"init={tmp_path}/runs/table5/smoke/pretrain/none/default/checkpoints/last.ckpt" in mnli
     assert "hydra.sweep.subdir=${hydra.job.override_dirname}" in mnli and "exclude_keys=[" in mnli
     assert not (tmp_path / "runs").exists()
 
