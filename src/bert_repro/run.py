@@ -236,6 +236,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.paths.output_dir)
     check_inputs(cfg, output_dir)
     check_task_built(cfg)
+    if cfg.optim.get("resume_step") is not None and str(cfg.ckpt_path) in ("last", "None", ""):
+        raise UsageError(f"this run continues a schedule at step {cfg.optim.resume_step} (experiment=pretrain_phase2): "
+                         "pass ckpt_path=<phase 1's output dir>/checkpoints/last.ckpt")
     ckpt_path, found = resolve_ckpt_path(cfg.ckpt_path, output_dir)
     L.seed_everything(cfg.seed, workers=True)
 
