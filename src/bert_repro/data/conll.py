@@ -22,13 +22,12 @@ import lightning as L
 import numpy as np
 import torch
 from datasets import ClassLabel, Dataset, Features, Sequence, Value, load_dataset
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID, train_loader
+from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir
-from bert_repro.tokenization import load_tokenizer, vocab_list
+from bert_repro.tokenization import fine_tuning_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -210,15 +209,9 @@ class ConllDataModule(L.LightningDataModule):
 
     def prepare_tokenizer(self) -> Tokenizer:
         hp = self.hparams
-        if hp.tokenizer is None:
-            raise ValueError("task=conll2003: fine-tuning needs the pre-trained model's vocabulary; give "
-                             "init=<checkpoint> or data.tokenizer=<vocab.txt | tokenizer.json | HF directory>")
         if hp.lowercase:
             log.warning("conll2003 with an uncased vocabulary: the paper tags with the cased model (§4.3)")
-        self._tokenizer = load_tokenizer(hp.tokenizer, lowercase=hp.lowercase)
-        self.vocab = vocab_list(self._tokenizer)
-        if self.vocab[PAD_ID] != "[PAD]":
-            raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected [PAD]")
+        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, "conll2003", PAD_ID)
         return self._tokenizer
 
     # -- sentences -------------------------------------------------------------------------------
@@ -294,15 +287,9 @@ class ConllDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         hp = self.hparams
         data = self.datasets[split].select_columns(["input_ids", "labels", "word", "sentence"])
-        sampler, generator = None, None
-        world = self.trainer.world_size if self.trainer is not None else 1
         if train:  # a restart's seed changes the data order; stateful and rank-independent (batching.train_loader)
             return train_loader(data, hp.batch_size, hp.seed, TagCollator(), self.trainer, hp.num_workers)
-        if world > 1:  # each window once across ranks; the metric also drops repeats, whatever the sampler
-            sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=self.trainer.global_rank, shuffle=False)
-        return DataLoader(data, batch_size=hp.batch_size, shuffle=train, sampler=sampler, generator=generator,
-                          collate_fn=TagCollator(), num_workers=hp.num_workers,
-                          persistent_workers=train and hp.num_workers > 0)
+        return eval_loader(data, hp.batch_size, TagCollator(), self.trainer, hp.num_workers)  # each window on one rank
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)

@@ -26,7 +26,7 @@ from torch.utils.data import DataLoader
 from bert_repro.data.batching import PAD_ID, PadCollator, eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir
 from bert_repro.data.tabular import FileSpec, normalise_rows, read_rows
-from bert_repro.tokenization import load_tokenizer, vocab_list
+from bert_repro.tokenization import fine_tuning_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -163,14 +163,7 @@ class GlueDataModule(L.LightningDataModule):
     # -- vocabulary ------------------------------------------------------------------------------
     def prepare_tokenizer(self) -> Tokenizer:
         hp = self.hparams
-        if hp.tokenizer is None:
-            raise ValueError(f"task={self.task}: fine-tuning needs the pre-trained model's vocabulary; give "
-                             "init=<checkpoint> (its vocabulary comes with it) or data.tokenizer=<vocab.txt | "
-                             "tokenizer.json | Hugging Face directory>")
-        self._tokenizer = load_tokenizer(hp.tokenizer, lowercase=hp.lowercase)
-        self.vocab = vocab_list(self._tokenizer)
-        if self.vocab[PAD_ID] != "[PAD]":
-            raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected [PAD]")
+        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, self.task, PAD_ID)
         return self._tokenizer
 
     # -- rows ------------------------------------------------------------------------------------

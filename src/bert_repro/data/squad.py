@@ -29,7 +29,7 @@ from torch.utils.data import DataLoader
 
 from bert_repro.data.batching import PAD_ID, train_loader
 from bert_repro.data.corpus import default_cache_dir
-from bert_repro.tokenization import load_tokenizer, vocab_list
+from bert_repro.tokenization import fine_tuning_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -229,16 +229,7 @@ class SquadDataModule(L.LightningDataModule):
 
     def prepare_tokenizer(self) -> Tokenizer:
         hp = self.hparams
-        if hp.tokenizer is None:
-            raise ValueError(f"squad_v{self.version}: fine-tuning needs the pre-trained model's vocabulary; give "
-                             "init=<checkpoint> (its vocabulary comes with it) or data.tokenizer=<vocab.txt | "
-                             "tokenizer.json | Hugging Face directory>")
-        self._tokenizer = load_tokenizer(hp.tokenizer, lowercase=hp.lowercase)
-        self.vocab = vocab_list(self._tokenizer)
-        missing = [t for t, i in (("[PAD]", PAD_ID), ("[CLS]", None), ("[SEP]", None))
-                   if (self.vocab[i] != t if i is not None else t not in self.vocab)]
-        if missing:
-            raise ValueError(f"tokenizer {hp.tokenizer}: needs {missing} ([PAD] as id {PAD_ID})")
+        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, f"squad_v{self.version}", PAD_ID)
         return self._tokenizer
 
     # -- questions ---------------------------------------------------------------------------------

@@ -16,15 +16,14 @@ import lightning as L
 import numpy as np
 import torch
 from datasets import Dataset, Features, Sequence, Value, load_dataset
-from lightning.pytorch.overrides.distributed import UnrepeatedDistributedSampler
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID, train_loader
+from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir
 from bert_repro.data.glue import truncated_lengths
 from bert_repro.data.tabular import FileSpec, read_rows
-from bert_repro.tokenization import load_tokenizer, vocab_list
+from bert_repro.tokenization import fine_tuning_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -118,13 +117,7 @@ class SwagDataModule(L.LightningDataModule):
 
     def prepare_tokenizer(self) -> Tokenizer:
         hp = self.hparams
-        if hp.tokenizer is None:
-            raise ValueError("task=swag: fine-tuning needs the pre-trained model's vocabulary; give "
-                             "init=<checkpoint> or data.tokenizer=<vocab.txt | tokenizer.json | HF directory>")
-        self._tokenizer = load_tokenizer(hp.tokenizer, lowercase=hp.lowercase)
-        self.vocab = vocab_list(self._tokenizer)
-        if self.vocab[PAD_ID] != "[PAD]":
-            raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected [PAD]")
+        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, "swag", PAD_ID)
         return self._tokenizer
 
     # -- rows ------------------------------------------------------------------------------------
@@ -199,15 +192,9 @@ class SwagDataModule(L.LightningDataModule):
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         hp = self.hparams
         data = self.datasets[split].select_columns(["input_ids", "token_type_ids", "label", "row"])
-        sampler, generator = None, None
-        world = self.trainer.world_size if self.trainer is not None else 1
         if train:  # stateful and rank-independent (batching.train_loader)
             return train_loader(data, hp.batch_size, hp.seed, ChoiceCollator(), self.trainer, hp.num_workers)
-        if world > 1:  # each dev example exactly once across ranks
-            sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=self.trainer.global_rank, shuffle=False)
-        return DataLoader(data, batch_size=hp.batch_size, shuffle=train, sampler=sampler, generator=generator,
-                          collate_fn=ChoiceCollator(), num_workers=hp.num_workers,
-                          persistent_workers=train and hp.num_workers > 0)
+        return eval_loader(data, hp.batch_size, ChoiceCollator(), self.trainer, hp.num_workers)  # each dev example exactly once across ranks
 
     def train_dataloader(self) -> DataLoader:
         return self._loader("train", train=True)
