@@ -1,0 +1,67 @@
+"""The demonstration tasks of `make demo` (bert_repro.data.pydoc_tasks): rows built as documented, from disjoint
+documents, balanced, and written once."""
+
+from __future__ import annotations
+
+import csv
+from collections import Counter
+
+import pytest
+
+from bert_repro.data.corpus import pydoc_documents
+from bert_repro.data.pydoc_tasks import DEV_EVERY, write_task
+
+
+def read(path: str) -> list[dict]:
+    with open(path, encoding="utf-8", newline="") as f:
+        return list(csv.DictReader(f, delimiter="\t", quoting=csv.QUOTE_NONE))
+
+
+@pytest.fixture(scope="module")
+def documents():
+    docs = [[" ".join(s.split()) for s in doc] for doc in pydoc_documents()]
+    return {"train": [d for i, d in enumerate(docs) if i % DEV_EVERY], "dev": [d for i, d in enumerate(docs) if i % DEV_EVERY == 0]}
+
+
+def test_order_rows_are_sentences_as_written_or_shuffled(tmp_path, documents):
+    paths = write_task("pydoc_order", tmp_path, 200, 100)
+    for split, n in (("train", 200), ("dev", 100)):
+        rows = read(paths[split])
+        assert len(rows) == n and Counter(r["label"] for r in rows) == {"1": n // 2, "0": n // 2}
+        sentences = {s for doc in documents[split] for s in doc}
+        by_words = {tuple(sorted(s.split())): s for s in sentences}
+        for row in rows:
+            if row["label"] == "1":
+                assert row["sentence"] in sentences
+            else:  # the same words in another order, never the original
+                original = by_words[tuple(sorted(row["sentence"].split()))]
+                assert row["sentence"] != original
+
+
+def test_next_rows_follow_the_nsp_construction(tmp_path, documents):
+    paths = write_task("pydoc_next", tmp_path, 200, 100)
+    for split in ("train", "dev"):
+        docs = documents[split]
+        following = {(a, b) for doc in docs for a, b in zip(doc, doc[1:])}
+        home = {}
+        for d, doc in enumerate(docs):
+            for s in doc:
+                home.setdefault(s, set()).add(d)
+        rows = read(paths[split])
+        assert Counter(r["label"] for r in rows)["1"] == len(rows) // 2
+        for row in rows:
+            a, b = row["sentence1"], row["sentence2"]
+            if row["label"] == "1":
+                assert (a, b) in following
+            else:  # B comes from another document of the split than A (§3.1's negatives)
+                assert home[b] - home[a], (a, b)
+            assert a in home  # A is a sentence of this split's documents (train and Dev never share one)
+
+
+def test_rows_are_written_once_and_unknown_task_is_named(tmp_path):
+    first = write_task("pydoc_order", tmp_path, 50, 20)
+    stamp = {s: (tmp_path / p).stat().st_mtime_ns for s, p in first.items()}
+    assert write_task("pydoc_order", tmp_path, 50, 20) == first
+    assert {s: (tmp_path / p).stat().st_mtime_ns for s, p in first.items()} == stamp
+    with pytest.raises(ValueError, match="pydoc_typo"):
+        write_task("pydoc_typo", tmp_path, 50, 20)
