@@ -11,6 +11,21 @@ from torchdata.stateful_dataloader import StatefulDataLoader
 PAD_ID = 0  # [PAD] in google-research/bert vocabularies (the data modules check it against the tokenizer)
 
 
+def pad_inputs(ids: list, types: list | None = None, length: int | None = None) -> dict[str, torch.Tensor]:
+    """The encoder's inputs, (N, T) each: input_ids padded with [PAD], token_type_ids with 0 (all 0 without
+    ``types``), attention_mask 1 on the real tokens; T = ``length``, or the longest sequence (dynamic padding)."""
+    N, T = len(ids), length or max(len(x) for x in ids)
+    input_ids = np.full((N, T), PAD_ID, dtype=np.int64)
+    token_type_ids = np.zeros((N, T), dtype=np.int64)
+    attention_mask = np.zeros((N, T), dtype=np.int64)
+    for i, x in enumerate(ids):
+        input_ids[i, :len(x)], attention_mask[i, :len(x)] = x, 1
+        if types is not None:
+            token_type_ids[i, :len(x)] = types[i]
+    return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(token_type_ids),
+            "attention_mask": torch.from_numpy(attention_mask)}
+
+
 class PadCollator:
     """Pads a batch to its longest sequence (dynamic padding), or to ``pad_to`` (the released code's fixed 128)."""
 
@@ -18,17 +33,10 @@ class PadCollator:
         self.pad_to, self.regression = pad_to, regression
 
     def __call__(self, rows: list[dict]) -> dict:
-        B, T = len(rows), self.pad_to or max(len(r["input_ids"]) for r in rows)
-        input_ids = np.full((B, T), PAD_ID, dtype=np.int64)
-        token_type_ids = np.zeros((B, T), dtype=np.int64)
-        attention_mask = np.zeros((B, T), dtype=np.int64)
-        for b, r in enumerate(rows):
-            n = len(r["input_ids"])
-            input_ids[b, :n], token_type_ids[b, :n], attention_mask[b, :n] = r["input_ids"], r["token_type_ids"], 1
+        inputs = pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows], self.pad_to)
         labels = torch.tensor([r["label"] for r in rows], dtype=torch.float32 if self.regression else torch.long)
-        return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(token_type_ids),
-                "attention_mask": torch.from_numpy(attention_mask), "labels": labels,
-                "row": torch.tensor([r["row"] for r in rows]), "idx": [r["idx"] for r in rows]}
+        return {**inputs, "labels": labels, "row": torch.tensor([r["row"] for r in rows]),
+                "idx": [r["idx"] for r in rows]}
 
 
 class LengthGroupedSampler(Sampler[int]):

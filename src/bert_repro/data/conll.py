@@ -18,16 +18,13 @@ import logging
 from collections import defaultdict
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from datasets import ClassLabel, Dataset, Features, Sequence, Value, load_dataset
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir
-from bert_repro.tokenization import fine_tuning_tokenizer
+from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.batching import pad_inputs
 
 log = logging.getLogger(__name__)
 
@@ -163,21 +160,18 @@ class TagCollator:
     """Pads a batch of windows to its longest: input ids with [PAD], labels with -100, word indices with -1."""
 
     def __call__(self, rows: list[dict]) -> dict:
-        B, T = len(rows), max(len(r["input_ids"]) for r in rows)
-        input_ids = np.full((B, T), PAD_ID, dtype=np.int64)
+        inputs = pad_inputs([r["input_ids"] for r in rows])  # one segment: token types all 0
+        B, T = inputs["input_ids"].shape
         labels = np.full((B, T), IGNORE, dtype=np.int64)
         word = np.full((B, T), -1, dtype=np.int64)
-        attention_mask = np.zeros((B, T), dtype=np.int64)
         for b, r in enumerate(rows):
             n = len(r["input_ids"])
-            input_ids[b, :n], labels[b, :n], word[b, :n], attention_mask[b, :n] = \
-                r["input_ids"], r["labels"], r["word"], 1
-        return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.zeros(B, T, dtype=torch.long),
-                "attention_mask": torch.from_numpy(attention_mask), "labels": torch.from_numpy(labels),
-                "word": torch.from_numpy(word), "sentence": torch.tensor([r["sentence"] for r in rows])}
+            labels[b, :n], word[b, :n] = r["labels"], r["word"]
+        return {**inputs, "labels": torch.from_numpy(labels), "word": torch.from_numpy(word),
+                "sentence": torch.tensor([r["sentence"] for r in rows])}
 
 
-class ConllDataModule(L.LightningDataModule):
+class ConllDataModule(FineTuningDataModule):
     """CoNLL-2003 train / dev / test, tokenized into labelled windows (v1 §4.3).
 
     ``conll_dir``: a folder with eng.train / eng.testa / eng.testb (or train.txt / valid.txt / test.txt); null
@@ -185,11 +179,14 @@ class ConllDataModule(L.LightningDataModule):
     ``max_train_examples``: a fixed random subset of train sentences (CPU runs); null = all, as the paper.
     """
 
+    cache_folder = "conll2003"
+    batch_columns = ("input_ids", "labels", "word", "sentence")
+    task = "conll2003"
+
     def __init__(self, conll_dir: str | None = None, hub: dict | None = None, tokenizer: str | None = None,
                  lowercase: bool = False, max_seq_length: int = 128, document_context: bool = False,
                  batch_size: int = 32, max_train_examples: int | None = None, num_workers: int = 0,
                  seed: int = 12345, cache_dir: str | None = None):
-        super().__init__()
         if max_seq_length < 3:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] word [SEP]")
         if max_train_examples is not None and max_train_examples < 1:
@@ -197,22 +194,14 @@ class ConllDataModule(L.LightningDataModule):
         if conll_dir is None and document_context:
             raise ValueError("data.document_context=true needs document boundaries (-DOCSTART-), which the Hub copy "
                              "drops; give data.conll_dir=<folder with the original eng.* files>")
-        self.save_hyperparameters()
-        self.task = "conll2003"
+        super().__init__()
         self.labels = CONLL2003_LABELS
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "conll2003"
-        self.lowercase = lowercase
-        self.vocab: list[str] | None = None
-        self._tokenizer: Tokenizer | None = None
         self.sentences: dict[str, Dataset] = {}
-        self.datasets: dict[str, Dataset] = {}
 
     def prepare_tokenizer(self) -> Tokenizer:
-        hp = self.hparams
-        if hp.lowercase:
+        if self.hparams.lowercase:
             log.warning("conll2003 with an uncased vocabulary: the paper tags with the cased model (§4.3)")
-        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, "conll2003", PAD_ID)
-        return self._tokenizer
+        return super().prepare_tokenizer()
 
     # -- sentences -------------------------------------------------------------------------------
     def _split_file(self, split: str) -> Path | None:
@@ -265,40 +254,16 @@ class ConllDataModule(L.LightningDataModule):
                                    "document_context": hp.document_context, "labelled": labelled},
                         new_fingerprint=key, cache_file_name=str(self.cache_dir / f"windows-{split}-{key}.arrow"))
 
-    def prepare_data(self) -> None:
-        self.setup()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        if self._tokenizer is None:
-            self.prepare_tokenizer()
+    def build(self) -> None:
         for split, (sentences, source) in self.raw_sentences().items():
             self.sentences[split] = Dataset.from_dict({"tokens": sentences["tokens"], "tags": sentences["tags"]})
             self.datasets[split] = self._encoded(split, sentences, source)
         log.info("conll2003: %s", ", ".join(f"{s} {len(self.sentences[s])} sentences in {len(d)} windows"
                                             for s, d in self.datasets.items()))
 
-    @property
-    def test_splits(self) -> list[str]:
-        return ["test"] if "test" in self.datasets else []
-
     # -- batches ---------------------------------------------------------------------------------
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
-        hp = self.hparams
-        data = self.datasets[split].select_columns(["input_ids", "labels", "word", "sentence"])
-        if train:  # a restart's seed changes the data order; stateful and rank-independent (batching.train_loader)
-            return train_loader(data, hp.batch_size, hp.seed, TagCollator(), self.trainer, hp.num_workers)
-        return eval_loader(data, hp.batch_size, TagCollator(), self.trainer, hp.num_workers)  # each window on one rank
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("dev")
-
-    def predict_dataloader(self) -> list[DataLoader]:
-        return [self._loader(split) for split in self.test_splits]
+    def collator(self) -> TagCollator:
+        return TagCollator()
 
     def write_predictions(self, predictions: list[dict], out_dir: str | Path) -> dict[str, str]:
         """``<split>.conll``: ``word gold predicted`` a line, a blank line between sentences (conlleval's input),

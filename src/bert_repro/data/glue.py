@@ -17,16 +17,13 @@ import logging
 from dataclasses import dataclass, field
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 from datasets import Dataset, Features, Value, load_dataset
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID, PadCollator, eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir
+from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.batching import PadCollator
 from bert_repro.data.tabular import FileSpec, normalise_rows, read_rows
-from bert_repro.tokenization import fine_tuning_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -124,7 +121,7 @@ def _tokenize(batch: dict, indices: list[int], tokenizer: Tokenizer, max_seq_len
     return {"input_ids": ids, "token_type_ids": types, "length": [len(x) for x in ids], "row": indices}
 
 
-class GlueDataModule(L.LightningDataModule):
+class GlueDataModule(FineTuningDataModule):
     """One GLUE task's train / dev / test splits, tokenized and batched (§4.1).
 
     ``glue_dir``: a folder in the original GLUE layout (<TASK>/train.tsv, dev.tsv, test.tsv; MNLI's
@@ -134,37 +131,28 @@ class GlueDataModule(L.LightningDataModule):
     dev file exists. ``max_train_examples``: a fixed random train subset (CPU runs); null = all, as the paper.
     """
 
+    cache_folder = "glue"
+    batch_columns = ("input_ids", "token_type_ids", "label", "row", "idx")
+
     def __init__(self, task: str, glue_dir: str | None = None, files: dict | None = None, hub: dict | None = None,
                  tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 128,
                  batch_size: int = 32, padding: str = "longest", group_by_length: bool = False,
                  dev_from_train: float | int | None = None, max_train_examples: int | None = None,
                  num_workers: int = 0, num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None):
-        super().__init__()
-        self.spec = glue_task(task)
+        spec = glue_task(task)
         if padding not in ("longest", "max_length"):
             raise ValueError(f"padding={padding!r}; expected 'longest' (per batch) or 'max_length' (fixed)")
-        unknown = set(files or {}) - set(self.spec.splits)
+        unknown = set(files or {}) - set(spec.splits)
         if unknown:
-            raise ValueError(f"task={task}: files has splits {sorted(unknown)}; {task} has {self.spec.splits}")
-        if dev_from_train is not None and len(self.spec.dev) != 1:
-            raise ValueError(f"task={task}: dev_from_train needs a task with one dev split; map {list(self.spec.dev)}")
+            raise ValueError(f"task={task}: files has splits {sorted(unknown)}; {task} has {spec.splits}")
+        if dev_from_train is not None and len(spec.dev) != 1:
+            raise ValueError(f"task={task}: dev_from_train needs a task with one dev split; map {list(spec.dev)}")
         if max_train_examples is not None and max_train_examples < 1:
             raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, or null")
         if max_seq_length < 4:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] A [SEP] B [SEP]")
-        self.save_hyperparameters()
-        self.task = task
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "glue"
-        self.lowercase = lowercase
-        self.vocab: list[str] | None = None
-        self._tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, Dataset] = {}
-
-    # -- vocabulary ------------------------------------------------------------------------------
-    def prepare_tokenizer(self) -> Tokenizer:
-        hp = self.hparams
-        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, self.task, PAD_ID)
-        return self._tokenizer
+        super().__init__()
+        self.spec, self.task = spec, task
 
     # -- rows ------------------------------------------------------------------------------------
     def _file_spec(self, split: str) -> FileSpec | None:
@@ -264,14 +252,7 @@ class GlueDataModule(L.LightningDataModule):
             remove_columns=[c for c in rows.column_names if c not in ("label", "idx")], features=features,
             new_fingerprint=key, cache_file_name=str(self.cache_dir / f"tokens-{self.task}-{split}-{key}.arrow"))
 
-    def prepare_data(self) -> None:
-        self.setup()  # rank 0 builds every cache; setup on the other ranks then reads them
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        if self._tokenizer is None:
-            self.prepare_tokenizer()
+    def build(self) -> None:
         for split, rows in self.raw_splits().items():
             self.datasets[split] = self._encoded(split, rows)
         for split in ("train", *self.spec.dev):
@@ -292,25 +273,12 @@ class GlueDataModule(L.LightningDataModule):
         return np.bincount(np.asarray(self.datasets["train"]["label"]), minlength=self.spec.num_labels)
 
     # -- batches ---------------------------------------------------------------------------------
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
+    def collator(self) -> PadCollator:
         hp = self.hparams
-        data = self.datasets[split].select_columns(["input_ids", "token_type_ids", "label", "row", "idx"])
-        collate = PadCollator(hp.max_seq_length if hp.padding == "max_length" else None, self.spec.labels is None)
-        if train:  # §4.1: a restart's seed changes the data order (and the classifier's init)
-            lengths = self.datasets[split]["length"] if hp.group_by_length else None
-            return train_loader(data, hp.batch_size, hp.seed, collate, self.trainer, hp.num_workers, lengths=lengths)
-        return eval_loader(data, hp.batch_size, collate, self.trainer, hp.num_workers)
+        return PadCollator(hp.max_seq_length if hp.padding == "max_length" else None, self.spec.labels is None)
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader | list[DataLoader]:
-        loaders = [self._loader(split) for split in self.dev_splits]
-        return loaders[0] if len(loaders) == 1 else loaders
-
-    def predict_dataloader(self) -> list[DataLoader]:
-        """The test splits, in ``test_splits`` order (predict_step's dataloader_idx indexes it)."""
-        return [self._loader(split) for split in self.test_splits]
+    def train_lengths(self, split: str) -> list[int] | None:
+        return self.datasets[split]["length"] if self.hparams.group_by_length else None
 
     def write_predictions(self, predictions: list[dict], out_dir: str | Path) -> dict[str, str]:
         """The GLUE server's files (<server name>.tsv: ``index<TAB>prediction``, label strings as in the task's

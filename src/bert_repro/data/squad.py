@@ -20,16 +20,14 @@ import json
 import logging
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from datasets import Dataset, Features, Sequence, Value, load_dataset
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID, train_loader
-from bert_repro.data.corpus import default_cache_dir
-from bert_repro.tokenization import fine_tuning_tokenizer
+from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.batching import pad_inputs
 
 log = logging.getLogger(__name__)
 
@@ -181,21 +179,13 @@ class SpanCollator:
     """Pads a batch of windows to its longest one; ``window`` indexes the split's windows (for post-processing)."""
 
     def __call__(self, rows: list[dict]) -> dict:
-        B, T = len(rows), max(len(r["input_ids"]) for r in rows)
-        input_ids = np.full((B, T), PAD_ID, dtype=np.int64)
-        token_type_ids = np.zeros((B, T), dtype=np.int64)
-        attention_mask = np.zeros((B, T), dtype=np.int64)
-        for b, r in enumerate(rows):
-            n = len(r["input_ids"])
-            input_ids[b, :n], token_type_ids[b, :n], attention_mask[b, :n] = r["input_ids"], r["token_type_ids"], 1
-        return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(token_type_ids),
-                "attention_mask": torch.from_numpy(attention_mask),
+        return {**pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows]),
                 "start_positions": torch.tensor([r["start_positions"] for r in rows]),
                 "end_positions": torch.tensor([r["end_positions"] for r in rows]),
                 "window": torch.tensor([r["window"] for r in rows])}
 
 
-class SquadDataModule(L.LightningDataModule):
+class SquadDataModule(FineTuningDataModule):
     """SQuAD train and dev as windows (§4.2; v2 §4.3). ``version``: 1 (v1.1) or 2 (v2.0).
 
     ``squad_dir``: a folder with the official files of the version; null reads ``hub`` instead.
@@ -203,12 +193,14 @@ class SquadDataModule(L.LightningDataModule):
     null = all, as the paper. ``examples[split]`` holds the questions, ``datasets[split]`` their windows.
     """
 
+    cache_folder = "squad"
+    batch_columns = ("input_ids", "token_type_ids", "start_positions", "end_positions", "window")
+
     def __init__(self, version: int = 1, squad_dir: str | None = None, hub: dict | None = None,
                  tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 384,
                  doc_stride: int = 128, max_query_length: int = 64, batch_size: int = 32,
                  max_train_examples: int | None = None, max_dev_examples: int | None = None,
                  num_workers: int = 0, num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None):
-        super().__init__()
         if version not in FILES:
             raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")
         if max_seq_length - max_query_length - 3 <= doc_stride or doc_stride < 1:
@@ -218,19 +210,9 @@ class SquadDataModule(L.LightningDataModule):
         for name, value in (("max_train_examples", max_train_examples), ("max_dev_examples", max_dev_examples)):
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value}: expected a positive number of questions, or null")
-        self.save_hyperparameters()
-        self.version = version
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "squad"
-        self.lowercase = lowercase
-        self.vocab: list[str] | None = None
-        self._tokenizer: Tokenizer | None = None
+        super().__init__()
+        self.version, self.task = version, f"squad_v{version}"
         self.examples: dict[str, Dataset] = {}
-        self.datasets: dict[str, Dataset] = {}
-
-    def prepare_tokenizer(self) -> Tokenizer:
-        hp = self.hparams
-        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, f"squad_v{self.version}", PAD_ID)
-        return self._tokenizer
 
     # -- questions ---------------------------------------------------------------------------------
     def _questions(self, split: str) -> Dataset:
@@ -267,14 +249,7 @@ class SquadDataModule(L.LightningDataModule):
             cache_file_name=str(self.cache_dir / f"windows-v{self.version}-{split}-{key}.arrow"))
         return windows.add_column("window", np.arange(len(windows)), new_fingerprint=_key(key, "window"))
 
-    def prepare_data(self) -> None:
-        self.setup()  # rank 0 builds every cache; setup on the other ranks then reads them
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        if self._tokenizer is None:
-            self.prepare_tokenizer()
+    def build(self) -> None:
         hp = self.hparams
         for split, limit in (("train", hp.max_train_examples), ("dev", hp.max_dev_examples)):
             self.examples[split] = self._subset(self._questions(split), limit)
@@ -286,18 +261,10 @@ class SquadDataModule(L.LightningDataModule):
                  len(self.datasets["dev"]))
 
     # -- batches -----------------------------------------------------------------------------------
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
-        hp = self.hparams
-        columns = ["input_ids", "token_type_ids", "start_positions", "end_positions", "window"]
-        if train:  # §4.1: a restart's seed changes the order; stateful and rank-independent (batching.train_loader)
-            return train_loader(self.datasets[split].select_columns(columns), hp.batch_size, hp.seed, SpanCollator(),
-                                self.trainer, hp.num_workers)
-        return DataLoader(self.datasets[split].select_columns(columns), batch_size=hp.batch_size,
-                          collate_fn=SpanCollator(), num_workers=hp.num_workers)
+    def collator(self) -> SpanCollator:
+        return SpanCollator()
 
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
+    def _eval_loader(self, data: Dataset, collate) -> DataLoader:
         # Under DDP Lightning's sampler pads the dev windows with repeats: the module de-duplicates by "window"
-        return self._loader("dev")
+        hp = self.hparams
+        return DataLoader(data, batch_size=hp.batch_size, collate_fn=collate, num_workers=hp.num_workers)

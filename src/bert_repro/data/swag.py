@@ -12,18 +12,15 @@ import json
 import logging
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import torch
 from datasets import Dataset, Features, Sequence, Value, load_dataset
 from tokenizers import Tokenizer
-from torch.utils.data import DataLoader
 
-from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir
+from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.batching import pad_inputs
 from bert_repro.data.glue import truncated_lengths
 from bert_repro.data.tabular import FileSpec, read_rows
-from bert_repro.tokenization import fine_tuning_tokenizer
 
 log = logging.getLogger(__name__)
 
@@ -79,46 +76,31 @@ class ChoiceCollator:
     """Pads a batch to (B, 4, T), T its longest sequence."""
 
     def __call__(self, rows: list[dict]) -> dict:
-        B, T = len(rows), max(len(s) for r in rows for s in r["input_ids"])
-        input_ids = np.full((B, NUM_CHOICES, T), PAD_ID, dtype=np.int64)
-        token_type_ids = np.zeros((B, NUM_CHOICES, T), dtype=np.int64)
-        attention_mask = np.zeros((B, NUM_CHOICES, T), dtype=np.int64)
-        for b, r in enumerate(rows):
-            for c, (ids, types) in enumerate(zip(r["input_ids"], r["token_type_ids"])):
-                input_ids[b, c, :len(ids)], token_type_ids[b, c, :len(ids)], attention_mask[b, c, :len(ids)] = ids, types, 1
-        return {"input_ids": torch.from_numpy(input_ids), "token_type_ids": torch.from_numpy(token_type_ids),
-                "attention_mask": torch.from_numpy(attention_mask),
+        flat = pad_inputs([s for r in rows for s in r["input_ids"]], [t for r in rows for t in r["token_type_ids"]])
+        return {**{name: x.view(len(rows), NUM_CHOICES, -1) for name, x in flat.items()},  # (B, 4, T)
                 "labels": torch.tensor([r["label"] for r in rows]), "row": torch.tensor([r["row"] for r in rows])}
 
 
-class SwagDataModule(L.LightningDataModule):
+class SwagDataModule(FineTuningDataModule):
     """SWAG train / dev / test as four-way choices (§4.4).
 
     ``swag_dir``: a folder with the original train.csv, val.csv (and test.csv, unlabelled); null loads ``hub``
     (allenai/swag, regular). ``max_train_examples``: a fixed random train subset (CPU runs); null = all.
     """
 
+    cache_folder = "swag"
+    batch_columns = ("input_ids", "token_type_ids", "label", "row")
+    task = "swag"
+
     def __init__(self, swag_dir: str | None = None, hub: dict | None = None, tokenizer: str | None = None,
                  lowercase: bool = True, max_seq_length: int = 128, batch_size: int = 16,
                  max_train_examples: int | None = None, num_workers: int = 0, seed: int = 12345,
                  cache_dir: str | None = None):
-        super().__init__()
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] A [SEP] B [SEP]")
         if max_train_examples is not None and max_train_examples < 1:
             raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, or null")
-        self.save_hyperparameters()
-        self.task = "swag"
-        self.cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "swag"
-        self.lowercase = lowercase
-        self.vocab: list[str] | None = None
-        self._tokenizer: Tokenizer | None = None
-        self.datasets: dict[str, Dataset] = {}
-
-    def prepare_tokenizer(self) -> Tokenizer:
-        hp = self.hparams
-        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, "swag", PAD_ID)
-        return self._tokenizer
+        super().__init__()
 
     # -- rows ------------------------------------------------------------------------------------
     def _rows(self, split: str) -> tuple[Dataset, str] | None:
@@ -168,14 +150,7 @@ class SwagDataModule(L.LightningDataModule):
                             new_fingerprint=f"tokens-{key}",
                             cache_file_name=str(self.cache_dir / f"tokens-{split}-{key}.arrow"))
 
-    def prepare_data(self) -> None:
-        self.setup()
-
-    def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
-            return
-        if self._tokenizer is None:
-            self.prepare_tokenizer()
+    def build(self) -> None:
         for split in SPLIT_FILES:
             found = self._rows(split)
             if found is None:
@@ -184,26 +159,9 @@ class SwagDataModule(L.LightningDataModule):
             self.datasets[split] = self._encoded(split, *found)
         log.info("swag: %s", ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items()))
 
-    @property
-    def test_splits(self) -> list[str]:
-        return ["test"] if "test" in self.datasets else []
-
     # -- batches ---------------------------------------------------------------------------------
-    def _loader(self, split: str, train: bool = False) -> DataLoader:
-        hp = self.hparams
-        data = self.datasets[split].select_columns(["input_ids", "token_type_ids", "label", "row"])
-        if train:  # stateful and rank-independent (batching.train_loader)
-            return train_loader(data, hp.batch_size, hp.seed, ChoiceCollator(), self.trainer, hp.num_workers)
-        return eval_loader(data, hp.batch_size, ChoiceCollator(), self.trainer, hp.num_workers)  # each dev example exactly once across ranks
-
-    def train_dataloader(self) -> DataLoader:
-        return self._loader("train", train=True)
-
-    def val_dataloader(self) -> DataLoader:
-        return self._loader("dev")
-
-    def predict_dataloader(self) -> list[DataLoader]:
-        return [self._loader(split) for split in self.test_splits]
+    def collator(self) -> ChoiceCollator:
+        return ChoiceCollator()
 
     def write_predictions(self, predictions: list[dict], out_dir: str | Path) -> dict[str, str]:
         """``swag_test.csv``: ``id,label`` a row (the id column of test.csv, the predicted ending 0-3)."""

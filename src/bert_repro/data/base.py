@@ -1,0 +1,95 @@
+"""What the fine-tuning data modules (GLUE, SQuAD, CoNLL-2003, SWAG) share: their hyper-parameters, the
+pre-trained model's vocabulary, and the loaders (``batching.train_loader`` / ``eval_loader``). Each task
+module keeps its own checks, rows and tokenization; it declares the columns its collator reads."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import lightning as L
+from datasets import Dataset
+from tokenizers import Tokenizer
+from torch.utils.data import DataLoader
+
+from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
+from bert_repro.data.corpus import default_cache_dir
+from bert_repro.tokenization import fine_tuning_tokenizer
+
+
+class FineTuningDataModule(L.LightningDataModule):
+    """A subclass checks its arguments, then calls ``super().__init__()``, which saves them as ``hparams``
+    (Lightning collects the subclass's arguments; they must include tokenizer, lowercase, batch_size, seed,
+    num_workers and cache_dir). It sets ``task`` (the name the tokenizer check reports), fills ``datasets``
+    in ``build`` and returns its batches' collator from ``collator``."""
+
+    cache_folder: str  # under default_cache_dir() when cache_dir is null
+    batch_columns: tuple[str, ...]  # the columns of datasets[split] that the collator reads
+    task: str
+
+    def __init__(self):
+        super().__init__()
+        self.save_hyperparameters()
+        hp = self.hparams
+        self.cache_dir = Path(hp.cache_dir) if hp.cache_dir is not None else default_cache_dir() / self.cache_folder
+        self.lowercase = hp.lowercase
+        self.vocab: list[str] | None = None
+        self._tokenizer: Tokenizer | None = None
+        self.datasets: dict[str, Dataset] = {}
+
+    def prepare_tokenizer(self) -> Tokenizer:
+        hp = self.hparams
+        self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, self.task, PAD_ID)
+        return self._tokenizer
+
+    def build(self) -> None:
+        """Fill ``datasets`` (split -> tokenized rows); the tokenizer is ready."""
+        raise NotImplementedError
+
+    def collator(self):
+        raise NotImplementedError
+
+    def prepare_data(self) -> None:
+        self.setup()  # rank 0 builds every cache; setup on the other ranks then reads them
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.datasets:
+            return
+        if self._tokenizer is None:
+            self.prepare_tokenizer()
+        self.build()
+
+    @property
+    def dev_splits(self) -> list[str]:
+        return ["dev"]
+
+    @property
+    def test_splits(self) -> list[str]:
+        return ["test"] if "test" in self.datasets else []
+
+    # -- batches ---------------------------------------------------------------------------------
+    def train_lengths(self, split: str) -> list[int] | None:
+        """Sequence lengths for length-grouped batches; None: a plain random order (the paper's)."""
+        return None
+
+    def _eval_loader(self, data: Dataset, collate) -> DataLoader:
+        hp = self.hparams
+        return eval_loader(data, hp.batch_size, collate, self.trainer, hp.num_workers)  # each example on one rank
+
+    def _loader(self, split: str, train: bool = False) -> DataLoader:
+        hp = self.hparams
+        data = self.datasets[split].select_columns(list(self.batch_columns))
+        if train:  # §4.1: a restart's seed changes the data order; the same on any number of ranks, resumable
+            return train_loader(data, hp.batch_size, hp.seed, self.collator(), self.trainer, hp.num_workers,
+                                lengths=self.train_lengths(split))
+        return self._eval_loader(data, self.collator())
+
+    def train_dataloader(self) -> DataLoader:
+        return self._loader("train", train=True)
+
+    def val_dataloader(self) -> DataLoader | list[DataLoader]:
+        loaders = [self._loader(split) for split in self.dev_splits]
+        return loaders[0] if len(loaders) == 1 else loaders
+
+    def predict_dataloader(self) -> list[DataLoader]:
+        """The test splits, in ``test_splits`` order (predict_step's dataloader_idx indexes it)."""
+        return [self._loader(split) for split in self.test_splits]
