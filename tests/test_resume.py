@@ -163,3 +163,24 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
     monkeypatch.undo()
     assert [p.name for p in path.parent.iterdir()] == ["last.ckpt"]
     assert io.load_checkpoint(path)["global_step"] == 1
+
+
+def test_a_named_checkpoint_gives_way_to_the_runs_own_progress(tmp_path):
+    """ckpt_path=<phase 1's last.ckpt> starts a run; once the run has its own last.ckpt, rerunning the same
+    command continues it (a killed phase 2 is not restarted from phase 1)."""
+    from bert_repro.run import UsageError, resolve_ckpt_path
+
+    named = tmp_path / "phase1" / "last.ckpt"
+    named.parent.mkdir()
+    named.write_bytes(b"x")
+    out = tmp_path / "phase2"
+    assert resolve_ckpt_path(str(named), out) == (str(named), False)
+    assert resolve_ckpt_path("last", out) == (None, False) and resolve_ckpt_path(None, out) == (None, False)
+    own = out / "checkpoints" / "last.ckpt"
+    own.parent.mkdir(parents=True)
+    own.write_bytes(b"y")
+    assert resolve_ckpt_path(str(named), out) == (str(own), True)
+    assert resolve_ckpt_path("last", out) == (str(own), True)
+    assert resolve_ckpt_path(str(own), out) == (str(own), False)  # named, as it always was
+    with pytest.raises(UsageError, match="does not exist"):
+        resolve_ckpt_path(str(tmp_path / "missing.ckpt"), tmp_path / "fresh")

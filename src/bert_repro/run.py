@@ -153,13 +153,19 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
 
 def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | None, bool]:
     """``last``: this run folder's checkpoints/last.ckpt when it exists (so a killed or preempted run resumes by
-    rerunning its command; the folder does not depend on the clock), else a fresh start. Returns the path and
-    whether it was found rather than named (then its settings must be this run's)."""
+    rerunning its command; the folder does not depend on the clock), else a fresh start. A named checkpoint
+    (phase 1's, for phase 2) is where the run starts; once this run has its own last.ckpt, rerunning the same
+    command continues that instead of starting over. Returns the path and whether it is this run's own (then
+    its settings must be this run's)."""
     if ckpt_path in (None, "", "null"):
         return None, False
+    own = output_dir / "checkpoints" / "last.ckpt"
+    if own.is_file() and (ckpt_path == "last" or Path(ckpt_path).resolve() != own.resolve()):
+        if ckpt_path != "last":
+            log.info("%s holds this run's progress from an earlier attempt: resuming it, not ckpt_path=%s", own, ckpt_path)
+        return str(own), True
     if ckpt_path == "last":
-        last = output_dir / "checkpoints" / "last.ckpt"
-        return (str(last), True) if last.is_file() else (None, False)
+        return None, False
     if not Path(ckpt_path).is_file():
         raise UsageError(f"ckpt_path={ckpt_path} does not exist; expected a Lightning checkpoint (.ckpt) to resume, "
                          "'last' (this run folder's checkpoints/last.ckpt, when there is one) or null")
@@ -262,7 +268,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule.prepare_tokenizer()
 
     model_cfg = {**_plain(cfg.model), "vocab_size": len(datamodule.vocab)}
-    module = instantiate(cfg.module, model=model_cfg, optim=_plain(cfg.optim), _convert_="all")
+    optim = _plain(cfg.optim)
+    if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
+        optim["resume_step"] = None
+    module = instantiate(cfg.module, model=model_cfg, optim=optim, _convert_="all")
     module.vocab, module.lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
     missing_heads: list[str] = []
     if loaded is not None:
