@@ -1,17 +1,19 @@
 """One table end to end on a CPU: `python -m bert_repro.tables run table5` (what `make table5` runs), cut to one
 row and two columns with tiny settings. Real Hydra multiruns: a 2-step pre-training run, an MRPC sweep from its
 checkpoint, and a column whose task does not exist (a compose error) marked failed with Hydra's reason.
-Then a second run of the table launches nothing: every run is complete."""
+Then a second run of the table launches nothing: every run is complete; and notebooks/tables.ipynb executes top
+to bottom on those results (one table run, shared by both tests)."""
 
 import csv
 import json
 import os
+import shlex
 import subprocess
 import sys
 
 import pytest
 
-from .conftest import REPO
+from .conftest import REPO, shared_data_dir
 
 SHRINK = [  # --set on the table config: one row, MRPC plus a column that cannot compose, tiny steps
     "rows.no_nsp=null", "rows.ltr_no_nsp=null", "rows.ltr_no_nsp_bilstm=null",
@@ -32,10 +34,26 @@ def tables(tmp_path, *args):
                           capture_output=True, text=True, timeout=600)
 
 
-@pytest.mark.slow
-def test_table5_in_miniature_runs_collects_and_resumes(tmp_path, shared_data):
+@pytest.fixture(scope="module")
+def table5_run(tmp_path_factory):
+    """The miniature table run once for this module; its folder holds runs/ and results/."""
+    if shared_data_dir() is None:
+        pytest.skip("../shared/data (the project's real-data fixtures) is absent on this clone; "
+                    "set BERT_REPRO_SHARED_DATA to its location to run this test")
+    tmp_path = tmp_path_factory.mktemp("table5")
     proc = tables(tmp_path, "run", "table5", "--scale", "smoke")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp_path
+
+
+def csv_cells(tmp_path) -> dict[str, dict]:
+    with (tmp_path / "results" / "table5.csv").open() as f:
+        return {r["column"]: r for r in csv.DictReader(f)}
+
+
+@pytest.mark.slow
+def test_table5_in_miniature_runs_collects_and_resumes(table5_run):
+    tmp_path = table5_run
     root = tmp_path / "runs" / "table5" / "smoke"
     mrpc_jobs = sorted(p.name for p in (root / "finetune" / "bert_base" / "mrpc").iterdir() if p.is_dir())
     assert mrpc_jobs == ["optim.lr=0.0001", "optim.lr=0.001"]  # Hydra named them as the table expected
@@ -46,8 +64,7 @@ def test_table5_in_miniature_runs_collects_and_resumes(tmp_path, shared_data):
 
     md = (tmp_path / "results" / "table5.md").read_text()
     assert "scale=smoke" in md and "Checkpoint, BERT-base (MLM + NSP): our pre-training run pretrain/none (tiny)" in md
-    with (tmp_path / "results" / "table5.csv").open() as f:
-        cells = {r["column"]: r for r in csv.DictReader(f)}
+    cells = csv_cells(tmp_path)
     assert sorted(cells) == ["mrpc_acc", "qnli_acc"]
     mrpc = cells["mrpc_acc"]
     runs = [json.loads((root / "finetune" / "bert_base" / "mrpc" / job / "results.json").read_text()) for job in mrpc_jobs]
@@ -65,3 +82,46 @@ def test_table5_in_miniature_runs_collects_and_resumes(tmp_path, shared_data):
     counts = {s["sweep"]: (s["skipped"], s["complete"]) for s in summary}
     assert counts["pretrain/none"] == (1, 0) and counts["finetune/bert_base/mrpc"] == (2, 0)
     assert (tmp_path / "results" / "table5.md").read_text() == md
+
+
+def outputs_text(cell) -> str:
+    return "\n".join(o.get("text", "") + o.get("data", {}).get("text/plain", "") for o in cell.outputs)
+
+
+@pytest.mark.slow
+def test_tables_notebook_runs_top_to_bottom_on_the_smoke_results(table5_run, monkeypatch):
+    pytest.importorskip("ipykernel", reason="the notebook test needs ipykernel (pip install -e '.[dev]')")
+    nbclient, nbformat = pytest.importorskip("nbclient"), pytest.importorskip("nbformat")
+    for name, value in {"BERT_REPRO_TABLE": "table5", "BERT_REPRO_SCALE": "smoke", "OMP_NUM_THREADS": "1",
+                        "BERT_REPRO_RUNS_DIR": str(table5_run / "runs"),
+                        "BERT_REPRO_RESULTS_DIR": str(table5_run / "results"),
+                        "BERT_REPRO_SET": shlex.join(SHRINK)}.items():
+        monkeypatch.setenv(name, value)  # the kernel inherits this process's environment
+    nb = nbformat.read(REPO / "notebooks" / "tables.ipynb", as_version=4)
+    assert not any(c.get("outputs") for c in nb.cells), "commit notebooks/tables.ipynb without outputs"
+    # "python3" is ipykernel's own kernel: jupyter_client starts it with this interpreter (sys.executable)
+    nbclient.NotebookClient(nb, kernel_name="python3", timeout=300,
+                            resources={"metadata": {"path": str(REPO / "notebooks")}}).execute()
+
+    outputs = [o for c in nb.cells if c.cell_type == "code" for o in c.outputs]
+    assert not [o for o in outputs if o.output_type == "error"]
+    tagged = {tag: c for c in nb.cells for tag in c.metadata.get("tags", [])}
+    cells = csv_cells(table5_run)
+    lines = outputs_text(tagged["table"]).splitlines()
+    mrpc, qnli = cells["mrpc_acc"], cells["qnli_acc"]
+    mrpc_line = next(line for line in lines if "bert_base" in line and "mrpc_acc" in line)
+    for value in (float(mrpc["ours"]), float(mrpc["paper"])):
+        assert f"{value:.2f}" in mrpc_line
+    assert f"{float(mrpc['diff']):+.2f}" in mrpc_line
+    qnli_line = next(line for line in lines if "bert_base" in line and "qnli_acc" in line)
+    assert qnli_line.split()[4] == "failed" and qnli["reason"] in qnli_line  # ours reads failed, the reason in full
+
+    spread = outputs_text(tagged["spread"]).splitlines()
+    root = table5_run / "runs" / "table5" / "smoke" / "finetune" / "bert_base" / "mrpc"
+    for job in ("optim.lr=0.001", "optim.lr=0.0001"):
+        run = json.loads((root / job / "results.json").read_text())
+        line = next(line for line in spread if "mrpc_acc" in line and f" {job} " in line)
+        assert f"{100 * run['metrics']['final']['val/acc']:.2f}" in line and "complete" in line
+    failed = [line for line in spread if "qnli_acc" in line]  # both grid points, each failed with the reason
+    assert len(failed) == 2 and all(" failed " in line and "no_such_task" in line for line in failed)
+    assert any("image/png" in o.get("data", {}) for o in outputs)
