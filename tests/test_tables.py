@@ -127,6 +127,7 @@ def test_md_csv_tex_state_scale_checkpoint_and_selection(table5, tmp_path):
     text = md.read_text()
     assert text.startswith("# Table 5: ablation over the pre-training tasks (Dev) — scale=smoke")
     assert "- Scale: smoke (tiny BERT" in text and "best run on Dev over the grid" in text
+    assert "grid: optim.lr in {2e-4,1e-3}, seed in {1,2}" in text  # the grid the runs swept (--set above)
     assert "- Checkpoint, + BiLSTM: our pre-training run pretrain/ltr_no_nsp (tiny), last.ckpt" in text
     assert "| BERT-base (MLM + NSP) | 72.0 ± 0.71 (84.4; -12.4)" in text
     with csv_path.open() as f:

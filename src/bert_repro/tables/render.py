@@ -10,7 +10,7 @@ import csv
 from pathlib import Path
 
 from bert_repro.tables.collect import Cell, Row
-from bert_repro.tables.spec import SELECTIONS, Part, Table
+from bert_repro.tables.spec import SELECTIONS, Part, Table, flatten
 
 MARKS = {"failed": "failed", "missing": "not run", "skipped": "skipped"}
 
@@ -49,7 +49,7 @@ def cell_text(cell: Cell, notes: Notes, tex: bool = False) -> str:
 
 def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
     spec = table.spec
-    grid = ", ".join(f"{k} in {{{v}}}" for k, v in (spec.get("grid") or {}).items()) or "no grid"
+    grid = ", ".join(f"{k} in {{{v}}}" for k, v in flatten(spec.get("grid")).items()) or "no grid"  # --set nests
     lines = [f"Scale: {table.scale}" + (f" ({spec['scale_note']})" if spec.get("scale_note") else "")]
     lines += [f"Checkpoint, {row.label}: {row.checkpoint}" for row in rows if row.checkpoint != "—"]
     lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
