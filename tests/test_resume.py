@@ -182,5 +182,6 @@ def test_a_named_checkpoint_gives_way_to_the_runs_own_progress(tmp_path):
     assert resolve_ckpt_path(str(named), out) == (str(own), True)
     assert resolve_ckpt_path("last", out) == (str(own), True)
     assert resolve_ckpt_path(str(own), out) == (str(own), False)  # named, as it always was
-    with pytest.raises(UsageError, match="does not exist"):
-        resolve_ckpt_path(str(tmp_path / "missing.ckpt"), tmp_path / "fresh")
+    for folder in (tmp_path / "fresh", out):  # a mistyped name is refused, also beside the run's own progress
+        with pytest.raises(UsageError, match="does not exist"):
+            resolve_ckpt_path(str(tmp_path / "missing.ckpt"), folder)

@@ -160,15 +160,14 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | No
     if ckpt_path in (None, "", "null"):
         return None, False
     own = output_dir / "checkpoints" / "last.ckpt"
-    if own.is_file() and (ckpt_path == "last" or Path(ckpt_path).resolve() != own.resolve()):
-        if ckpt_path != "last":
-            log.info("%s holds this run's progress from an earlier attempt: resuming it, not ckpt_path=%s", own, ckpt_path)
-        return str(own), True
     if ckpt_path == "last":
-        return None, False
-    if not Path(ckpt_path).is_file():
+        return (str(own), True) if own.is_file() else (None, False)
+    if not Path(ckpt_path).is_file():  # a mistyped path is refused even when the folder has progress of its own
         raise UsageError(f"ckpt_path={ckpt_path} does not exist; expected a Lightning checkpoint (.ckpt) to resume, "
                          "'last' (this run folder's checkpoints/last.ckpt, when there is one) or null")
+    if own.is_file() and Path(ckpt_path).resolve() != own.resolve():
+        log.info("%s holds this run's progress from an earlier attempt: resuming it, not ckpt_path=%s", own, ckpt_path)
+        return str(own), True
     return str(ckpt_path), False
 
 
