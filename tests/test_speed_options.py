@@ -108,3 +108,88 @@ def test_encoder_parameters_and_flops_formula():
     expected = 128 * (6 * 85_054_464 + 12 * 12 * 128 * 768) + 20 * 6 * (768 * 768 + 768 * 30522)
     assert flops == expected
     assert 5.0e-4 < flops / 128 / 1e12 < 6.0e-4  # ~0.55 GFLOP per token, the usual BERT-base figure
+
+
+@pytest.mark.parametrize("causal", [False, True])
+@pytest.mark.parametrize("masked", [False, True])
+def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal, masked):
+    """On CPU, attention dropout runs SDPA's math with model.dropout's mask: softmax(q k^T / sqrt(d)) with
+    the boolean mask (or the causal one), each probability kept with 1 - p and scaled, then times v."""
+    from bert_repro.model import attention, keep_mask
+
+    g = torch.Generator().manual_seed(1)
+    B, heads, T, d, p = 2, 3, 6, 4, 0.3
+    q, k, v = (torch.randn(B, heads, T, d, generator=g) for _ in range(3))
+    mask = None
+    if masked:  # the second row is padded after 4 keys
+        mask = (torch.arange(T)[None, :] < torch.tensor([T, 4])[:, None])[:, None, None, :]
+        if causal:
+            mask = mask & torch.ones(T, T, dtype=torch.bool).tril()
+    is_causal = causal and mask is None
+    torch.manual_seed(7)
+    got = attention(q, k, v, mask, p, is_causal)
+    torch.manual_seed(7)
+    keep, scale = keep_mask(torch.empty(B, heads, T, T), p)  # the draw attention makes
+    assert scale == pytest.approx(1 / (1 - p), abs=1e-4)
+    identity = torch.eye(T).expand(B, heads, T, T)  # SDPA with v = I returns the attention probabilities
+    probs = F.scaled_dot_product_attention(q, k, identity, attn_mask=mask, is_causal=is_causal)
+    torch.testing.assert_close(got, (probs * keep * scale) @ v, atol=1e-5, rtol=1e-5)
+    assert 0 < int((~keep).sum()) < keep.numel()  # both kept and dropped probabilities were exercised
+    torch.testing.assert_close(attention(q, k, v, mask, 0.0, is_causal),  # no dropout: SDPA itself
+                               F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal))
+
+
+def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
+    from bert_repro.model import Dropout
+
+    layer = Dropout(0.1)
+    x = torch.ones(400_001)  # not a multiple of the four draws per 64-bit word
+    torch.manual_seed(0)
+    y = layer.train()(x)
+    kept = y != 0
+    assert abs(float(kept.float().mean()) - 0.9) < 0.003  # 400k Bernoulli(0.9): sd 0.0005
+    for lane in range(4):  # each 16-bit lane of the 64-bit words is its own uniform draw
+        assert abs(float(kept[lane::4].float().mean()) - 0.9) < 0.005
+    assert float(y.mean()) == pytest.approx(1.0, abs=0.005)  # the expectation is kept
+    torch.testing.assert_close(y[kept], torch.full_like(y[kept], 65536 / (65536 - 6554)))  # p' = 6554 / 65536
+    torch.manual_seed(0)
+    assert torch.equal(layer(x), y)  # the global seed decides the draw
+    assert not torch.equal(layer(x), y)
+    assert torch.equal(layer.eval()(x), x)
+    assert torch.equal(Dropout(0.0).train()(x), x)
+
+
+@pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9])
+def test_keep_mask_rate_and_scale(p):
+    from bert_repro.model import keep_mask
+
+    torch.manual_seed(1)
+    keep, scale = keep_mask(torch.empty(200, 1000), p)
+    assert keep.shape == (200, 1000) and keep.dtype == torch.bool
+    assert abs(float(keep.float().mean()) - (1 - p)) < 0.005
+    assert (1 - p) * scale == pytest.approx(1.0, abs=1e-4)
+    assert keep_mask(torch.empty(5), 0.999999)[1] < float("inf")  # p rounding to 1 still leaves a level
+
+
+def test_compiled_model_trains_like_the_eager_one_on_cpu():
+    """trainer.compile on CPU: Inductor fuses the step, dropout included (ATen's random numbers, in the
+    eager order), and the loss and gradients are the eager ones up to float tolerance."""
+    from bert_repro.model import compile_model
+
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
+    torch.manual_seed(0)
+    eager = BertForPreTraining(config).train()
+    compiled = BertForPreTraining(config).train()
+    compiled.load_state_dict(eager.state_dict())
+    compile_model(compiled, "cpu")
+    batch = _batch(config)
+    results = []
+    for model in (eager, compiled):
+        torch.manual_seed(3)
+        loss = _pretrain_loss(model, *batch, ltr=False)
+        loss.backward()
+        results.append((loss.detach(), _grads(model)))
+    (loss, grads), (compiled_loss, compiled_grads) = results
+    torch.testing.assert_close(compiled_loss, loss, atol=1e-5, rtol=1e-5)
+    for name in grads:
+        torch.testing.assert_close(compiled_grads[name], grads[name], atol=1e-4, rtol=1e-3, msg=name)

@@ -33,8 +33,8 @@ import torch
 import torch.nn.functional as F
 
 from bert_repro.convert import hf_config
-from bert_repro.flops import PEAK_TFLOPS, measured_peak_flops, training_flops
-from bert_repro.model import BertConfig, BertForPreTraining
+from bert_repro.flops import PEAK_TFLOPS, matmul_probe, training_flops
+from bert_repro.model import BertConfig, BertForPreTraining, compile_model
 
 CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
 VOCAB = 30522  # the released uncased vocabulary
@@ -124,13 +124,11 @@ def default_predictions(seq: int) -> int:
     return max(1, round(seq * 20 / 128))
 
 
-def peak_flops(device: str, precision: str, peak_tflops: float | None) -> tuple[float, str]:
-    """The MFU denominator: the accelerator's datasheet peak when given, else a measured matmul."""
-    if peak_tflops:
-        return peak_tflops * 1e12, "given"
+def peak_probe(device: str, precision: str) -> Callable[[], float]:
+    """The MFU denominator where no datasheet peak is given: a square matmul of the run's dtype, timed between
+    the steps (so machine noise hits it as it hits them) and taken at its best."""
     dtype = torch.bfloat16 if precision == "bf16" else torch.float32
-    n = 8192 if device.startswith("cuda") else 2048
-    return measured_peak_flops(device, n=n, reps=5, dtype=dtype), f"measured {dtype} matmul"
+    return matmul_probe(device, n=8192 if device.startswith("cuda") else 2048, reps=5, dtype=dtype)
 
 
 def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = False, checkpointing: bool = False,
@@ -138,7 +136,7 @@ def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = Fa
     model = BertForPreTraining(config, nsp=objective == "mlm_nsp").to(device).train()
     model.bert.encoder.unpad, model.bert.encoder.checkpointing = unpad, checkpointing
     if compile:
-        model.compile()
+        compile_model(model, torch.device(device).type)
     return model
 
 
@@ -167,17 +165,23 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
     for _ in range(warmup):
         for step, optimizer in runs.values():
             timed(step, optimizer, device, precision)
-    times = {"ours": [], "ref": []}
+    probe = None if peak_tflops else peak_probe(device, precision)
+    times, probes = {"ours": [], "ref": []}, []
     for i in range(steps):
         for side in ("ours", "ref") if i % 2 == 0 else ("ref", "ours"):  # A B, B A: neither always goes first
             times[side].append(timed(*runs[side], device, precision))
+        if probe is not None:
+            probes.append(probe())
     ours_s, ref_s = statistics.median(times["ours"]), statistics.median(times["ref"])
     paired = statistics.median(r / o for o, r in zip(times["ours"], times["ref"]))  # robust to load drifting
     tokens = batch * seq
     real = int(b["attention_mask"].sum())
     predictions = int(b["attention_mask"][:, 1:].sum()) if objective == "ltr" else batch * masked
     model_flops = training_flops(config, real, seq, predictions)  # the same work for both sides
-    peak, peak_source = peak_flops(device, precision, peak_tflops)
+    if peak_tflops:
+        peak, peak_source = peak_tflops * 1e12, "given"
+    else:
+        peak, peak_source = max(probes), f"measured {'bf16' if precision == 'bf16' else 'fp32'} matmul, best of {steps}"
     return {
         "model": name, "objective": objective, "reference": reference, "seq": seq, "batch": batch,
         "masked_per_seq": seq - 1 if objective == "ltr" else masked, "device": device, "precision": precision,

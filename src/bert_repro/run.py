@@ -23,7 +23,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.callbacks import Throughput
 from bert_repro.metrics import degenerate_reason
-from bert_repro.model import Encoder
+from bert_repro.model import Encoder, compile_model
 from bert_repro.reliability import (
     AtomicCheckpointIO,
     NonFiniteLoss,
@@ -279,7 +279,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         encoder.unpad = bool(cfg.trainer.get("unpad"))
         encoder.checkpointing = bool(cfg.trainer.get("activation_checkpointing"))
     if cfg.trainer.get("compile"):
-        module.model.compile()
+        on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
+        compile_model(module.model, "cpu" if on_cpu else "cuda")
 
     if "fsdp" in str(_plain(cfg.trainer.strategy)).lower() and cfg.trainer.accelerator == "cpu":
         raise UsageError("trainer=fsdp needs GPUs: Lightning's FSDPStrategy does not run on CPU; use trainer=cpu "
