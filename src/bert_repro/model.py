@@ -351,7 +351,12 @@ class MLMHead(nn.Module):
     def forward(self, hidden: Tensor, decoder_weight: Tensor) -> Tensor:
         """``decoder_weight`` is the word-embedding matrix (V, H): tied, so it is passed, not owned."""
         h = self.LayerNorm(F.gelu(self.dense(hidden)))  # (..., H)
-        return F.linear(h, decoder_weight, self.bias)  # (..., V)
+        # W h^T + b, transposed back, rather than h W^T + b: the tied weight's gradient is then a fresh
+        # (V, H) product that autograd adds the embedding lookup's gradient into in place, where F.linear's
+        # is a transposed view that costs an out-of-place (V, H) sum (base: 40 ms of a 3.3 s CPU step)
+        flat = h.reshape(-1, h.shape[-1])  # (N, H)
+        logits = torch.addmm(self.bias[:, None], decoder_weight, flat.t()).t()  # (N, V)
+        return logits.reshape(*h.shape[:-1], logits.shape[-1])  # (..., V)
 
 
 class BertForPreTraining(nn.Module):
