@@ -115,7 +115,7 @@ def test_encoder_parameters_and_flops_formula():
 def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal, masked):
     """On CPU, attention dropout runs SDPA's math with model.dropout's mask: softmax(q k^T / sqrt(d)) with
     the boolean mask (or the causal one), each probability kept with 1 - p and scaled, then times v."""
-    from bert_repro.model import attention, keep_mask
+    from bert_repro.model import attention, dropout_mask
 
     g = torch.Generator().manual_seed(1)
     B, heads, T, d, p = 2, 3, 6, 4, 0.3
@@ -129,7 +129,8 @@ def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal
     torch.manual_seed(7)
     got = attention(q, k, v, mask, p, is_causal)
     torch.manual_seed(7)
-    keep, scale = keep_mask(torch.empty(B, heads, T, T), p)  # the draw attention makes
+    multiplier = dropout_mask(torch.empty(B, heads, T, T), p)  # the draw attention makes
+    keep, scale = multiplier != 0, float(multiplier.max())
     assert scale == pytest.approx(1 / (1 - p), abs=1e-4)
     identity = torch.eye(T).expand(B, heads, T, T)  # SDPA with v = I returns the attention probabilities
     probs = F.scaled_dot_product_attention(q, k, identity, attn_mask=mask, is_causal=is_causal)
@@ -160,15 +161,19 @@ def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9])
-def test_keep_mask_rate_and_scale(p):
-    from bert_repro.model import keep_mask
+def test_dropout_mask_rate_scale_and_dtype(p):
+    from bert_repro.model import dropout_mask
 
     torch.manual_seed(1)
-    keep, scale = keep_mask(torch.empty(200, 1000), p)
-    assert keep.shape == (200, 1000) and keep.dtype == torch.bool
+    mask = dropout_mask(torch.empty(200, 1000), p)
+    assert mask.shape == (200, 1000) and mask.dtype == torch.float32
+    keep = mask != 0
     assert abs(float(keep.float().mean()) - (1 - p)) < 0.005
-    assert (1 - p) * scale == pytest.approx(1.0, abs=1e-4)
-    assert keep_mask(torch.empty(5), 0.999999)[1] < float("inf")  # p rounding to 1 still leaves a level
+    assert set(mask.unique().tolist()) == {0.0, float(mask.max())}
+    assert float(mask.mean()) == pytest.approx(1.0, abs=0.02)
+    assert float(mask.max()) * (1 - p) == pytest.approx(1.0, abs=1e-4)
+    assert dropout_mask(torch.empty(3, dtype=torch.bfloat16), p).dtype == torch.bfloat16
+    assert float(dropout_mask(torch.empty(5), 0.999999).max()) < float("inf")  # p rounding to 1 still leaves a level
 
 
 def test_compiled_model_trains_like_the_eager_one_on_cpu():

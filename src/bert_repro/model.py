@@ -63,26 +63,27 @@ class BertConfig:
         return asdict(self)
 
 
-DROPOUT_LEVELS = 1 << 16  # the resolution of p in keep_mask: a 16-bit uniform integer per element
+DROPOUT_LEVELS = 1 << 16  # the resolution of p in dropout_mask: a 16-bit uniform integer per element
 
 
-def keep_mask(like: Tensor, p: float) -> tuple[Tensor, float]:
-    """Dropout's keep-mask for a tensor shaped like ``like``: independent Bernoulli draws, True with probability
-    1 - p', p' = round(p * 65536) / 65536 (|p' - p| <= 7.6e-6), and the scale 1 / (1 - p') that keeps the
-    expectation exact. Each element is one 16-bit lane of a uniform 64-bit word (``random_`` over the full
-    int64 range): on CPU, where ATen draws random numbers serially, that is 2.6x cheaper per element than
-    ``torch.rand`` and 5x cheaper than ``bernoulli_`` (1.57M elements: 2.0 vs 5.2 vs 10 ms), and random-number
-    generation was the costliest part of a CPU training step outside the GEMMs."""
+def dropout_mask(like: Tensor, p: float) -> Tensor:
+    """Dropout's multiplier for a tensor shaped like ``like`` (and of its dtype): independent draws of
+    1 / (1 - p') with probability 1 - p' and 0 otherwise, p' = round(p * 65536) / 65536 (|p' - p| <= 7.6e-6),
+    so the expectation is exactly 1. Each element is one 16-bit lane of a uniform 64-bit word (``random_`` over
+    the full int64 range): on CPU, where ATen draws random numbers serially, that is 2.6x cheaper per element
+    than ``torch.rand`` and 5x cheaper than ``bernoulli_`` (1.57M elements: 2.0 vs 5.2 vs 10 ms), and random
+    numbers were the costliest part of a CPU training step outside the GEMMs. The mask is made in the input's
+    dtype, scale included, so applying it (and its backward) is one multiplication, no bool conversion."""
     n, drop = like.numel(), min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device).random_(-(1 << 63), None)
-    keep = words.view(torch.int16)[:n] >= drop - (DROPOUT_LEVELS >> 1)  # lanes uniform on [-32768, 32767]
-    return keep.view(like.shape), DROPOUT_LEVELS / (DROPOUT_LEVELS - drop)
+    lanes = words.view(torch.int16)[:n].view(like.shape)  # uniform on [-32768, 32767]
+    scale = torch.tensor(DROPOUT_LEVELS / (DROPOUT_LEVELS - drop), dtype=like.dtype, device=like.device)
+    return torch.where(lanes >= drop - (DROPOUT_LEVELS >> 1), scale, scale.new_zeros(()))
 
 
 def dropout(x: Tensor, p: float) -> Tensor:
-    """Training-mode dropout of ``x`` with ``keep_mask``: nn.Dropout's distribution, p to 1/65536."""
-    keep, scale = keep_mask(x, p)
-    return x * keep * scale
+    """Training-mode dropout of ``x`` with ``dropout_mask``: nn.Dropout's distribution, p to 1/65536."""
+    return x * dropout_mask(x, p)
 
 
 class Dropout(nn.Dropout):
@@ -97,7 +98,7 @@ class Dropout(nn.Dropout):
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool) -> Tensor:
     """``F.scaled_dot_product_attention``. With attention dropout on CPU, where SDPA's fused kernels take no
-    dropout and it falls back to its math path, the same math runs here with ``keep_mask``'s cheaper mask:
+    dropout and it falls back to its math path, the same math runs here with ``dropout_mask``'s cheaper mask:
     softmax(q k^T / sqrt(d), masked) -> dropout -> x v. ``mask``: boolean, True = may attend."""
     if dropout_p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -106,8 +107,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: f
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
     if mask is not None:
         scores.masked_fill_(~mask, float("-inf"))  # in place: the product's backward needs q and k, not it
-    keep, scale = keep_mask(scores, dropout_p)
-    return ((scores.softmax(-1) * keep) @ v).mul_(scale)  # scaled after the product: (B, heads, T|P, d) values
+    return (scores.softmax(-1) * dropout_mask(scores, dropout_p)) @ v
 
 
 @dataclass
