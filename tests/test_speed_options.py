@@ -158,6 +158,7 @@ def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
     assert not torch.equal(layer(x), y)
     assert torch.equal(layer.eval()(x), x)
     assert torch.equal(Dropout(0.0).train()(x), x)
+    assert layer.train()(x.bfloat16()).dtype == torch.bfloat16  # the input's dtype, as nn.Dropout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9])
@@ -172,7 +173,8 @@ def test_dropout_mask_rate_scale_and_dtype(p):
     assert set(mask.unique().tolist()) == {0.0, float(mask.max())}
     assert float(mask.mean()) == pytest.approx(1.0, abs=0.02)
     assert float(mask.max()) * (1 - p) == pytest.approx(1.0, abs=1e-4)
-    assert dropout_mask(torch.empty(3, dtype=torch.bfloat16), p).dtype == torch.bfloat16
+    half = dropout_mask(torch.empty(10_000, dtype=torch.bfloat16), p)
+    assert half.dtype == torch.float32 and float(half.max()) == float(mask.max())  # bf16 cannot hold the scale
     assert float(dropout_mask(torch.empty(5), 0.999999).max()) < float("inf")  # p rounding to 1 still leaves a level
 
 

@@ -73,17 +73,20 @@ def dropout_mask(like: Tensor, p: float) -> Tensor:
     the full int64 range): on CPU, where ATen draws random numbers serially, that is 2.6x cheaper per element
     than ``torch.rand`` and 5x cheaper than ``bernoulli_`` (1.57M elements: 2.0 vs 5.2 vs 10 ms), and random
     numbers were the costliest part of a CPU training step outside the GEMMs. The mask is made in the input's
-    dtype, scale included, so applying it (and its backward) is one multiplication, no bool conversion."""
+    dtype, scale included, so applying it (and its backward) is one multiplication, no bool conversion; in
+    float32 for a half-precision input, whose dtype cannot hold the scale exactly (bf16: 1.109 for 1.111)."""
     n, drop = like.numel(), min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1)
     words = torch.empty((n + 3) // 4, dtype=torch.int64, device=like.device).random_(-(1 << 63), None)
     lanes = words.view(torch.int16)[:n].view(like.shape)  # uniform on [-32768, 32767]
-    scale = torch.tensor(DROPOUT_LEVELS / (DROPOUT_LEVELS - drop), dtype=like.dtype, device=like.device)
+    dtype = like.dtype if like.dtype in (torch.float32, torch.float64) else torch.float32
+    scale = torch.tensor(DROPOUT_LEVELS / (DROPOUT_LEVELS - drop), dtype=dtype, device=like.device)
     return torch.where(lanes >= drop - (DROPOUT_LEVELS >> 1), scale, scale.new_zeros(()))
 
 
 def dropout(x: Tensor, p: float) -> Tensor:
-    """Training-mode dropout of ``x`` with ``dropout_mask``: nn.Dropout's distribution, p to 1/65536."""
-    return x * dropout_mask(x, p)
+    """Training-mode dropout of ``x`` with ``dropout_mask``: nn.Dropout's distribution, p to 1/65536, in
+    ``x``'s dtype (a half-precision result is rounded once, from the float32 product, as the native kernel's)."""
+    return (x * dropout_mask(x, p)).to(x.dtype)
 
 
 class Dropout(nn.Dropout):
