@@ -138,6 +138,8 @@ def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal
     assert 0 < int((~keep).sum()) < keep.numel()  # both kept and dropped probabilities were exercised
     torch.testing.assert_close(attention(q, k, v, mask, 0.0, is_causal),  # no dropout: SDPA itself
                                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal))
+    half = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, p, is_causal)  # a bf16 model, no autocast
+    assert half.dtype == torch.bfloat16 and torch.isfinite(half.float()).all()
 
 
 def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():

@@ -101,7 +101,7 @@ class Dropout(nn.Dropout):
 
 def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool) -> Tensor:
     """``F.scaled_dot_product_attention``. With attention dropout on CPU, where SDPA's fused kernels take no
-    dropout and it falls back to its math path, the same math runs here with ``dropout_mask``'s cheaper mask:
+    dropout and it falls back to its math path, the same math runs here with ``dropout``'s cheaper mask:
     softmax(q k^T / sqrt(d), masked) -> dropout -> x v. ``mask``: boolean, True = may attend."""
     if dropout_p == 0.0 or q.device.type != "cpu":
         return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
@@ -110,7 +110,7 @@ def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: f
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
     if mask is not None:
         scores.masked_fill_(~mask, float("-inf"))  # in place: the product's backward needs q and k, not it
-    return (scores.softmax(-1) * dropout_mask(scores, dropout_p)) @ v
+    return dropout(scores.softmax(-1), dropout_p) @ v
 
 
 @dataclass
