@@ -13,20 +13,35 @@ os.environ.setdefault("TOKENIZERS_PARALLELISM", "false")
 
 REPO = Path(__file__).resolve().parents[1]
 CONF = REPO / "conf"
+# the project's real-data fixtures (read-only); tests that need them skip with a reason when absent
+SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data")
+
+# The unit tier (`make test-fast`) deselects the end-to-end tests: runs of src/train.py or a CLI in a subprocess.
+# These files are end to end as a whole (as is every test_*_e2e.py); elsewhere mark a test @pytest.mark.e2e.
+E2E_FILES = {"test_bad_inputs.py", "test_ddp.py", "test_guards.py", "test_preempt.py", "test_resume.py"}
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    for item in items:
+        name = item.path.name
+        if name in E2E_FILES or name.endswith("_e2e.py"):
+            item.add_marker(pytest.mark.e2e)
 
 
 def shared_data_dir() -> Path | None:
-    env = os.environ.get("BERT_REPRO_SHARED_DATA")
-    path = Path(env) if env else REPO.parent / "shared" / "data"
-    return path if path.is_dir() else None
+    return SHARED if SHARED.is_dir() else None
+
+
+def run_py(*args: str, module: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
+    """``src/train.py`` (or ``python -m module``) with ``args`` as a user runs it; one thread (small models; a
+    busy 2-core machine oversubscribes two, and the same threads give the same float sums)."""
+    command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def train_py(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``src/train.py`` with ``args`` as a user runs it; one thread (small models; a busy 2-core machine
-    oversubscribes two, and the same threads give the same float sums)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(REPO / "src" / "train.py"), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=timeout, env=env)
+    return run_py(*args, timeout=timeout)
 
 
 @pytest.fixture(scope="session")

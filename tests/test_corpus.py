@@ -2,7 +2,6 @@
 and Hugging Face datasets (data.source=hub), read from local dataset folders: tests never touch the Hub."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -19,7 +18,8 @@ from bert_repro.data.corpus import (
 from bert_repro.data.hub import load_hub_documents
 from bert_repro.data.pretraining import PretrainDataModule
 
-SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+from .conftest import SHARED
+
 TEXT = SHARED / "pretrain_text"
 
 

@@ -138,7 +138,7 @@ def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, sha
                     "data.dev_from_train=200", "data.max_train_examples=384", "data.batch_size=16", "optim.epochs=1",
                     "optim.lr=2e-4", f"paths.shared_data={shared_data}", f"paths.cache_dir={tmp_path / 'cache'}",
                     f"hydra.run.dir={tmp_path / 'run'}",
-                    "trainer.unpad=true", "trainer.activation_checkpointing=true")  # speed only: same science
+                    "speed.unpad=true", "speed.activation_checkpointing=true")  # speed only: same science
     assert proc.returncode == 0, out[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 24

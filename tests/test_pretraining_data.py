@@ -1,6 +1,5 @@
 """Pre-training data: documents, NSP pairing, masked-LM corruption and the DataModule, on real text."""
 
-import os
 from pathlib import Path
 
 import numpy as np
@@ -13,7 +12,8 @@ from bert_repro.data.instances import create_instances_from_document, mask_token
 from bert_repro.data.pretraining import PretrainDataModule
 from bert_repro.tokenization import save_vocab, train_wordpiece, vocab_list
 
-SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+from .conftest import SHARED
+
 TEXT = SHARED / "pretrain_text"
 MAX_SEQ = 128
 

@@ -1,7 +1,6 @@
 """WordPiece training and loading on real text, and parity with transformers' BERT tokenizer."""
 
 import json
-import os
 from pathlib import Path
 
 import pytest
@@ -16,7 +15,8 @@ from bert_repro.tokenization import (
     vocab_list,
 )
 
-SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or Path(__file__).resolve().parents[2] / "shared" / "data")
+from .conftest import SHARED
+
 SAMPLE = SHARED / "pretrain_text" / "sample_text.txt"
 WIKITEXT = SHARED / "pretrain_text" / "wikitext-2-raw" / "wiki.test.raw"
 

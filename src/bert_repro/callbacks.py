@@ -43,7 +43,7 @@ class Throughput(L.Callback):
         if self.peak_flops is None and pl_module.device.type == "cpu":
             self.peak_flops, self.peak_source = measured_peak_flops("cpu"), "measured fp32 matmul"
         elif self.peak_flops is None:
-            log.warning("no trainer.peak_tflops for %s: MFU is not reported", pl_module.device)
+            log.warning("no speed.peak_tflops for %s: MFU is not reported", pl_module.device)
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._start is None and self._batches >= self.skip_steps:

@@ -15,18 +15,19 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-# Overrides that change the science but hold paths (a "/" would nest folders), so override_dirname leaves them
-# out: the run folder takes a short hash of them instead, so init=A and init=B do not share a folder.
-SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus", "data.squad_dir",
-                 "data.conll_dir", "data.swag_dir")
+from bert_repro.keys import SCIENCE_PATHS, is_science
+
 MAX_NAME = 160
 
 
-def run_name(override_dirname: str, overrides: list[str] | None = None) -> str:
-    """A run's folder name from its command alone (never the clock): the science overrides, "default" when
-    there are none, and a hash of the path-valued science overrides when there are any."""
-    name = override_dirname or "default"
-    paths = sorted(o for o in overrides or [] if o.split("=", 1)[0].lstrip("+~") in SCIENCE_PATHS)
+def run_name(overrides: list[str]) -> str:
+    """A run's folder name from its command alone (never the clock): the science overrides (``keys``), sorted
+    and joined as Hydra's override_dirname, "default" when there are none, and a hash of the path-valued
+    science overrides when there are any (so init=A and init=B do not share a folder)."""
+    parsed = OverridesParser.create().parse_overrides(list(overrides))
+    named = sorted(o.input_line for o in parsed if is_science(o.key_or_group) and o.key_or_group not in SCIENCE_PATHS)
+    name = ",".join(named) or "default"
+    paths = sorted(o.input_line for o in parsed if o.key_or_group in SCIENCE_PATHS)
     if paths:
         name += ",paths=" + hashlib.sha256("\n".join(paths).encode()).hexdigest()[:8]
     if len(name) > MAX_NAME:  # file systems stop at 255 bytes: keep a readable head, and a hash of the whole
@@ -36,7 +37,7 @@ def run_name(override_dirname: str, overrides: list[str] | None = None) -> str:
 
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver("run_name", lambda dirname, overrides=None: run_name(dirname, list(overrides or [])))
+        OmegaConf.register_new_resolver("run_name", lambda overrides: run_name(list(overrides)))
 
 
 class OutputFolderCheck(Callback):

@@ -19,7 +19,7 @@ import torch
 
 from bert_repro.model import BertConfig
 
-# Dense peak FLOP/s by accelerator and precision (vendor datasheets), for trainer.peak_tflops.
+# Dense peak FLOP/s by accelerator and precision (vendor datasheets), for speed.peak_tflops.
 PEAK_TFLOPS = {"h100-sxm/bf16": 989.0, "h200/bf16": 989.0, "a100/bf16": 312.0, "a100/tf32": 156.0}
 
 

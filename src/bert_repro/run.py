@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import importlib.util
+import inspect
 import logging
 import math
 import os
@@ -16,12 +17,13 @@ import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
-from hydra.utils import instantiate
+from hydra.utils import get_class, instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor, ModelCheckpoint
 from omegaconf import DictConfig, OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.callbacks import Throughput
+from bert_repro.keys import science
 from bert_repro.metrics import degenerate_reason
 from bert_repro.model import Encoder, compile_model
 from bert_repro.reliability import (
@@ -84,31 +86,17 @@ def _world_size(trainer_cfg: DictConfig) -> int:
     return max(1, count) * nodes
 
 
-def split_batch(global_batch: int, trainer_cfg: DictConfig) -> tuple[int, int]:
+def split_batch(global_batch: int, trainer_cfg: DictConfig, per_device: int | None = None) -> tuple[int, int]:
     """Global batch is the truth (STYLE 8): per-device x devices x accumulation must equal it."""
     world = _world_size(trainer_cfg)
-    per_device = trainer_cfg.get("per_device_batch_size") or global_batch // world
+    per_device = per_device or global_batch // world
     accumulation = global_batch // max(1, per_device * world)
     if per_device < 1 or per_device * world * accumulation != global_batch:
         raise UsageError(
             f"global batch {global_batch} is not per_device_batch_size ({per_device}) x devices ({world}) x "
-            f"an integer accumulation; pick trainer.per_device_batch_size dividing {global_batch // world}"
+            f"an integer accumulation; pick speed.per_device_batch_size dividing {global_batch // world}"
         )
     return per_device, accumulation
-
-
-# keys of trainer/ that are not Trainer arguments
-NOT_TRAINER_ARGS = ("per_device_batch_size", "compile", "peak_tflops", "unpad", "activation_checkpointing")
-# what a checkpoint found in the run folder must share with the run that resumes it: all but speed and places
-NOT_SETTINGS = ("trainer", "logger", "paths", "ckpt_path", "checkpoint", "test")
-
-
-def run_settings(cfg: DictConfig) -> dict[str, Any]:
-    settings = {k: v for k, v in _plain(cfg).items() if k not in NOT_SETTINGS}
-    data = settings.get("data")
-    if isinstance(data, dict):  # speed or places only
-        settings["data"] = {k: v for k, v in data.items() if k not in ("num_workers", "num_proc", "cache_dir")}
-    return settings
 
 
 def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
@@ -126,15 +114,15 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
         dirpath=folder, filename="recent-{step}", monitor="step", mode="max", save_top_k=keep, save_last=True,
         every_n_train_steps=cfg.checkpoint.every_n_steps, auto_insert_metric_name=False, enable_version_counter=False,
     )
-    callbacks = [best, last, Throughput(peak_tflops=cfg.trainer.get("peak_tflops")), RNGState(), SameRun(run_settings(cfg), strict=resume_strict),
+    callbacks = [best, last, Throughput(peak_tflops=cfg.speed.peak_tflops), RNGState(),
+                 SameRun(science(_plain(cfg)), strict=resume_strict),
                  NonFiniteLossGuard(), Preemption(folder / "last.ckpt")]
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     optim = cfg.optim
-    trainer_kwargs = {k: v for k, v in _plain(cfg.trainer).items() if k not in NOT_TRAINER_ARGS}
     step_interval = isinstance(optim.val_check_interval, int) and optim.val_check_interval > 1
     trainer = instantiate(
-        trainer_kwargs,
+        cfg.trainer,
         max_steps=optim.max_steps,
         max_epochs=optim.epochs if optim.epochs is not None else -1,
         val_check_interval=min(optim.val_check_interval, optim.max_steps) if step_interval and optim.max_steps > 0
@@ -260,8 +248,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             save_vocab(tokenizer_from_vocab(loaded.vocab, bool(loaded.lowercase)), vocab_path)
             data_overrides.update(tokenizer=str(vocab_path), lowercase=bool(loaded.lowercase))
 
-    per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer)
-    datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", **data_overrides)
+    per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer, cfg.speed.per_device_batch_size)
+    accepts = inspect.signature(get_class(cfg.data._target_)).parameters  # padding: GLUE and the demo tasks only
+    loading = {k: cfg.speed[k] for k in ("num_workers", "num_proc", "padding") if k in accepts}
+    datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", **loading, **data_overrides)
     if cfg.test and not hasattr(datamodule, "write_predictions"):
         raise UsageError(f"test=true: task={cfg.task.name} has no test predictions")
     datamodule.prepare_tokenizer()
@@ -276,9 +266,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if loaded is not None:
         missing_heads = module.load_pretrained(loaded)
     for encoder in (m for m in module.modules() if isinstance(m, Encoder)):  # speed only: the same function
-        encoder.unpad = bool(cfg.trainer.get("unpad"))
-        encoder.checkpointing = bool(cfg.trainer.get("activation_checkpointing"))
-    if cfg.trainer.get("compile"):
+        encoder.unpad = bool(cfg.speed.unpad)
+        encoder.checkpointing = bool(cfg.speed.activation_checkpointing)
+    if cfg.speed.compile:
         on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
         compile_model(module.model, "cpu" if on_cpu else "cuda")
 

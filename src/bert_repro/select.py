@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_repro.data.glue import GLUE_TASKS
+from bert_repro.keys import flatten, science
 from bert_repro.metrics import COLLAPSE_SHARE, degenerate_reason, glue_score
 
 log = logging.getLogger(__name__)
@@ -32,21 +33,13 @@ log = logging.getLogger(__name__)
 # the hyper-parameters the summary shows (§3.5's grid and the CPU subset)
 SWEPT = {"lr": ("optim", "lr"), "epochs": ("optim", "epochs"), "batch": ("data", "batch_size"),
          "max_train": ("data", "max_train_examples")}
-# what restarts of one configuration may differ in: the seed, and keys that change only speed or places
-NOT_SCIENCE = ("seed", "data.seed", "paths.", "trainer.", "logger.", "data.cache_dir", "data.num_workers",
-               "data.num_proc", "data.padding", "ckpt_path", "test")
+# what restarts of one configuration differ in, besides the keys that change only speed or places (keys.py)
+RESTART_KEYS = ("seed", "data.seed")
 
 
-def _science(config: dict, prefix: str = "") -> dict:
-    """The config flattened to dotted keys, less NOT_SCIENCE: runs that share it are restarts of each other."""
-    flat = {}
-    for key, value in config.items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict):
-            flat.update(_science(value, f"{name}."))
-        elif not any(name == k or k.endswith(".") and name.startswith(k) for k in NOT_SCIENCE):
-            flat[name] = value
-    return flat
+def _science(config: dict) -> dict:
+    """The science config (keys.science) flattened, less the seeds: runs that share it are restarts of each other."""
+    return {k: v for k, v in flatten(science(config)).items() if k not in RESTART_KEYS}
 
 
 def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE,

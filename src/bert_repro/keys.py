@@ -1,0 +1,50 @@
+"""Which config keys change the science and which only change the speed or the places: the one declaration.
+
+The run folder's name (``cli.run_name``), the settings a resumed checkpoint must share (``run.science``),
+the restarts ``select`` groups together and the table collector all derive from it. A key ending in "."
+covers a whole node. ``data.group_by_length`` is science: it changes which examples share a batch.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+# speed (how fast, how many processes, how padded) and places (where files go): never what a run computes
+NOT_SCIENCE = (
+    "trainer.", "speed.", "logger.", "callbacks.", "paths.", "checkpoint.", "ckpt_path", "test", "data.cache_dir",
+    "data.num_workers", "data.num_proc", "data.padding",  # results.json written before the speed node held them
+)
+# group choices that only change speed or places (an experiment's science keys are in results.json)
+NOT_SCIENCE_GROUPS = ("trainer", "logger", "callbacks", "experiment", "hydra/launcher")
+# science, but path-valued (a "/" would nest folders): the run folder's name takes a hash of them instead
+SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus", "data.squad_dir",
+                 "data.conll_dir", "data.swag_dir")
+
+
+def is_science(key: str) -> bool:
+    """``key``: a dotted config key (``optim.lr``) or a group choice (``trainer``)."""
+    key = key.lstrip("+~")
+    if key in NOT_SCIENCE_GROUPS or key.startswith("hydra.") or key.startswith("hydra/"):
+        return False
+    return not any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_SCIENCE)
+
+
+def science(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``config`` (a plain nested dict) less its speed and place keys, nested as it was."""
+    out = {}
+    for key, value in config.items():
+        name = f"{prefix}{key}"
+        if not is_science(name):
+            continue
+        out[key] = science(value, f"{name}.") if isinstance(value, dict) else value
+    return out
+
+
+def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    out = {}
+    for key, value in config.items():
+        if isinstance(value, dict):
+            out.update(flatten(value, f"{prefix}{key}."))
+        else:
+            out[f"{prefix}{key}"] = value
+    return out
