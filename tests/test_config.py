@@ -86,6 +86,7 @@ def run_train(*args: str) -> subprocess.CompletedProcess:
     return train_py(*args, timeout=120)
 
 
+@pytest.mark.e2e
 def test_cfg_job_prints_large_squad():
     out = run_train("--cfg", "job", "model=large", "task=squad_v1")
     assert out.returncode == 0, out.stderr
@@ -93,25 +94,93 @@ def test_cfg_job_prints_large_squad():
     assert (model.num_layers, model.hidden_size, model.num_heads) == (24, 1024, 16)
 
 
+@pytest.mark.e2e
 def test_misspelled_option_lists_choices():
     out = run_train("--cfg", "job", "model=larg")
     assert out.returncode != 0
     assert "large" in out.stderr and "base" in out.stderr
 
 
+@pytest.mark.e2e
 def test_misspelled_key_lists_valid_keys():
     out = run_train("--cfg", "job", "model.num_layer=24")
     assert out.returncode != 0
     assert "did you mean 'model.num_layers'" in out.stderr and "num_heads" in out.stderr
 
 
+@pytest.mark.e2e
 @pytest.mark.parametrize("target", ["bert_repro.tasks.ranking.RankingModule", "bert_repro_plugins.tasks.Mine"])
-def test_unbuilt_task_fails_clearly(tmp_path, target):
-    out = run_train("task=mrpc", f"module._target_={target}", "+task.planned_in=issue 99", f"hydra.run.dir={tmp_path}")
+def test_unknown_task_module_fails_clearly(tmp_path, target, minilm_dir):
+    out = run_train("task=mrpc", f"module._target_={target}", f"data.tokenizer={minilm_dir}",
+                    f"hydra.run.dir={tmp_path}", "logger=none")
     assert out.returncode == 2
     message = out.stdout + out.stderr  # Hydra's console log handler writes to stdout
-    assert f"module._target_={target}, which is not built yet (planned in issue 99)" in message
+    assert f"Error locating target '{target}'" in message
     assert "Traceback" not in message and not (tmp_path / "results.json").exists()
+
+
+@pytest.mark.parametrize("override, key", [("optim.lr=abc", "lr"), ("optim.epochs=1.5", "epochs"),
+                                           ("speed.compile=maybe", "compile"), ("optim.lrr=1", "lrr")])
+def test_typed_configs_refuse_a_wrong_value_when_composed(override, key):
+    from hydra.errors import ConfigCompositionException
+
+    with pytest.raises(ConfigCompositionException) as err:
+        compose_cfg(["task=mrpc", override])
+    assert key in str(err.value) + str(err.value.__cause__)
+
+
+def test_speed_and_place_keys_are_one_declaration():
+    """keys.py decides, for every composed key: trainer/, speed/, paths, logger, callbacks are not science;
+    the paper's axes are; a run folder's name and select's restarts follow it."""
+    from bert_repro.cli import run_name
+    from bert_repro.keys import flatten, is_science, science
+    from bert_repro.select import _science
+
+    cfg = resolved(compose_cfg(["task=mrpc", "logger=csv"]))
+    kept = science(cfg)
+    assert {"trainer", "speed", "paths", "logger", "callbacks", "checkpoint", "ckpt_path", "test"}.isdisjoint(kept)
+    assert {"model", "task", "module", "data", "optim", "ablation", "scale", "seed", "init"} <= kept.keys()
+    assert "cache_dir" not in kept["data"] and kept["data"]["group_by_length"] is False  # science: batch makeup
+    assert all(is_science(k) for k in flatten(kept))
+    old_layout = {**cfg, "data": {**cfg["data"], "num_workers": 4, "padding": "max_length"}}  # results.json before
+    assert _science(old_layout) == _science({**cfg, "seed": 7, "speed": {"unpad": True}})
+    assert run_name(["task=mrpc", "trainer=gpu", "speed.unpad=true", "trainer.devices=2", "+trainer.max_time=9",
+                     "optim.lr=1e-5", "seed=2"]) == "optim.lr=1e-5,seed=2,task=mrpc"
+    assert run_name(["init=/a", "optim.lr=1e-5"]) != run_name(["init=/b", "optim.lr=1e-5"])
+
+
+def test_callbacks_group_extends_from_the_command_line():
+    from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
+
+    from bert_repro.trainer import build_callbacks
+
+    early = "+callbacks.early={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/f1, mode: max}"
+    cfg = OmegaConf.create(resolved(compose_cfg(["task=mrpc", early])))
+    callbacks = build_callbacks(cfg, resume_strict=False, loggers=[])
+    assert any(isinstance(c, EarlyStopping) for c in callbacks)
+    best = next(c for c in callbacks if isinstance(c, ModelCheckpoint))  # the first: best on Dev
+    assert best.monitor == "val/f1" and best.dirpath == "/tmp/out/checkpoints"
+    cfg = OmegaConf.create(resolved(compose_cfg(["task=mrpc", "~callbacks.preemption"])))
+    assert len(build_callbacks(cfg, resume_strict=False, loggers=[])) == len(callbacks) - 2
+
+
+def test_vocabulary_is_resolved_once_from_init_or_tokenizer(minilm_dir, tmp_path):
+    from bert_repro.run import resolve_vocab
+
+    base = resolved(compose_cfg(["task=mrpc"]))
+    from_init, lower = resolve_vocab(OmegaConf.create({**base, "init": str(minilm_dir)}))
+    from_file, _ = resolve_vocab(OmegaConf.create({**base, "data": {**base["data"], "tokenizer": str(minilm_dir)}}))
+    assert from_init == from_file and len(from_init) == 30522 and from_init[101:104] == ["[CLS]", "[SEP]", "[MASK]"]
+    assert lower is True
+    assert resolve_vocab(OmegaConf.create(base)) == (None, True)  # pre-training trains one on its corpus
+
+
+def test_glue_tasks_compose_on_one_base():
+    for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"):
+        cfg = resolved(compose_cfg([f"task={name}"]))
+        assert cfg["data"]["task"] == name and cfg["task"]["hub"] == {"path": "nyu-mll/glue", "name": name}
+        assert (cfg["optim"]["lr"], cfg["optim"]["epochs"], cfg["data"]["batch_size"]) == (2e-5, 3, 32)  # §4.1
+    assert resolved(compose_cfg(["model=L24_H1024_A16"]))["model"] == resolved(compose_cfg(["model=large"]))["model"]
 
 
 @pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_slurm"])

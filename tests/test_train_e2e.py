@@ -104,7 +104,7 @@ def test_init_from_hf_directory_takes_its_vocab_and_reports_missing_heads(tmp_pa
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["missing_heads"] == ["mlm", "nsp"] and results["model_config"]["vocab_size"] == 30522
-    vocab = (out / "init_vocab.txt").read_text().split("\n")
+    vocab = load_checkpoint(out / "checkpoints" / "last.ckpt").vocab  # resolved once, saved with the module
     assert vocab[101:104] == ["[CLS]", "[SEP]", "[MASK]"]  # the checkpoint's own vocabulary, in its own order
     # a model shape that does not match the checkpoint is refused with both shapes named
     proc, _ = train(tmp_path, "minilm_wrong_shape", *minilm[1:], "model.hidden_size=256", "model.num_heads=4",

@@ -26,7 +26,7 @@ def is_science(key: str) -> bool:
     key = key.lstrip("+~")
     if key in NOT_SCIENCE_GROUPS or key.startswith("hydra.") or key.startswith("hydra/"):
         return False
-    return not any(key == k or (k.endswith(".") and key.startswith(k)) for k in NOT_SCIENCE)
+    return not any(key == k.rstrip(".") or (k.endswith(".") and key.startswith(k)) for k in NOT_SCIENCE)
 
 
 def science(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

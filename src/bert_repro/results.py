@@ -3,12 +3,14 @@
 from __future__ import annotations
 
 import json
+import math
 import os
 import subprocess
 import tempfile
 from pathlib import Path
 from typing import Any
 
+from omegaconf import DictConfig, OmegaConf
 from rich.console import Console
 from rich.table import Table
 
@@ -63,3 +65,22 @@ def print_results(results: dict[str, Any], console: Console | None = None) -> No
     table.add_row("steps", str(results["global_step"]))
     table.add_row("wall time (s)", f"{results['wall_time_s']:.1f}")
     (console or Console()).print(table)
+
+
+def floats(metrics: dict[str, Any]) -> dict[str, float | None]:
+    """Metric values as plain floats; a non-finite one is None (JSON has no NaN)."""
+    out = {}
+    for name, value in metrics.items():
+        value = float(value.item() if hasattr(value, "item") else value)
+        out[name] = value if math.isfinite(value) else None
+    return out
+
+
+def failure_record(cfg: DictConfig, err: BaseException, model: str | None) -> dict[str, Any]:
+    """results.json of a run that failed: the reason, so a sweep's collector shows the cell as failed."""
+    return {
+        "status": "failed", "reason": f"{type(err).__name__}: {err}", "task": cfg.task.name, "model": model,
+        "ablation": cfg.ablation.name, "scale": cfg.scale.name, "seed": cfg.seed, "init": cfg.init,
+        "monitor": cfg.task.monitor, "metrics": {"final": {}, "best": {}}, "git": git_revision(),
+        "config": OmegaConf.to_container(cfg, resolve=True),
+    }

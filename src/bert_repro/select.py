@@ -19,7 +19,6 @@ import logging
 import math
 import statistics
 import sys
-import tempfile
 import zipfile
 from pathlib import Path
 from typing import Any
@@ -198,24 +197,24 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
     """Test predictions of a finished run's final weights (checkpoints/last.ckpt), in its test_predictions/."""
     import lightning as L
     from hydra.utils import get_class, instantiate
+    from omegaconf import OmegaConf
 
-    from bert_repro.run import predict_test
-    from bert_repro.tokenization import save_vocab, tokenizer_from_vocab
+    from bert_repro.run import predict_test, resolve_vocab
 
     config = results["config"]
     if results.get("predict_majority"):  # nothing was trained: the majority class needs only the data
+        vocab, lowercase = resolve_vocab(OmegaConf.create(config))
+        if vocab is None and (run_dir / "init_vocab.txt").is_file():  # a run folder written before resolve_vocab
+            vocab = (run_dir / "init_vocab.txt").read_text(encoding="utf-8").splitlines()
         module = instantiate(config["module"], model=results["model_config"], optim=config["optim"])
-        vocab_file = config["data"].get("tokenizer") or str(run_dir / "init_vocab.txt")
-        lowercase = config["data"].get("lowercase", True)
     else:
         ckpt = run_dir / "checkpoints" / "last.ckpt"
         if not ckpt.is_file():
             raise FileNotFoundError(f"{ckpt} does not exist; rerun {run_dir} with test=true to predict its test set")
-        module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu", weights_only=True)
-        vocab_file = str(Path(tempfile.mkdtemp()) / "vocab.txt")
-        save_vocab(tokenizer_from_vocab(module.vocab, module.lowercase), vocab_file)
-        lowercase = module.lowercase
-    datamodule = instantiate(config["data"], tokenizer=vocab_file, lowercase=lowercase, _convert_="all")
+        module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu",
+                                                                              weights_only=True)
+        vocab, lowercase = module.vocab, module.lowercase
+    datamodule = instantiate(config["data"], tokenizer=vocab, lowercase=lowercase, _convert_="all")
     trainer = L.Trainer(accelerator="auto", devices=1, logger=False, enable_progress_bar=False,
                         enable_model_summary=False)
     return predict_test(trainer, module, datamodule, run_dir / "test_predictions")

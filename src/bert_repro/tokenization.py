@@ -141,16 +141,18 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
         raise ValueError(f"{path}: {err}") from err
 
 
-def fine_tuning_tokenizer(path: str | Path | None, lowercase: bool, task: str, pad_id: int = 0) -> tuple[Tokenizer, list[str]]:
+def fine_tuning_tokenizer(path: str | Path | list[str] | None, lowercase: bool, task: str, pad_id: int = 0) -> tuple[Tokenizer, list[str]]:
     """The pre-trained model's tokenizer for fine-tuning ``task``, and its vocabulary: it must exist (init= brings
     it, or data.tokenizer names it) and hold [PAD] at ``pad_id``, [CLS] and [SEP], which every task's inputs use."""
     if path is None:
         raise ValueError(f"task={task}: fine-tuning needs the pre-trained model's vocabulary; give init=<checkpoint> "
                          "(its vocabulary comes with it) or data.tokenizer=<vocab.txt | tokenizer.json | Hugging Face "
                          "directory>")
-    tokenizer = load_tokenizer(path, lowercase=lowercase)
+    given = isinstance(path, (list, tuple))  # the run's vocabulary itself (run.resolve_vocab)
+    tokenizer = tokenizer_from_vocab(list(path), lowercase) if given else load_tokenizer(path, lowercase=lowercase)
     vocab = vocab_list(tokenizer)
     missing = [t for t in ("[CLS]", "[SEP]") if t not in vocab] + ([] if vocab[pad_id] == "[PAD]" else ["[PAD]"])
     if missing:
-        raise ValueError(f"tokenizer {path}: needs {missing}, with [PAD] as id {pad_id} (it is {vocab[pad_id]!r})")
+        where = f"the vocabulary of {len(vocab)} tokens" if given else f"tokenizer {path}"
+        raise ValueError(f"{where}: needs {missing}, with [PAD] as id {pad_id} (it is {vocab[pad_id]!r})")
     return tokenizer, vocab

@@ -8,6 +8,7 @@ from pathlib import Path
 
 import lightning as L
 from datasets import Dataset
+from lightning.fabric.utilities.data import AttributeDict
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
@@ -19,7 +20,8 @@ from bert_repro.tokenization import fine_tuning_tokenizer
 class FineTuningDataModule(L.LightningDataModule):
     """A subclass checks its arguments, then calls ``super().__init__()``, which saves them as ``hparams``
     (Lightning collects the subclass's arguments; they must include tokenizer, lowercase, batch_size, seed,
-    num_workers and cache_dir). It sets ``task`` (the name the tokenizer check reports), fills ``datasets``
+    num_workers and cache_dir). ``tokenizer`` is the run's vocabulary as a list of tokens (run.resolve_vocab),
+    or a vocab.txt / tokenizer.json / Hugging Face folder. It sets ``task`` (the name the tokenizer check reports), fills ``datasets``
     in ``build`` and returns its batches' collator from ``collator``."""
 
     cache_folder: str  # under default_cache_dir() when cache_dir is null
@@ -36,7 +38,15 @@ class FineTuningDataModule(L.LightningDataModule):
         self._tokenizer: Tokenizer | None = None
         self.datasets: dict[str, Dataset] = {}
 
+    @property
+    def hparams_initial(self) -> AttributeDict:  # what loggers record: the vocabulary by its size
+        hp = super().hparams_initial
+        if isinstance(hp.get("tokenizer"), (list, tuple)):
+            hp["tokenizer"] = f"the run's vocabulary ({len(hp['tokenizer'])} tokens)"
+        return hp
+
     def prepare_tokenizer(self) -> Tokenizer:
+        """``tokenizer``: the run's vocabulary (a list of tokens, run.resolve_vocab), or a file or folder."""
         hp = self.hparams
         self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, self.task, PAD_ID)
         return self._tokenizer

@@ -174,7 +174,9 @@ class PretrainDataModule(L.LightningDataModule):
     def prepare_tokenizer(self) -> Tokenizer:
         """Load `tokenizer`, or train (once, then cached) a WordPiece vocab on the train documents."""
         hp = self.hparams
-        if hp.tokenizer is not None and str(hp.tokenizer).endswith(".ckpt"):
+        if isinstance(hp.tokenizer, (list, tuple)):  # the run's vocabulary itself (run.resolve_vocab)
+            self._tokenizer = tokenizer_from_vocab(list(hp.tokenizer), hp.lowercase)
+        elif hp.tokenizer is not None and str(hp.tokenizer).endswith(".ckpt"):
             # e.g. phase 2 of the two-phase schedule: phase 1's vocabulary, which its checkpoint carries
             from bert_repro.convert import load_checkpoint
 

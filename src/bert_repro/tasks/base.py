@@ -8,6 +8,7 @@ from typing import TYPE_CHECKING, Any
 
 import lightning as L
 import torch
+from lightning.fabric.utilities.data import AttributeDict
 from torch import nn
 
 from bert_repro.flops import training_flops
@@ -41,14 +42,20 @@ def decay_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 class BertTaskModule(L.LightningModule):
     """Base of the task modules. Subclasses build ``self.model`` in ``__init__`` from ``model`` (a plain
-    dict of BertConfig fields) and call ``save_hyperparameters()`` so ``load_from_checkpoint`` works."""
+    dict of BertConfig fields), pass ``vocab`` and ``lowercase`` on, and call ``save_hyperparameters()`` so
+    ``load_from_checkpoint`` works."""
 
-    def __init__(self, model: dict, optim: dict):
+    def __init__(self, model: dict, optim: dict, vocab: list[str] | None = None, lowercase: bool = True):
         super().__init__()
         self.config = BertConfig(**model)
         self.optim = dict(optim)
-        self.vocab: list[str] | None = None  # set by the run; saved in every checkpoint for `init=`
-        self.lowercase: bool = True
+        # the run's vocabulary (run.resolve_vocab): in the hyper-parameters, and in every checkpoint for `init=`
+        self.vocab = list(vocab) if vocab is not None else None
+        self.lowercase = lowercase
+
+    @property
+    def hparams_initial(self) -> AttributeDict:  # what loggers record: all but the 30k-token vocabulary
+        return AttributeDict({k: v for k, v in super().hparams_initial.items() if k != "vocab"})
 
     # -- pre-trained weights -------------------------------------------------------------------
     def load_pretrained(self, loaded: LoadedCheckpoint) -> list[str]:
@@ -98,9 +105,9 @@ class BertTaskModule(L.LightningModule):
         checkpoint["vocab"] = self.vocab
         checkpoint["lowercase"] = self.lowercase
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
-        self.vocab = checkpoint.get("vocab")
-        self.lowercase = checkpoint.get("lowercase", True)
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # also checkpoints without it in hparams
+        self.vocab = checkpoint.get("vocab", self.vocab)
+        self.lowercase = checkpoint.get("lowercase", self.lowercase)
 
     # -- the paper's optimizer recipe ------------------------------------------------------------
     def configure_optimizers(self):

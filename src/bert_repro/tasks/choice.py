@@ -18,8 +18,9 @@ class MultipleChoiceModule(BertTaskModule):
     pooled C_i). A causal (§5.1 LTR) encoder is scored at each sequence's last token (heads.aggregate_token).
     Dev metrics: val/acc, val/loss; each epoch leaves a row in ``history``."""
 
-    def __init__(self, model: dict, optim: dict, num_choices: int = 4, bilstm: bool = False):
-        super().__init__(model, optim)
+    def __init__(self, model: dict, optim: dict, num_choices: int = 4, bilstm: bool = False,
+                 vocab: list[str] | None = None, lowercase: bool = True):
+        super().__init__(model, optim, vocab, lowercase)
         self.save_hyperparameters()
         if num_choices < 2:
             raise ValueError(f"num_choices={num_choices}: a choice needs at least two candidates")

@@ -24,8 +24,8 @@ class SequenceClassificationModule(BertTaskModule):
     """
 
     def __init__(self, model: dict, optim: dict, task: str, num_labels: int, bilstm: bool = False,
-                 predict_majority: bool = False):
-        super().__init__(model, optim)
+                 predict_majority: bool = False, vocab: list[str] | None = None, lowercase: bool = True):
+        super().__init__(model, optim, vocab, lowercase)
         self.save_hyperparameters()
         self.spec = glue_task(task)
         if num_labels != self.spec.num_labels:

@@ -26,8 +26,8 @@ class PretrainModule(BertTaskModule):
     """
 
     def __init__(self, model: dict, optim: dict, nsp: bool = True, ltr: bool = False,
-                 checkpoint_every_n_steps: int | None = None):
-        super().__init__(model, optim)
+                 checkpoint_every_n_steps: int | None = None, vocab: list[str] | None = None, lowercase: bool = True):
+        super().__init__(model, optim, vocab, lowercase)
         self.save_hyperparameters()
         if ltr and (nsp or not self.config.causal):
             raise ValueError("ltr=True is the left-to-right LM: it needs model.causal=true and nsp=false "

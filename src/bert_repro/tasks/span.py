@@ -59,8 +59,8 @@ class SpanExtractionModule(BertTaskModule):
     """
 
     def __init__(self, model: dict, optim: dict, version: int, bilstm: bool = False, n_best_size: int = 20,
-                 max_answer_length: int = 30):
-        super().__init__(model, optim)
+                 max_answer_length: int = 30, vocab: list[str] | None = None, lowercase: bool = True):
+        super().__init__(model, optim, vocab, lowercase)
         self.save_hyperparameters()
         if version not in (1, 2):
             raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")

@@ -61,8 +61,9 @@ class TokenTaggingModule(BertTaskModule):
     ``bilstm``: Table 5's "+ BiLSTM" on a fine-tuned encoder. Dev metrics: val/precision, val/recall, val/f1,
     val/token_acc, val/loss; each epoch leaves a row in ``history``."""
 
-    def __init__(self, model: dict, optim: dict, features: dict | None = None, bilstm: bool = False):
-        super().__init__(model, optim)
+    def __init__(self, model: dict, optim: dict, features: dict | None = None, bilstm: bool = False,
+                 vocab: list[str] | None = None, lowercase: bool = True):
+        super().__init__(model, optim, vocab, lowercase)
         self.save_hyperparameters()
         if features is not None and bilstm:
             raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the feature-based "

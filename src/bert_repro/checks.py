@@ -1,0 +1,117 @@
+"""Inputs that would otherwise fail late, or not at all: refused before any work, each naming the input."""
+
+from __future__ import annotations
+
+import logging
+import tempfile
+from pathlib import Path
+
+import torch
+from hydra.core.hydra_config import HydraConfig
+from hydra.types import RunMode
+from omegaconf import DictConfig
+
+log = logging.getLogger(__name__)
+
+
+class UsageError(Exception):
+    """A wrong input (unknown task module, inconsistent batch sizes, missing data): message, exit code 2."""
+
+
+class SweepUsageError(UsageError):
+    """A wrong input common to every job of a multirun: the whole sweep stops, no job is recorded."""
+
+
+def world_size(trainer_cfg: DictConfig) -> int:
+    devices, nodes = trainer_cfg.devices, int(trainer_cfg.get("num_nodes", 1))
+    if isinstance(devices, int):
+        count = devices
+    elif isinstance(devices, str) and devices.lstrip("-").isdigit():
+        count = int(devices)
+    elif devices in (-1, "auto") and trainer_cfg.accelerator in ("gpu", "cuda"):
+        count = torch.cuda.device_count()
+    elif devices == "auto" or devices == -1:
+        count = 1
+    else:
+        count = len(devices)
+    return max(1, count) * nodes
+
+
+def split_batch(global_batch: int, trainer_cfg: DictConfig, per_device: int | None = None) -> tuple[int, int]:
+    """Global batch is the truth (STYLE 8): per-device x devices x accumulation must equal it."""
+    world = world_size(trainer_cfg)
+    per_device = per_device or global_batch // world
+    accumulation = global_batch // max(1, per_device * world)
+    if per_device < 1 or per_device * world * accumulation != global_batch:
+        raise UsageError(
+            f"global batch {global_batch} is not per_device_batch_size ({per_device}) x devices ({world}) x "
+            f"an integer accumulation; pick speed.per_device_batch_size dividing {global_batch // world}"
+        )
+    return per_device, accumulation
+
+
+def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | None, bool]:
+    """``last``: this run folder's checkpoints/last.ckpt when it exists (so a killed or preempted run resumes
+    by rerunning its command; the folder does not depend on the clock), else a fresh start. A named checkpoint
+    (phase 1's, for phase 2) is where the run starts; once this run has its own last.ckpt, rerunning the same
+    command continues that instead of starting over. Returns the path and whether it is this run's own (then
+    its settings must be this run's)."""
+    if ckpt_path in (None, "", "null"):
+        return None, False
+    own = output_dir / "checkpoints" / "last.ckpt"
+    if ckpt_path == "last":
+        return (str(own), True) if own.is_file() else (None, False)
+    if not Path(ckpt_path).is_file():  # a mistyped path is refused even when the folder has progress of its own
+        raise UsageError(f"ckpt_path={ckpt_path} does not exist; expected a Lightning checkpoint (.ckpt) to "
+                         "resume, 'last' (this run folder's checkpoints/last.ckpt, when there is one) or null")
+    if own.is_file() and Path(ckpt_path).resolve() != own.resolve():
+        log.info("%s holds this run's progress from an earlier attempt: resuming it, not ckpt_path=%s",
+                 own, ckpt_path)
+        return str(own), True
+    return str(ckpt_path), False
+
+
+def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
+    """Ranges and relations between keys, which the typed configs (bert_repro.schema) cannot say, and places."""
+    optim = cfg.optim
+    for key, value in (("optim.lr", optim.lr), ("data.batch_size", cfg.data.batch_size)):
+        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
+            raise UsageError(f"{key}={value}: expected a positive number")
+    if optim.get("epochs") is not None and (not isinstance(optim.epochs, int) or optim.epochs < 1):
+        raise UsageError(f"optim.epochs={optim.epochs}: expected a positive whole number of epochs (or null "
+                         "with optim.max_steps)")
+    if optim.get("max_steps") is not None and optim.max_steps != -1 and optim.max_steps < 1:
+        raise UsageError(f"optim.max_steps={optim.max_steps}: expected a positive number of steps, or -1 "
+                         "(epochs decide)")
+    if optim.get("epochs") is None and optim.get("max_steps") in (None, -1):
+        raise UsageError("optim.epochs and optim.max_steps are both unset: give one, or the run never ends")
+    max_seq, max_position = cfg.data.get("max_seq_length"), cfg.model.get("max_position")
+    if max_seq is not None and max_position is not None and max_seq > max_position:
+        raise UsageError(f"data.max_seq_length={max_seq} exceeds model.max_position={max_position}: the model "
+                         "has no position embedding beyond it; lower data.max_seq_length")
+    if optim.get("resume_step") is not None and str(cfg.ckpt_path) in ("last", "None", ""):
+        raise UsageError(f"this run continues a schedule at step {optim.resume_step} "
+                         "(experiment=pretrain_phase2): pass ckpt_path=<phase 1's output dir>/checkpoints/last.ckpt")
+    every, keep = cfg.checkpoint.every_n_steps, cfg.checkpoint.keep_recent
+    if every is not None and every < 1:
+        raise UsageError(f"checkpoint.every_n_steps={every}: expected a positive number of steps, or null")
+    if keep < 0:
+        raise UsageError(f"checkpoint.keep_recent={keep}: expected 0 or more")
+    if "fsdp" in str(cfg.trainer.strategy).lower() and cfg.trainer.accelerator == "cpu":
+        raise UsageError("trainer=fsdp needs GPUs: Lightning's FSDPStrategy does not run on CPU; use trainer=cpu "
+                         "or trainer=ddp_cpu here, trainer=fsdp on a GPU node")
+    if HydraConfig.initialized():
+        hydra_cfg = HydraConfig.get()
+        launcher = str(hydra_cfg.launcher.get("_target_", ""))
+        if hydra_cfg.mode == RunMode.MULTIRUN and world_size(cfg.trainer) > 1 and "submitit" not in launcher:
+            raise SweepUsageError(
+                f"a local multirun (-m) with {world_size(cfg.trainer)} devices: Lightning starts each DDP rank by "
+                "rerunning the command line, which would start the sweep again inside every job. Run the sweep "
+                "with hydra/launcher=submitit_slurm (one SLURM task per device), or its cells one by one")
+    try:  # writable before any work: a run that cannot write its results has nothing to show
+        output_dir.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=output_dir):
+            pass
+    except OSError as err:
+        raise UsageError(f"output folder {output_dir} is not writable ({err.strerror}); choose another with "
+                         "hydra.run.dir=... (or hydra.sweep.dir=... for -m)") from None

@@ -1,0 +1,48 @@
+"""The Lightning Trainer of a run: its arguments from trainer/, its callbacks from callbacks/, the run length
+and the schedule's checks from optim, the accumulation that makes up the global batch."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from hydra.utils import instantiate
+from lightning.pytorch.callbacks import LearningRateMonitor
+from omegaconf import DictConfig, OmegaConf
+
+from bert_repro.keys import science
+from bert_repro.reliability import AtomicCheckpointIO, SameRun, slurm_plugins
+
+
+def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list) -> list[L.Callback]:
+    """callbacks/ (a user's +callbacks.x=... among them), and the two that need the run itself."""
+    callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    # a checkpoint of this folder resumes only under the same science (keys.py), whatever the speed
+    callbacks.append(SameRun(science(OmegaConf.to_container(cfg, resolve=True)), strict=resume_strict))
+    if loggers:  # Lightning refuses a learning-rate monitor without a logger
+        callbacks.append(LearningRateMonitor(logging_interval="step"))
+    return callbacks
+
+
+def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path, resume_strict: bool = False) -> L.Trainer:
+    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    optim = cfg.optim
+    step_interval = isinstance(optim.val_check_interval, int) and optim.val_check_interval > 1
+    run_length: dict[str, Any] = dict(
+        max_steps=optim.max_steps,
+        max_epochs=optim.epochs if optim.epochs is not None else -1,
+        val_check_interval=min(optim.val_check_interval, optim.max_steps) if step_interval and optim.max_steps > 0
+        else optim.val_check_interval,
+        check_val_every_n_epoch=None if step_interval else 1,
+        limit_val_batches=optim.limit_val_batches,
+        gradient_clip_val=optim.gradient_clip_val,
+    )
+    return instantiate(
+        cfg.trainer, **run_length,
+        accumulate_grad_batches=accumulation,
+        callbacks=build_callbacks(cfg, resume_strict, loggers),
+        logger=loggers or False,
+        default_root_dir=str(output_dir),
+        plugins=[AtomicCheckpointIO(), *slurm_plugins()],
+    )
