@@ -16,7 +16,7 @@ CONF = REPO / "conf"
 # the project's real-data fixtures (read-only); tests that need them skip with a reason when absent
 SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data")
 
-# The unit tier (`make test-fast`) deselects the end-to-end tests: runs of src/train.py or a CLI in a subprocess.
+# The unit tier (`make test-fast`) deselects the end-to-end tests: src/train.py or a CLI run in a subprocess.
 # These files are end to end as a whole (as is every test_*_e2e.py); elsewhere mark a test @pytest.mark.e2e.
 E2E_FILES = {"test_bad_inputs.py", "test_ddp.py", "test_guards.py", "test_preempt.py", "test_resume.py"}
 
@@ -37,7 +37,8 @@ def run_py(*args: str, module: str | None = None, timeout: int = 600) -> subproc
     busy 2-core machine oversubscribes two, and the same threads give the same float sums)."""
     command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    return subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env)
 
 
 def train_py(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:

@@ -61,9 +61,10 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | No
     own = output_dir / "checkpoints" / "last.ckpt"
     if ckpt_path == "last":
         return (str(own), True) if own.is_file() else (None, False)
-    if not Path(ckpt_path).is_file():  # a mistyped path is refused even when the folder has progress of its own
+    if not Path(ckpt_path).is_file():  # a mistyped path is refused even when the folder has progress
         raise UsageError(f"ckpt_path={ckpt_path} does not exist; expected a Lightning checkpoint (.ckpt) to "
-                         "resume, 'last' (this run folder's checkpoints/last.ckpt, when there is one) or null")
+                         "resume, 'last' (this run folder's checkpoints/last.ckpt, when there is one) "
+                         "or null")
     if own.is_file() and Path(ckpt_path).resolve() != own.resolve():
         log.info("%s holds this run's progress from an earlier attempt: resuming it, not ckpt_path=%s",
                  own, ckpt_path)
@@ -72,7 +73,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | No
 
 
 def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
-    """Ranges and relations between keys, which the typed configs (bert_repro.schema) cannot say, and places."""
+    """Ranges and relations between keys, which the typed configs (schema.py) cannot say, and places."""
     optim = cfg.optim
     for key, value in (("optim.lr", optim.lr), ("data.batch_size", cfg.data.batch_size)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
@@ -87,27 +88,28 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
         raise UsageError("optim.epochs and optim.max_steps are both unset: give one, or the run never ends")
     max_seq, max_position = cfg.data.get("max_seq_length"), cfg.model.get("max_position")
     if max_seq is not None and max_position is not None and max_seq > max_position:
-        raise UsageError(f"data.max_seq_length={max_seq} exceeds model.max_position={max_position}: the model "
-                         "has no position embedding beyond it; lower data.max_seq_length")
+        raise UsageError(f"data.max_seq_length={max_seq} exceeds model.max_position={max_position}: the "
+                         "model has no position embedding beyond it; lower data.max_seq_length")
     if optim.get("resume_step") is not None and str(cfg.ckpt_path) in ("last", "None", ""):
         raise UsageError(f"this run continues a schedule at step {optim.resume_step} "
-                         "(experiment=pretrain_phase2): pass ckpt_path=<phase 1's output dir>/checkpoints/last.ckpt")
+                         "(experiment=pretrain_phase2): pass "
+                         "ckpt_path=<phase 1's output dir>/checkpoints/last.ckpt")
     every, keep = cfg.checkpoint.every_n_steps, cfg.checkpoint.keep_recent
     if every is not None and every < 1:
         raise UsageError(f"checkpoint.every_n_steps={every}: expected a positive number of steps, or null")
     if keep < 0:
         raise UsageError(f"checkpoint.keep_recent={keep}: expected 0 or more")
     if "fsdp" in str(cfg.trainer.strategy).lower() and cfg.trainer.accelerator == "cpu":
-        raise UsageError("trainer=fsdp needs GPUs: Lightning's FSDPStrategy does not run on CPU; use trainer=cpu "
-                         "or trainer=ddp_cpu here, trainer=fsdp on a GPU node")
+        raise UsageError("trainer=fsdp needs GPUs: Lightning's FSDPStrategy does not run on CPU; use "
+                         "trainer=cpu or trainer=ddp_cpu here, trainer=fsdp on a GPU node")
     if HydraConfig.initialized():
         hydra_cfg = HydraConfig.get()
         launcher = str(hydra_cfg.launcher.get("_target_", ""))
         if hydra_cfg.mode == RunMode.MULTIRUN and world_size(cfg.trainer) > 1 and "submitit" not in launcher:
             raise SweepUsageError(
-                f"a local multirun (-m) with {world_size(cfg.trainer)} devices: Lightning starts each DDP rank by "
-                "rerunning the command line, which would start the sweep again inside every job. Run the sweep "
-                "with hydra/launcher=submitit_slurm (one SLURM task per device), or its cells one by one")
+                f"a local multirun (-m) with {world_size(cfg.trainer)} devices: Lightning starts each DDP rank "
+                "by rerunning the command line, which would start the sweep again inside every job. Run the "
+                "sweep with hydra/launcher=submitit_slurm (one SLURM task per device), or its cells one by one")
     try:  # writable before any work: a run that cannot write its results has nothing to show
         output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):

@@ -25,7 +25,8 @@ def run_name(overrides: list[str]) -> str:
     and joined as Hydra's override_dirname, "default" when there are none, and a hash of the path-valued
     science overrides when there are any (so init=A and init=B do not share a folder)."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    named = sorted(o.input_line for o in parsed if is_science(o.key_or_group) and o.key_or_group not in SCIENCE_PATHS)
+    science = [o for o in parsed if is_science(o.key_or_group)]
+    named = sorted(o.input_line for o in science if o.key_or_group not in SCIENCE_PATHS)
     name = ",".join(named) or "default"
     paths = sorted(o.input_line for o in parsed if o.key_or_group in SCIENCE_PATHS)
     if paths:

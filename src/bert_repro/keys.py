@@ -11,8 +11,9 @@ from typing import Any
 
 # speed (how fast, how many processes, how padded) and places (where files go): never what a run computes
 NOT_SCIENCE = (
-    "trainer.", "speed.", "logger.", "callbacks.", "paths.", "checkpoint.", "ckpt_path", "test", "data.cache_dir",
-    "data.num_workers", "data.num_proc", "data.padding",  # results.json written before the speed node held them
+    "trainer.", "speed.", "logger.", "callbacks.", "paths.", "checkpoint.", "ckpt_path", "test",
+    "data.cache_dir",
+    "data.num_workers", "data.num_proc", "data.padding",  # in results.json written before the speed node
 )
 # group choices that only change speed or places (an experiment's science keys are in results.json)
 NOT_SCIENCE_GROUPS = ("trainer", "logger", "callbacks", "experiment", "hydra/launcher")

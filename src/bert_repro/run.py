@@ -62,9 +62,11 @@ def resolve_vocab(cfg: DictConfig, loaded: Any = None) -> tuple[list[str] | None
     return vocab_list(load_tokenizer(tokenizer, lowercase=lowercase)), lowercase
 
 
-def build_data(cfg: DictConfig, vocab: list[str] | None, lowercase: bool, per_device: int) -> L.LightningDataModule:
+def build_data(cfg: DictConfig, vocab: list[str] | None, lowercase: bool,
+               per_device: int) -> L.LightningDataModule:
     """The task's DataModule with the run's vocabulary, and the speed options its constructor takes."""
-    accepts = inspect.signature(get_class(cfg.data._target_)).parameters  # padding: GLUE and the demo tasks only
+    # padding: GLUE and the demo tasks only
+    accepts = inspect.signature(get_class(cfg.data._target_)).parameters
     loading = {k: cfg.speed[k] for k in ("num_workers", "num_proc", "padding") if k in accepts}
     vocab_args = {"tokenizer": vocab, "lowercase": lowercase} if vocab is not None else {}
     return instantiate(cfg.data, batch_size=per_device, _convert_="all", **loading, **vocab_args)
@@ -115,7 +117,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
         loaded = load_checkpoint(cfg.init)
     vocab, lowercase = resolve_vocab(cfg, loaded)
-    per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer, cfg.speed.per_device_batch_size)
+    per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer,
+                                           cfg.speed.per_device_batch_size)
     datamodule = build_data(cfg, vocab, lowercase, per_device)
     if cfg.test and not hasattr(datamodule, "write_predictions"):
         raise UsageError(f"test=true: task={cfg.task.name} has no test predictions")
@@ -158,6 +161,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
     checkpoint = trainer.checkpoint_callback  # callbacks.best: the first ModelCheckpoint
     best_score = checkpoint.best_model_score if checkpoint is not None else None
+    best_path = (checkpoint.best_model_path if checkpoint is not None else None) or None
     results = {
         "status": status,
         "task": cfg.task.name,
@@ -171,10 +175,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "missing_heads": missing_heads,
         "predict_majority": majority,
         "monitor": cfg.task.monitor,
-        "metrics": {"final": final, "best": {cfg.task.monitor: float(best_score) if best_score is not None else None},
-                    "best_checkpoint": (checkpoint.best_model_path if checkpoint is not None else None) or None,
+        "metrics": {"final": final,
+                    "best": {cfg.task.monitor: float(best_score) if best_score is not None else None},
+                    "best_checkpoint": best_path,
                     "per_epoch": getattr(module, "history", None)},
-        "degenerate": None if majority else degenerate_reason(final),  # e.g. collapsed onto the majority class
+        "degenerate": None if majority else degenerate_reason(final),  # e.g. collapsed onto one class
         "data_sizes": {split: len(d) for split, d in getattr(datamodule, "datasets", {}).items()} or None,
         "test_predictions": test_files or None,
         "global_step": trainer.global_step,
@@ -195,14 +200,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     return results
 
 
-# wrong input: a message naming it, not a traceback (InstantiationException: a constructor refused its arguments)
+# wrong input: a message naming it, not a traceback (InstantiationException: a constructor refused its input)
 USER_ERRORS = (UsageError, FileNotFoundError, ValueError, PermissionError, InstantiationException,
                OmegaConfBaseException)
 
 
 def record_failure(cfg: DictConfig, err: BaseException) -> None:
-    """results.json with status "failed" and the reason, so a sweep's collector shows the cell as failed; never
-    over a completed run's results, and only on rank 0 (the others' folder is the same)."""
+    """results.json with status "failed" and the reason, so a sweep's collector shows the cell as failed;
+    never over a completed run's results, and only on rank 0 (the others' folder is the same)."""
     ranks = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")  # torchrun, SLURM, Lightning's DDP children
     if any(int(os.environ.get(name, 0)) != 0 for name in ranks):
         return
@@ -210,19 +215,19 @@ def record_failure(cfg: DictConfig, err: BaseException) -> None:
         path = Path(cfg.paths.output_dir) / "results.json"
         if read_status(path) != "complete":
             write_results(path, failure_record(cfg, err, _model_choice()))
-    except (OSError, OmegaConfBaseException) as write_err:  # e.g. the folder is not writable: the message says why
+    except (OSError, OmegaConfBaseException) as write_err:  # e.g. an unwritable folder: the message says why
         log.debug("no failure record written: %s", write_err)
 
 
 class JobFailed(Exception):
-    """One job of a multirun failed: Hydra's launcher records it, runs the other jobs, and fails at the end."""
+    """One job of a multirun failed: Hydra's launcher records it, runs the others, and fails at the end."""
 
 
 def main(cfg: DictConfig) -> float | None:
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     try:
         results = train(cfg)
-    except Preempted as err:  # checkpoint saved: rerunning the command resumes; 128 + signal, as a shell reports it
+    except Preempted as err:  # checkpoint saved: rerunning the command resumes; 128 + signal, as a shell says
         log.warning("%s", err)
         raise SystemExit(128 + int(err.signum)) from None
     except SweepUsageError as err:  # a SystemExit is not a job failure to Hydra: the sweep stops here

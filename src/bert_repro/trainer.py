@@ -25,15 +25,16 @@ def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list) -> list
     return callbacks
 
 
-def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path, resume_strict: bool = False) -> L.Trainer:
+def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
+                  resume_strict: bool = False) -> L.Trainer:
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     optim = cfg.optim
     step_interval = isinstance(optim.val_check_interval, int) and optim.val_check_interval > 1
+    every = optim.val_check_interval
     run_length: dict[str, Any] = dict(
         max_steps=optim.max_steps,
         max_epochs=optim.epochs if optim.epochs is not None else -1,
-        val_check_interval=min(optim.val_check_interval, optim.max_steps) if step_interval and optim.max_steps > 0
-        else optim.val_check_interval,
+        val_check_interval=min(every, optim.max_steps) if step_interval and optim.max_steps > 0 else every,
         check_val_every_n_epoch=None if step_interval else 1,
         limit_val_batches=optim.limit_val_batches,
         gradient_clip_val=optim.gradient_clip_val,

@@ -21,8 +21,8 @@ class FineTuningDataModule(L.LightningDataModule):
     """A subclass checks its arguments, then calls ``super().__init__()``, which saves them as ``hparams``
     (Lightning collects the subclass's arguments; they must include tokenizer, lowercase, batch_size, seed,
     num_workers and cache_dir). ``tokenizer`` is the run's vocabulary as a list of tokens (run.resolve_vocab),
-    or a vocab.txt / tokenizer.json / Hugging Face folder. It sets ``task`` (the name the tokenizer check reports), fills ``datasets``
-    in ``build`` and returns its batches' collator from ``collator``."""
+    or a vocab.txt / tokenizer.json / Hugging Face folder. It sets ``task`` (the name the tokenizer check
+    reports), fills ``datasets`` in ``build`` and returns its batches' collator from ``collator``."""
 
     cache_folder: str  # under default_cache_dir() when cache_dir is null
     batch_columns: tuple[str, ...]  # the columns of datasets[split] that the collator reads

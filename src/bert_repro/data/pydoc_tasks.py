@@ -12,8 +12,8 @@ paper's point that NSP helps the sentence-pair tasks.
 
 Train and Dev come from disjoint documents (every fifth document is Dev), each a fixed random sample
 (seed 0). Pre-training saw every document's text but never these labels. The rows are written once as
-TSV files under the cache folder and read by :class:`~bert_repro.data.glue.GlueDataModule`, whose task
-table gains the two tasks when this module is imported (the task configs import it as ``data._target_``).
+TSV files under the cache folder and read by :class:`~bert_repro.data.glue.GlueDataModule`; their columns and
+labels are in data/glue_tasks.yaml beside the GLUE tasks'.
 """
 
 from __future__ import annotations
@@ -25,16 +25,9 @@ from pathlib import Path
 import numpy as np
 
 from bert_repro.data.corpus import default_cache_dir, pydoc_documents
-from bert_repro.data.glue import GLUE_TASKS, GlueDataModule, GlueTask
+from bert_repro.data.glue import GlueDataModule, glue_task
 
-TASKS = {
-    "pydoc_order": GlueTask("PYDOC_ORDER", "sentence", None, "label", ("0", "1"), ("acc",), ("acc",), {},
-                            ("sentence", None)),
-    "pydoc_next": GlueTask("PYDOC_NEXT", "sentence1", "sentence2", "label", ("0", "1"), ("acc",), ("acc",), {},
-                           ("sentence1", "sentence2")),
-}
-for _name, _task in TASKS.items():
-    GLUE_TASKS.setdefault(_name, _task)  # additive: the GLUE tasks themselves are untouched
+TASKS = {name: glue_task(name) for name in ("pydoc_order", "pydoc_next")}  # their facts: data/glue_tasks.yaml
 
 VERSION = 2  # bump when the rows below change
 DEV_EVERY = 5  # documents 0, 5, 10, ... are Dev
