@@ -18,7 +18,7 @@ SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared"
 
 # The unit tier (`make test-fast`) deselects the end-to-end tests: src/train.py or a CLI run in a subprocess.
 # These files are end to end as a whole (as is every test_*_e2e.py); elsewhere mark a test @pytest.mark.e2e.
-E2E_FILES = {"test_bad_inputs.py", "test_ddp.py", "test_guards.py", "test_preempt.py", "test_resume.py"}
+E2E_FILES = {"test_bad_inputs.py", "test_ddp.py", "test_preempt.py", "test_resume.py"}
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

@@ -3,22 +3,21 @@ good checkpoint and is marked failed (never a number); a sweep goes on past a fa
 tool shows the failed cell with its reason; collapsed fine-tuning runs are flagged."""
 
 import json
-import os
-import subprocess
-import sys
 
+import pytest
 import torch
 
 from bert_repro import select
 from bert_repro.reliability import safe_load
 
-from .conftest import REPO
+from .conftest import run_py
 from .test_resume import PRETRAIN, command, run
 
 DIVERGES = "optim.lr=1e30"  # Adam's steps are ~lr in size: the weights overflow within two steps
 SHORT = [o for o in PRETRAIN if not o.startswith("optim.max_steps=")] + ["optim.max_steps=6"]
 
 
+@pytest.mark.e2e
 def test_non_finite_loss_stops_keeps_last_good_checkpoint_and_fails_the_run(tmp_path):
     out = tmp_path / "diverged"
     proc = run(command(out, tmp_path / "cache", *SHORT, DIVERGES))
@@ -33,13 +32,11 @@ def test_non_finite_loss_stops_keeps_last_good_checkpoint_and_fails_the_run(tmp_
     assert all(torch.isfinite(t).all() for t in last["state_dict"].values())
 
 
+@pytest.mark.e2e
 def test_sweep_goes_on_past_a_failed_job_and_selection_marks_it(tmp_path, capsys):
     sweep = tmp_path / "sweep"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), "-m", *SHORT, "optim.lr=5e-4,1e30,1e-3",
-         f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}"],
-        cwd=REPO, capture_output=True, text=True, timeout=900, env=env)
+    proc = run_py("-m", *SHORT, "optim.lr=5e-4,1e30,1e-3", f"paths.cache_dir={tmp_path / 'cache'}",
+                  f"hydra.sweep.dir={sweep}", timeout=900)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]  # the sweep reports its failure, after every job ran
     results = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}

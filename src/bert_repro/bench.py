@@ -52,9 +52,11 @@ def model_config(name: str, causal: bool = False) -> BertConfig:
     if not path.is_file():
         options = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
         raise SystemExit(f"error: no model config {path}; expected one of {options or 'conf/model/*.yaml'}")
-    cfg = OmegaConf.load(path)
-    cfg.causal = causal  # replaces ${ablation.causal}, which only resolves inside a composed Hydra config
-    return BertConfig(**{**OmegaConf.to_container(cfg, resolve=True), "vocab_size": VOCAB})
+    from hydra import compose, initialize_config_dir
+
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # model files compose on a base
+        model = OmegaConf.to_container(compose("train", overrides=[f"model={name}"]).model, resolve=True)
+    return BertConfig(**{**model, "causal": causal, "vocab_size": VOCAB})
 
 
 def make_batch(config: BertConfig, batch: int, seq: int, masked: int, device: str,
