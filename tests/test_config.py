@@ -35,7 +35,8 @@ def resolved(cfg):
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-@pytest.mark.parametrize("group", ["model", "task", "ablation", "scale", "trainer", "logger", "debug", "experiment"])
+@pytest.mark.parametrize("group", ["model", "task", "ablation", "scale", "trainer", "logger", "callbacks", "debug",
+                                   "experiment"])
 def test_every_option_composes(group):
     for name in options(group):
         overrides = [f"{group}={name}"]
