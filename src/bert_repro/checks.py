@@ -77,7 +77,8 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
     optim = cfg.optim
     for key, value in (("optim.lr", optim.lr), ("data.batch_size", cfg.data.batch_size)):
         if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-            raise UsageError(f"{key}={value}: expected a positive number")
+            shown = f"{value:g}" if isinstance(value, float) else value  # optim.lr=0 reads back as typed 0.0
+            raise UsageError(f"{key}={shown}: expected a positive number")
     if optim.get("epochs") is not None and (not isinstance(optim.epochs, int) or optim.epochs < 1):
         raise UsageError(f"optim.epochs={optim.epochs}: expected a positive whole number of epochs (or null "
                          "with optim.max_steps)")
