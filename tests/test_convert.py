@@ -14,6 +14,7 @@ import torch
 
 from bert_repro import convert
 from bert_repro.convert import CheckpointError, build_model, export_hf, load_checkpoint
+from bert_repro.convert.cli import main
 from bert_repro.model import BertConfig, BertForPreTraining
 
 transformers = pytest.importorskip("transformers")
@@ -227,7 +228,7 @@ def test_tf_variable_names_map_to_ours(hf_pretraining, tmp_path, monkeypatch):
                                theirs.bert.encoder.layer[1].intermediate.dense.weight, rtol=0, atol=0)
 
     # The whole reader path, with the TensorFlow call replaced by the fake variables.
-    monkeypatch.setattr(convert, "read_tf_checkpoint", lambda prefix: tf)
+    monkeypatch.setattr(convert.loaders, "read_tf_checkpoint", lambda prefix: tf)
     folder = tmp_path / "uncased_L-2_H-32_A-4"
     folder.mkdir()
     hf_config = json.loads((path / "config.json").read_text())
@@ -274,7 +275,7 @@ def test_lightning_checkpoint(tmp_path):
     assert_same_state(rebuilt.state_dict(), model.state_dict())
 
     # check: transformers reads our export of it and agrees.
-    assert convert.main(["check", str(tmp_path / "last.ckpt")]) == 0
+    assert main(["check", str(tmp_path / "last.ckpt")]) == 0
 
 
 # ---------------------------------------------------------------------------------------- bad input
@@ -347,12 +348,12 @@ def test_cli_rejects_a_corrupt_directory_with_a_message(tmp_path):
 
 def test_cli_to_hf_and_a_tolerance_that_fails(tmp_path, capsys):
     out = tmp_path / "exported"
-    assert convert.main(["to-hf", str(minilm_dir()), str(out)]) == 0
+    assert main(["to-hf", str(minilm_dir()), str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
     assert not (out / "model.safetensors").read_bytes().count(b"cls.")  # no random heads passed off as weights
     theirs, info = transformers.BertModel.from_pretrained(out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert_same_state(load_checkpoint(out).state_dict, load_checkpoint(minilm_dir()).state_dict)
     capsys.readouterr()
-    assert convert.main(["check", str(out), "--tol", "0"]) == 1  # real float differences exceed zero
+    assert main(["check", str(out), "--tol", "0"]) == 1  # real float differences exceed zero
     assert "FAIL" in capsys.readouterr().out

@@ -250,7 +250,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     loaded = None
     data_overrides: dict[str, Any] = {}
     if cfg.init:
-        from bert_repro.convert import load_checkpoint
+        from bert_repro.convert.loaders import load_checkpoint
 
         loaded = load_checkpoint(cfg.init)
         if loaded.vocab is not None and cfg.data.get("tokenizer", "absent") is None:

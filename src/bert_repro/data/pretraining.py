@@ -176,7 +176,7 @@ class PretrainDataModule(L.LightningDataModule):
         hp = self.hparams
         if hp.tokenizer is not None and str(hp.tokenizer).endswith(".ckpt"):
             # e.g. phase 2 of the two-phase schedule: phase 1's vocabulary, which its checkpoint carries
-            from bert_repro.convert import load_checkpoint
+            from bert_repro.convert.loaders import load_checkpoint
 
             loaded = load_checkpoint(hp.tokenizer)
             if loaded.vocab is None:
