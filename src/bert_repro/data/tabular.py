@@ -15,6 +15,8 @@ from pathlib import Path
 from datasets import Dataset, Features, Value, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
+from bert_repro.data.textfiles import require_utf8
+
 
 @dataclass
 class FileSpec:
@@ -68,6 +70,7 @@ def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
         raise FileNotFoundError(f"{path} does not exist")
     if spec.format != "json" and not spec.header and spec.names is None:
         raise ValueError(f"{path}: header=false needs names (the file's column names)")
+    require_utf8(path, f"a {spec.format.upper()} file")
     cache = str(cache_dir / "raw")
     resolved = str(path.resolve())  # datasets fingerprints the path as spelled: one spelling, one cache
     try:
