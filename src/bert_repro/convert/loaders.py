@@ -37,7 +37,7 @@ def read_tf_checkpoint(prefix: str | Path) -> dict[str, np.ndarray]:
         import tensorflow as tf
     except ImportError as err:
         raise ImportError(f"reading the TensorFlow checkpoint {prefix} needs TensorFlow: "
-                          "pip install tensorflow-cpu") from err
+                          "pip install -e '.[tf]' (or pip install tensorflow-cpu)") from err
     reader = tf.train.load_checkpoint(str(prefix))
     return {name: reader.get_tensor(name) for name in reader.get_variable_to_shape_map()}
 
