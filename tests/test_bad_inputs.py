@@ -164,7 +164,7 @@ def test_the_catalogue_covers_the_required_inputs():
     assert len(CASES) >= 20
 
 
-# The task readers on bad bytes and malformed rows, in process (the catalogue above runs two of them end to end).
+# The task readers on bad bytes and malformed rows, in process (the catalogue runs two of them end to end).
 @pytest.mark.parametrize("reader", ["glue", "swag", "squad", "conll"])
 def test_task_files_with_bad_bytes_name_the_file_and_line(tmp_path, reader):
     from bert_repro.data.conll import read_conll

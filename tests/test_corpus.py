@@ -70,7 +70,8 @@ def reference_documents(path: Path) -> list[list[str]]:
 def test_undecodable_bytes_are_dropped_as_the_reference_reader_drops_them(tmp_path, caplog):
     """One Latin-1 byte used to end pre-training in a raw DatasetGenerationError traceback."""
     corpus = tmp_path / "latin1.txt"
-    corpus.write_bytes(b"The caf\xe9 is open.\nIt serves coffee \xc3\xa0 la carte.\n\xff\xfe\nAfter a line of junk.\n"
+    corpus.write_bytes(b"The caf\xe9 is open.\nIt serves coffee \xc3\xa0 la carte.\n"
+                       b"\xff\xfe\nAfter a line of junk.\n"
                        b"\nSecond document, cut mid-character \xe2\x82.\n\n\x80\x81 Third document.\n")
     with caplog.at_level("WARNING", logger="bert_repro.data.corpus"):
         docs = load_documents(str(corpus), cache_dir=tmp_path / "cache")

@@ -37,7 +37,7 @@ def datasets_progress(what: str) -> Iterator[None]:
 
 
 def counted(items: Iterable, what: str, every_s: float | None = None) -> Iterator:
-    """``items`` unchanged, with a plain line every ``every_s`` (EVERY_S) seconds: how many so far, how fast."""
+    """``items`` unchanged, and a plain line every ``every_s`` (EVERY_S) seconds: how many, how fast."""
     every_s = EVERY_S if every_s is None else every_s
     start = last = time.monotonic()
     n = 0

@@ -64,7 +64,8 @@ def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = Tru
     # Rebuilt from its vocabulary so that a trained tokenizer and a re-loaded one are the same thing
     # (the trainer's own object has no [CLS]/[SEP] post-processor).
     tokenizer = tokenizer_from_vocab(vocab_list(trainer._tokenizer), lowercase)
-    log.info("WordPiece vocabulary of %d tokens in %.1fs", tokenizer.get_vocab_size(), time.perf_counter() - start)
+    seconds = time.perf_counter() - start
+    log.info("WordPiece vocabulary of %d tokens in %.1fs", tokenizer.get_vocab_size(), seconds)
     return tokenizer
 
 

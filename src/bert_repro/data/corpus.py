@@ -248,14 +248,15 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
     # time (instead of its default 10 MB) and the map below 64 documents at a time, each written out as it
     # comes: memory stays flat whatever the corpus size.
     with datasets_progress(f"reading corpus {source!r} ({len(files)} file(s))"):
-        text = load_dataset("text", data_files=[str(f) for f in files], sample_by="paragraph", chunksize=1 << 20,
-                            encoding_errors="replace", split="train", cache_dir=str(cache_dir / "hf"))
+        text = load_dataset("text", data_files=[str(f) for f in files], sample_by="paragraph",
+                            chunksize=1 << 20, encoding_errors="replace", split="train",
+                            cache_dir=str(cache_dir / "hf"))
         documents = text.map(_to_documents, batched=True, batch_size=64, writer_batch_size=64,
                              remove_columns=["text"], num_proc=num_proc, desc="splitting documents")
     if len(documents) == 0:
         raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) holds no documents")
     dropped = int(np.sum(documents.with_format("numpy")["dropped"]))
     if dropped:
-        log.warning("corpus %r: dropped %d undecodable byte sequence(s) (not UTF-8), as google-research/bert's "
-                    "convert_to_unicode(errors='ignore') does", source, dropped)
+        log.warning("corpus %r: dropped %d undecodable byte sequence(s) (not UTF-8), as "
+                    "google-research/bert's convert_to_unicode(errors='ignore') does", source, dropped)
     return documents.remove_columns("dropped")

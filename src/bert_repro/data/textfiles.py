@@ -42,4 +42,5 @@ def require_utf8(path: str | Path, expected: str) -> None:
     except UnicodeDecodeError as err:
         line = data.count(b"\n", 0, err.start) + 1
         raise ValueError(f"{path} line {line}: byte 0x{data[err.start]:02x} is not UTF-8 ({err.reason}); "
-                         f"expected {expected} in UTF-8 (re-encode it, e.g. iconv -f latin1 -t utf-8)") from None
+                         f"expected {expected} in UTF-8 (re-encode it, e.g. iconv -f latin1 -t utf-8)"
+                         ) from None
