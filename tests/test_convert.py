@@ -493,6 +493,10 @@ def test_cli_exports_a_finetuned_checkpoint_with_its_head_and_refuses_a_bilstm(t
     theirs = transformers.AutoModelForMultipleChoice.from_pretrained(tmp_path / "swag").eval()
     batch = random_batch((2, 4, 9))
     assert max_diff(module(batch), theirs(**batch).logits) <= 1e-4
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "swag.ckpt")]) == 0  # the encoder layer by layer, then the head
+    task_row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("task logits"))
+    assert float(task_row.split()[-1]) <= 1e-4
     assert main(["to-hf", str(tmp_path / "swag.ckpt"), str(tmp_path / "enc"), "--encoder-only"]) == 0
     assert json.loads((tmp_path / "enc" / "config.json").read_text())["architectures"] == ["BertModel"]
 

@@ -12,7 +12,11 @@ from pathlib import Path
 from bert_repro.convert.export import export_finetuned, export_hf, finetuned_architecture
 from bert_repro.convert.loaders import build_model, load_checkpoint
 from bert_repro.convert.names import ARCHITECTURES, HEADS
-from bert_repro.convert.parity import compare_with_transformers
+from bert_repro.convert.parity import (
+    compare_task_with_transformers,
+    compare_with_transformers,
+    sentence_batch,
+)
 from bert_repro.convert.safe import CheckpointError, safe_torch_load
 
 
@@ -24,6 +28,7 @@ def _check(src: str, tol: float) -> int:
               file=sys.stderr)
         return 2
     loaded = load_checkpoint(src)
+    module = task_module(Path(src), strict=False)
     with tempfile.TemporaryDirectory() as tmp:
         path = Path(src)
         hf_dir = path if path.is_dir() and (path / "config.json").is_file() else None
@@ -31,6 +36,14 @@ def _check(src: str, tol: float) -> int:
             hf_dir = export_hf(build_model(loaded), tmp, loaded.vocab, loaded.lowercase is not False,
                                loaded.missing_heads)
         rows = compare_with_transformers(loaded, hf_dir)
+        if module is not None:  # a fine-tuned model: its head too, where transformers has the class
+            try:
+                architecture = finetuned_architecture(module)
+            except ValueError as err:
+                print(f"note: the task head is not compared: {err}")
+            else:
+                task_dir = export_finetuned(module, Path(tmp) / "task")
+                rows += compare_task_with_transformers(module, architecture, task_dir, sentence_batch(loaded))
     c = loaded.config
     print(f"{loaded.source}: L={c.num_layers} H={c.hidden_size} A={c.num_heads} V={c.vocab_size}"
           f"{' causal' if c.causal else ''}; missing heads: {', '.join(loaded.missing_heads) or 'none'}")
@@ -42,10 +55,11 @@ def _check(src: str, tol: float) -> int:
     return 0 if worst <= tol else 1
 
 
-def task_module(path: Path):
+def task_module(path: Path, strict: bool = True):
     """The fine-tuned task LightningModule saved in ``path`` (our .ckpt), or None when it holds a
-    pre-training model. The class is the task module whose constructor takes exactly the saved
-    hyper-parameters (what ``save_hyperparameters`` stored)."""
+    pre-training model. The class is the task module whose constructor arguments are exactly the saved
+    hyper-parameters (``save_hyperparameters`` stores every one); none such is an error, or None when not
+    ``strict``."""
     if not path.is_file() or path.suffix in (".json", ".safetensors", ".bin", ".index"):
         return None
     ckpt = safe_torch_load(path, what="a readable bert_repro Lightning checkpoint")
@@ -59,10 +73,14 @@ def task_module(path: Path):
 
     saved = set(ckpt.get("hyper_parameters", {}))
     for cls in (SequenceClassificationModule, TokenTaggingModule, SpanExtractionModule, MultipleChoiceModule):
-        params = list(inspect.signature(cls.__init__).parameters.values())[1:]
-        required = {p.name for p in params if p.default is inspect.Parameter.empty}
-        if required <= saved <= {p.name for p in params}:
-            return cls.load_from_checkpoint(path, map_location="cpu", weights_only=True).eval()
+        if saved == set(list(inspect.signature(cls.__init__).parameters)[1:]):
+            try:
+                return cls.load_from_checkpoint(path, map_location="cpu", weights_only=True).eval()
+            except Exception as err:  # Lightning raises KeyError, RuntimeError ... for a file it cannot restore
+                raise CheckpointError(f"{path}: not a {cls.__name__} checkpoint Lightning can restore "
+                                      f"({type(err).__name__}: {err})") from None
+    if not strict:
+        return None
     raise CheckpointError(f"{path}: a fine-tuned checkpoint whose hyper-parameters {sorted(saved)} fit no "
                           "task module (classification, tagging, span, choice)")
 

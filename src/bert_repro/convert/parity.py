@@ -17,7 +17,7 @@ SENTENCES = [
 ]
 
 
-def _batch(loaded: LoadedCheckpoint) -> dict[str, Tensor]:
+def sentence_batch(loaded: LoadedCheckpoint) -> dict[str, Tensor]:
     """The sentence pairs through the checkpoint's own vocabulary, right-padded to the longest.
 
     A checkpoint without a vocabulary gets random ids with the same lengths (and a note saying so).
@@ -50,7 +50,7 @@ def compare_with_transformers(loaded: LoadedCheckpoint, hf_dir: Path) -> list[tu
     cls = transformers.BertForPreTraining if with_mlm else transformers.BertModel
     theirs = cls.from_pretrained(str(hf_dir), attn_implementation="eager").eval()
     ours = build_model(loaded, nsp="nsp" not in loaded.missing_heads).eval()
-    batch = _batch(loaded)
+    batch = sentence_batch(loaded)
     real = batch["attention_mask"].bool()
     mine = ours(**batch, output_hidden_states=True)
     ref = theirs(**batch, output_hidden_states=True)
@@ -64,3 +64,26 @@ def compare_with_transformers(loaded: LoadedCheckpoint, hf_dir: Path) -> list[tu
         if mine.nsp_logits is not None:
             rows.append(("nsp logits", (mine.nsp_logits - ref.seq_relationship_logits).abs().max().item()))
     return rows
+
+
+@torch.no_grad()
+def compare_task_with_transformers(module, architecture: str, hf_dir: Path,
+                                   batch: dict[str, Tensor]) -> list[tuple[str, float]]:
+    """Max |ours - transformers| of a fine-tuned model's task outputs (``export_finetuned``'s ``hf_dir``)
+    at real positions. Multiple choice reads the batch's sequences as the choices of one example."""
+    import transformers
+
+    theirs = getattr(transformers, architecture).from_pretrained(str(hf_dir), attn_implementation="eager")
+    theirs.eval()
+    module.eval()
+    if architecture == "BertForMultipleChoice":
+        rows = torch.arange(module.num_choices) % batch["input_ids"].shape[0]
+        batch = {k: v[rows][None] for k, v in batch.items()}  # (1, N, T)
+    real = batch["attention_mask"].bool()
+    mine, ref = module(batch), theirs(**batch)
+    if architecture == "BertForQuestionAnswering":
+        return [("start logits", (mine[0] - ref.start_logits)[real].abs().max().item()),
+                ("end logits", (mine[1] - ref.end_logits)[real].abs().max().item())]
+    if architecture == "BertForTokenClassification":
+        return [("task logits", (mine - ref.logits)[real].abs().max().item())]
+    return [("task logits", (mine - ref.logits.view(mine.shape)).abs().max().item())]  # STS-B: (B,), (B, 1)
