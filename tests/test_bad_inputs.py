@@ -197,6 +197,9 @@ def test_malformed_rows_name_the_file_and_line(tmp_path):
     (tmp_path / "short.csv").write_text("sent1,sent2,ending0,label\na,b,c,0\nd,e\n")
     with pytest.raises(ValueError, match="short.csv line 3: 2 fields, expected 4"):
         read_rows(FileSpec(str(tmp_path / "short.csv")), tmp_path / "cache")
+    (tmp_path / "huge.csv").write_text("a,b,label\nx," + "y" * 200_000 + ",1\n")  # past csv's field limit
+    with pytest.raises(ValueError, match=r"huge.csv line 2: not a readable row \(field larger than"):
+        read_rows(FileSpec(str(tmp_path / "huge.csv")), tmp_path / "cache")
     (tmp_path / "cut.json").write_text('{"version": "1.1",\n "data": [\n{"title": "t", "paragr')
     with pytest.raises(ValueError, match=r"cut.json is not a SQuAD file .*line 3"):
         read_squad_json(tmp_path / "cut.json", version=1)

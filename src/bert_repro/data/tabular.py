@@ -57,10 +57,14 @@ def _check_field_counts(path: Path, sep: str, quoting: int, expected: int, first
         reader = csv.reader(f, delimiter=sep, quoting=quoting)
         for _ in range(first_line - 1):
             next(reader, None)
-        for row in reader:
-            if row and len(row) != expected:
-                layout = " (tab-separated, quotes literal, as GLUE's files)" if sep == "\t" else ""
-                raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields, expected {expected}{layout}")
+        try:
+            for row in reader:
+                if row and len(row) != expected:
+                    layout = " (tab-separated, quotes literal, as GLUE's files)" if sep == "\t" else ""
+                    raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields, "
+                                     f"expected {expected}{layout}")
+        except csv.Error as err:  # e.g. a field past csv's size limit, where a quote was never closed
+            raise ValueError(f"{path} line {reader.line_num}: not a readable row ({err})") from None
 
 
 def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
