@@ -434,11 +434,12 @@ def test_exported_stsb_is_a_one_output_regression(tmp_path):
     assert mine.abs().max() > 0.1 and max_diff(mine, ref.squeeze(-1)) <= 1e-4
 
 
+@pytest.mark.parametrize("causal", [False, True])  # left-to-right (§5.1): transformers' is_decoder mask
 @torch.no_grad()
-def test_exported_conll_tagger_has_the_tag_set(tmp_path):
+def test_exported_conll_tagger_has_the_tag_set(tmp_path, causal):
     from bert_repro.tasks.tagging import TokenTaggingModule
 
-    module = finetuned(TokenTaggingModule(TINY, {}))
+    module = finetuned(TokenTaggingModule({**TINY, "causal": causal}, {}))
     theirs, config = exported(module, tmp_path, "AutoModelForTokenClassification")
     assert type(theirs).__name__ == "BertForTokenClassification"
     assert list(config["id2label"].values()) == list(module.labels) and config["label2id"]["B-PER"] == 1
@@ -500,6 +501,12 @@ def test_cli_exports_a_finetuned_checkpoint_with_its_head_and_refuses_a_bilstm(t
     assert main(["to-hf", str(tmp_path / "swag.ckpt"), str(tmp_path / "enc"), "--encoder-only"]) == 0
     assert json.loads((tmp_path / "enc" / "config.json").read_text())["architectures"] == ["BertModel"]
 
+    for refused, reason in [
+        (SequenceClassificationModule({**TINY, "causal": True}, {}, "rte", num_labels=2), "reads its last token"),
+        (SequenceClassificationModule(TINY, {}, "wnli", num_labels=2, predict_majority=True), "majority class"),
+    ]:
+        with pytest.raises(ValueError, match=reason):
+            convert.export_finetuned(refused, tmp_path / "refused")
     bilstm = finetuned(SequenceClassificationModule(TINY, {}, task="rte", num_labels=2, bilstm=True))
     capsys.readouterr()
     assert main(["to-hf", str(lightning_file(bilstm, tmp_path / "rte.ckpt")), str(tmp_path / "rte")]) == 2

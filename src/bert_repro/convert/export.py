@@ -60,6 +60,9 @@ def finetuned_architecture(module: nn.Module) -> str:
     if isinstance(net, TokenTagger):
         return "BertForTokenClassification"
     if isinstance(net, SequenceClassifier):
+        if getattr(module, "predict_majority", False):
+            raise ValueError("predict_majority=true predicts the training set's majority class; "
+                             "there is no trained model to export")
         if config.causal:  # we read the last real token (heads.aggregate_token); transformers reads [CLS]
             raise ValueError("a left-to-right (causal) classifier reads its last token, not [CLS]; "
                              "transformers' heads read [CLS], so it has no transformers class")
@@ -71,15 +74,13 @@ def _labels(module: nn.Module, architecture: str) -> dict:
     """id2label / label2id / problem_type of the HF config: GLUE's label strings (STS-B: one score, a
     regression), CoNLL's tag set; question answering and multiple choice have no labels."""
     if architecture == "BertForTokenClassification":
-        names = list(module.labels)
-    elif architecture == "BertForSequenceClassification":
-        names = list(module.spec.labels or ["score"])
-    else:
+        tags = list(module.labels)
+        return {"id2label": dict(enumerate(tags)), "label2id": {n: i for i, n in enumerate(tags)}}
+    if architecture != "BertForSequenceClassification":
         return {}
-    problem = "regression" if architecture.endswith("SequenceClassification") and not module.spec.labels \
-        else "single_label_classification"
+    names = list(module.spec.labels or ["score"])
     return {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)},
-            **({"problem_type": problem} if architecture.endswith("SequenceClassification") else {})}
+            "problem_type": "single_label_classification" if module.spec.labels else "regression"}
 
 
 def export_finetuned(module: nn.Module, out_dir: str | Path) -> Path:
