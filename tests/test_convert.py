@@ -501,10 +501,9 @@ def test_cli_exports_a_finetuned_checkpoint_with_its_head_and_refuses_a_bilstm(t
     assert main(["to-hf", str(tmp_path / "swag.ckpt"), str(tmp_path / "enc"), "--encoder-only"]) == 0
     assert json.loads((tmp_path / "enc" / "config.json").read_text())["architectures"] == ["BertModel"]
 
-    for refused, reason in [
-        (SequenceClassificationModule({**TINY, "causal": True}, {}, "rte", num_labels=2), "reads its last token"),
-        (SequenceClassificationModule(TINY, {}, "wnli", num_labels=2, predict_majority=True), "majority class"),
-    ]:
+    Classifier = SequenceClassificationModule
+    for refused, reason in [(Classifier({**TINY, "causal": True}, {}, "rte", 2), "reads its last token"),
+                            (Classifier(TINY, {}, "wnli", 2, predict_majority=True), "majority class")]:
         with pytest.raises(ValueError, match=reason):
             convert.export_finetuned(refused, tmp_path / "refused")
     bilstm = finetuned(SequenceClassificationModule(TINY, {}, task="rte", num_labels=2, bilstm=True))
