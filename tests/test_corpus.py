@@ -81,6 +81,17 @@ def test_undecodable_bytes_are_dropped_as_the_reference_reader_drops_them(tmp_pa
     assert "dropped 6 undecodable byte sequence(s)" in caplog.text and "latin1.txt" in caplog.text
 
 
+def test_converted_sources_log_progress_and_drop_bad_bytes(tmp_path, caplog):
+    wiki = tmp_path / "wiki.raw"
+    wiki.write_bytes(b" = First = \n\n The caf\xe9 opened in the spring of that year . It was busy .\n\n"
+                     b" = Second = \n\n A second article has one passage of running text here .\n")
+    with caplog.at_level("INFO"):
+        docs = load_documents(f"wikitext:{wiki}", cache_dir=tmp_path / "cache")
+    assert len(docs) == 2 and docs[0]["sentences"][0].startswith("The caf opened")
+    assert f"converting wikitext:{wiki}: documents: 3 in all" in caplog.text  # the empty preamble too
+    assert "dropped 1 undecodable byte sequence(s)" in caplog.text
+
+
 @pytest.mark.parametrize("content,message", [
     (b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4, "is gzip-compressed, not text"),
     (b"PK\x03\x04" + b"A sentence.\n" * 10, "is zip-compressed, not text"),

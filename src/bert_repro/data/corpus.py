@@ -33,7 +33,7 @@ import numpy as np
 from datasets import Dataset, load_dataset
 
 from bert_repro.data.textfiles import refuse_non_text
-from bert_repro.progress import datasets_progress
+from bert_repro.progress import counted, datasets_progress
 
 log = logging.getLogger(__name__)
 
@@ -197,7 +197,9 @@ def _resolve(source: str, cache_dir: Path) -> list[Path]:
         for file in sorted(path.rglob("*.txt")) if path.is_dir() else [path]:
             refuse_non_text(file, f"{kind} plain text")
         out = cache_dir / "corpora" / f"{kind}-{path.stem}-{_fingerprint(path)}-v{CONVERTER_VERSION}.txt"
-        return [out if out.is_file() else write_documents(_CONVERTERS[kind](path), out)]
+        if out.is_file():
+            return [out]
+        return [write_documents(counted(_CONVERTERS[kind](path), f"converting {source}: documents"), out)]
     path = Path(source).expanduser()
     if not path.exists():
         raise FileNotFoundError(
