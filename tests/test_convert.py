@@ -14,6 +14,7 @@ import torch
 
 from bert_repro import convert
 from bert_repro.convert import CheckpointError, build_model, export_hf, load_checkpoint
+from bert_repro.convert.cli import main
 from bert_repro.model import BertConfig, BertForPreTraining
 
 transformers = pytest.importorskip("transformers")
@@ -227,7 +228,7 @@ def test_tf_variable_names_map_to_ours(hf_pretraining, tmp_path, monkeypatch):
                                theirs.bert.encoder.layer[1].intermediate.dense.weight, rtol=0, atol=0)
 
     # The whole reader path, with the TensorFlow call replaced by the fake variables.
-    monkeypatch.setattr(convert, "read_tf_checkpoint", lambda prefix: tf)
+    monkeypatch.setattr(convert.loaders, "read_tf_checkpoint", lambda prefix: tf)
     folder = tmp_path / "uncased_L-2_H-32_A-4"
     folder.mkdir()
     hf_config = json.loads((path / "config.json").read_text())
@@ -274,7 +275,7 @@ def test_lightning_checkpoint(tmp_path):
     assert_same_state(rebuilt.state_dict(), model.state_dict())
 
     # check: transformers reads our export of it and agrees.
-    assert convert.main(["check", str(tmp_path / "last.ckpt")]) == 0
+    assert main(["check", str(tmp_path / "last.ckpt")]) == 0
 
 
 # ---------------------------------------------------------------------------------------- bad input
@@ -347,12 +348,167 @@ def test_cli_rejects_a_corrupt_directory_with_a_message(tmp_path):
 
 def test_cli_to_hf_and_a_tolerance_that_fails(tmp_path, capsys):
     out = tmp_path / "exported"
-    assert convert.main(["to-hf", str(minilm_dir()), str(out)]) == 0
+    assert main(["to-hf", str(minilm_dir()), str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
     assert not (out / "model.safetensors").read_bytes().count(b"cls.")  # no random heads passed off as weights
     theirs, info = transformers.BertModel.from_pretrained(out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert_same_state(load_checkpoint(out).state_dict, load_checkpoint(minilm_dir()).state_dict)
     capsys.readouterr()
-    assert convert.main(["check", str(out), "--tol", "0"]) == 1  # real float differences exceed zero
+    assert main(["check", str(out), "--tol", "0"]) == 1  # real float differences exceed zero
     assert "FAIL" in capsys.readouterr().out
+
+
+# ---------------------------------------------------------------------------------------- fine-tuned export
+
+TINY = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=37)
+
+
+def finetuned(module, vocab=VOCAB, seed=0):
+    """A task module whose every weight (head included) is random at a scale that makes logits differ."""
+    torch.manual_seed(seed)
+    with torch.no_grad():
+        for name, p in module.model.named_parameters():
+            if not name.startswith("bert."):  # the heads start at N(0, 0.02): logits near zero prove little
+                p.normal_(0, 0.5)
+    module.vocab, module.lowercase = vocab, True
+    return module.eval()
+
+
+def random_batch(shape, vocab_size=99, seed=1):
+    g = torch.Generator().manual_seed(seed)
+    ids = torch.randint(5, vocab_size, shape, generator=g)
+    lengths = torch.randint(3, shape[-1] + 1, shape[:-1], generator=g)
+    lengths.view(-1)[0] = shape[-1]
+    mask = (torch.arange(shape[-1]) < lengths[..., None]).long()
+    types = (torch.arange(shape[-1]) >= lengths[..., None] // 2).long() * mask
+    return {"input_ids": ids * mask, "token_type_ids": types, "attention_mask": mask}
+
+
+def exported(module, tmp_path, auto):
+    """Export ``module``, load it with transformers' ``auto`` class, and check nothing was left out."""
+    out = convert.export_finetuned(module, tmp_path / "hf")
+    theirs, info = getattr(transformers, auto).from_pretrained(out, output_loading_info=True,
+                                                                attn_implementation="eager")
+    assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
+    return theirs.eval(), json.loads((out / "config.json").read_text())
+
+
+def max_diff(a, b, mask=None):
+    return ((a - b)[mask.bool()] if mask is not None else a - b).abs().max().item()
+
+
+@torch.no_grad()
+def test_exported_mrpc_model_gives_transformers_the_same_logits(tmp_path):
+    """The done-criterion: all-MiniLM-L6-v2 fine-tuned as an MRPC classifier, exported, read back by
+    AutoModelForSequenceClassification: the same logits on real sentence pairs."""
+    from bert_repro.tasks.classification import SequenceClassificationModule
+    from bert_repro.tokenization import tokenizer_from_vocab
+
+    loaded = load_checkpoint(minilm_dir())
+    module = SequenceClassificationModule(loaded.config.to_dict(), {}, task="mrpc", num_labels=2)
+    module.load_pretrained(loaded)
+    module = finetuned(module, loaded.vocab)
+    theirs, config = exported(module, tmp_path, "AutoModelForSequenceClassification")
+    assert type(theirs).__name__ == "BertForSequenceClassification"
+    assert config["id2label"] == {str(i): name for i, name in enumerate(module.spec.labels)}
+    assert config["problem_type"] == "single_label_classification"
+    tokenizer = tokenizer_from_vocab(loaded.vocab, lowercase=True)
+    tokenizer.enable_padding(pad_id=loaded.vocab.index("[PAD]"))
+    enc = tokenizer.encode_batch(SENTENCES)
+    fields = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask"}
+    batch = {k: torch.tensor([getattr(e, a) for e in enc]) for k, a in fields.items()}
+    mine, ref = module(batch), theirs(**batch).logits
+    assert mine.abs().max() > 0.1 and max_diff(mine, ref) <= 1e-4
+
+
+@torch.no_grad()
+def test_exported_stsb_is_a_one_output_regression(tmp_path):
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    module = finetuned(SequenceClassificationModule(TINY, {}, task="stsb", num_labels=1))
+    theirs, config = exported(module, tmp_path, "AutoModelForSequenceClassification")
+    assert config["problem_type"] == "regression" and theirs.num_labels == 1
+    batch = random_batch((4, 12))
+    mine, ref = module(batch), theirs(**batch).logits  # (B,) and (B, 1)
+    assert mine.abs().max() > 0.1 and max_diff(mine, ref.squeeze(-1)) <= 1e-4
+
+
+@pytest.mark.parametrize("causal", [False, True])  # left-to-right (§5.1): transformers' is_decoder mask
+@torch.no_grad()
+def test_exported_conll_tagger_has_the_tag_set(tmp_path, causal):
+    from bert_repro.tasks.tagging import TokenTaggingModule
+
+    module = finetuned(TokenTaggingModule({**TINY, "causal": causal}, {}))
+    theirs, config = exported(module, tmp_path, "AutoModelForTokenClassification")
+    assert type(theirs).__name__ == "BertForTokenClassification"
+    assert list(config["id2label"].values()) == list(module.labels) and config["label2id"]["B-PER"] == 1
+    batch = random_batch((3, 10))
+    mine, ref = module(batch), theirs(**batch).logits  # (B, T, K)
+    assert max_diff(mine, ref, batch["attention_mask"]) <= 1e-4
+
+
+@torch.no_grad()
+def test_exported_squad_span_head_is_qa_outputs(tmp_path):
+    from bert_repro.tasks.span import SpanExtractionModule
+
+    module = finetuned(SpanExtractionModule(TINY, {}, version=1))
+    theirs, config = exported(module, tmp_path, "AutoModelForQuestionAnswering")
+    assert type(theirs).__name__ == "BertForQuestionAnswering" and "id2label" not in config
+    batch = random_batch((3, 14))
+    (start, end), ref = module(batch), theirs(**batch)
+    mask = batch["attention_mask"]
+    assert max_diff(start, ref.start_logits, mask) <= 1e-4 and max_diff(end, ref.end_logits, mask) <= 1e-4
+
+
+@torch.no_grad()
+def test_exported_swag_is_a_multiple_choice_model(tmp_path):
+    from bert_repro.tasks.choice import MultipleChoiceModule
+
+    module = finetuned(MultipleChoiceModule(TINY, {}))
+    theirs, _ = exported(module, tmp_path, "AutoModelForMultipleChoice")
+    assert type(theirs).__name__ == "BertForMultipleChoice"
+    batch = random_batch((2, 4, 9))
+    mine, ref = module(batch), theirs(**batch).logits  # (B, 4)
+    assert mine.abs().max() > 0.1 and max_diff(mine, ref) <= 1e-4
+
+
+def lightning_file(module, path):
+    """What Lightning's ModelCheckpoint writes that matters here: the weights, hyper-parameters, vocab."""
+    import lightning
+
+    torch.save({"state_dict": module.state_dict(), "hyper_parameters": dict(module.hparams),
+                "pytorch-lightning_version": lightning.__version__, "vocab": module.vocab,
+                "lowercase": module.lowercase}, path)
+    return path
+
+
+@torch.no_grad()
+def test_cli_exports_a_finetuned_checkpoint_with_its_head_and_refuses_a_bilstm(tmp_path, capsys):
+    from bert_repro.tasks.choice import MultipleChoiceModule
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    module = finetuned(MultipleChoiceModule(TINY, {}))
+    assert main(["to-hf", str(lightning_file(module, tmp_path / "swag.ckpt")), str(tmp_path / "swag")]) == 0
+    assert "BertForMultipleChoice" in capsys.readouterr().out
+    theirs = transformers.AutoModelForMultipleChoice.from_pretrained(tmp_path / "swag").eval()
+    batch = random_batch((2, 4, 9))
+    assert max_diff(module(batch), theirs(**batch).logits) <= 1e-4
+    capsys.readouterr()
+    assert main(["check", str(tmp_path / "swag.ckpt")]) == 0  # the encoder layer by layer, then the head
+    task_row = next(line for line in capsys.readouterr().out.splitlines() if line.startswith("task logits"))
+    assert float(task_row.split()[-1]) <= 1e-4
+    assert main(["to-hf", str(tmp_path / "swag.ckpt"), str(tmp_path / "enc"), "--encoder-only"]) == 0
+    assert json.loads((tmp_path / "enc" / "config.json").read_text())["architectures"] == ["BertModel"]
+
+    Classifier = SequenceClassificationModule
+    for refused, reason in [(Classifier({**TINY, "causal": True}, {}, "rte", 2), "reads its last token"),
+                            (Classifier(TINY, {}, "wnli", 2, predict_majority=True), "majority class")]:
+        with pytest.raises(ValueError, match=reason):
+            convert.export_finetuned(refused, tmp_path / "refused")
+    bilstm = finetuned(SequenceClassificationModule(TINY, {}, task="rte", num_labels=2, bilstm=True))
+    capsys.readouterr()
+    assert main(["to-hf", str(lightning_file(bilstm, tmp_path / "rte.ckpt")), str(tmp_path / "rte")]) == 2
+    err = capsys.readouterr().err
+    assert "rte.ckpt" in err and "BiLSTM head" in err and "--encoder-only" in err
+    assert not (tmp_path / "rte").exists()

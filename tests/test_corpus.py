@@ -54,6 +54,57 @@ def test_missing_or_empty_corpus_is_named(tmp_path):
         load_documents(str(tmp_path / "blank.txt"), cache_dir=tmp_path)
 
 
+def reference_documents(path: Path) -> list[list[str]]:
+    """google-research/bert's create_pretraining_data.py reader: each line through convert_to_unicode, which
+    decodes bytes with errors="ignore", then stripped; an empty line ends a document."""
+    documents: list[list[str]] = [[]]
+    for raw in path.read_bytes().split(b"\n"):
+        line = raw.decode("utf-8", "ignore").strip()
+        if not line:
+            documents.append([])
+        else:
+            documents[-1].append(line)
+    return [d for d in documents if d]
+
+
+def test_undecodable_bytes_are_dropped_as_the_reference_reader_drops_them(tmp_path, caplog):
+    """One Latin-1 byte used to end pre-training in a raw DatasetGenerationError traceback."""
+    corpus = tmp_path / "latin1.txt"
+    corpus.write_bytes(b"The caf\xe9 is open.\nIt serves coffee \xc3\xa0 la carte.\n"
+                       b"\xff\xfe\nAfter a line of junk.\n"
+                       b"\nSecond document, cut mid-character \xe2\x82.\n\n\x80\x81 Third document.\n")
+    with caplog.at_level("WARNING", logger="bert_repro.data.corpus"):
+        docs = load_documents(str(corpus), cache_dir=tmp_path / "cache")
+    assert docs["sentences"] == reference_documents(corpus)
+    assert docs["sentences"][0] == ["The caf is open.", "It serves coffee \u00e0 la carte."]
+    assert docs.column_names == ["sentences"]
+    assert "dropped 6 undecodable byte sequence(s)" in caplog.text and "latin1.txt" in caplog.text
+
+
+def test_converted_sources_log_progress_and_drop_bad_bytes(tmp_path, caplog):
+    wiki = tmp_path / "wiki.raw"
+    wiki.write_bytes(b" = First = \n\n The caf\xe9 opened in the spring of that year . It was busy .\n\n"
+                     b" = Second = \n\n A second article has one passage of running text here .\n")
+    with caplog.at_level("INFO"):
+        docs = load_documents(f"wikitext:{wiki}", cache_dir=tmp_path / "cache")
+    assert len(docs) == 2 and docs[0]["sentences"][0].startswith("The caf opened")
+    assert f"converting wikitext:{wiki}: documents: 3 in all" in caplog.text  # the empty preamble too
+    assert "dropped 1 undecodable byte sequence(s)" in caplog.text
+
+
+@pytest.mark.parametrize("content,message", [
+    (b"\x1f\x8b\x08\x00" + bytes(range(256)) * 4, "is gzip-compressed, not text"),
+    (b"PK\x03\x04" + b"A sentence.\n" * 10, "is zip-compressed, not text"),
+    (b"A sentence.\n\x00\x01\x02\n", r"is a binary file \(it holds NUL bytes\)"),
+    (bytes(range(128, 256)) * 8 + b"\nA sentence.\n", "is mostly not text"),
+])
+def test_a_file_that_is_not_text_is_refused_by_name(tmp_path, content, message):
+    (tmp_path / "corpus.txt").write_bytes(content)
+    with pytest.raises(ValueError, match=message) as err:
+        load_documents(str(tmp_path), cache_dir=tmp_path / "cache")
+    assert str(tmp_path / "corpus.txt") in str(err.value)
+
+
 def test_pydoc_builtin_corpus(tmp_path):
     docs = load_documents("builtin:pydoc", cache_dir=tmp_path)
     assert len(docs) >= 60  # one per pydoc topic with prose

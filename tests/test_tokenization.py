@@ -113,3 +113,67 @@ def test_bad_inputs_name_the_path(tmp_path):
     broken.write_text("{not json")
     with pytest.raises(ValueError, match="tokenizer.json"):
         load_tokenizer(broken)
+
+
+# --- progress: the libraries' bars on a terminal, plain lines in a log ----------------------------------
+
+TEXTS = ["The quick brown fox jumps over the lazy dog.", "A second, rather different sentence."] * 50
+
+
+def test_wordpiece_training_shows_the_trainers_bars_on_a_terminal(monkeypatch):
+    from tokenizers import BertWordPieceTokenizer
+
+    from bert_repro import tokenization
+
+    calls = []
+    original = BertWordPieceTokenizer.train_from_iterator
+
+    def spy(self, iterator, **kwargs):
+        calls.append(kwargs["show_progress"])
+        return original(self, iterator, **kwargs)
+
+    monkeypatch.setattr(BertWordPieceTokenizer, "train_from_iterator", spy)
+    monkeypatch.setattr(tokenization, "on_terminal", lambda: True)
+    train_wordpiece(TEXTS, vocab_size=200)
+    monkeypatch.setattr(tokenization, "on_terminal", lambda: False)
+    train_wordpiece(TEXTS, vocab_size=200)
+    assert calls == [True, False]
+
+
+def test_wordpiece_training_logs_plain_lines_off_a_terminal(monkeypatch, caplog):
+    from bert_repro import progress
+
+    monkeypatch.setattr(progress, "EVERY_S", 0.0)  # a line after every sentence
+    with caplog.at_level("INFO"):
+        train_wordpiece(TEXTS, vocab_size=200)  # pytest's captured stderr is not a terminal
+    lines = [r.getMessage() for r in caplog.records]
+    assert "WordPiece training: sentences read: 1 so far" in lines[1]
+    assert f"WordPiece training: sentences read: {len(TEXTS)} in all" in lines
+    assert lines[-1].startswith("WordPiece vocabulary of ")
+    assert not any("\r" in line for line in lines)
+
+
+def test_datasets_maps_log_plain_lines_off_a_terminal(monkeypatch, caplog, tmp_path):
+    from datasets.utils.logging import is_progress_bar_enabled
+
+    from bert_repro import progress
+    from bert_repro.data.corpus import load_documents
+
+    (tmp_path / "c.txt").write_text("One sentence.\nTwo sentences.\n\nNext document.\n")
+    seen = []
+    original = progress.datasets_progress
+
+    @progress.contextmanager
+    def watched(what):
+        with original(what):
+            seen.append((what, is_progress_bar_enabled()))
+            yield
+
+    monkeypatch.setattr("bert_repro.data.corpus.datasets_progress", watched)
+    with caplog.at_level("INFO", logger="bert_repro.progress"):
+        load_documents(str(tmp_path / "c.txt"), cache_dir=tmp_path / "cache")
+    assert seen == [(f"reading corpus {str(tmp_path / 'c.txt')!r} (1 file(s))", False)]  # bars off inside
+    assert caplog.records[0].getMessage().startswith("reading corpus") and is_progress_bar_enabled()
+    monkeypatch.setattr(progress, "on_terminal", lambda: True)
+    with progress.datasets_progress("on a terminal"):
+        assert is_progress_bar_enabled()

@@ -32,7 +32,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bert_repro.convert import hf_config
+from bert_repro.convert.names import hf_config
 from bert_repro.flops import PEAK_TFLOPS, matmul_probe, training_flops
 from bert_repro.model import BertConfig, BertForPreTraining, compile_model
 

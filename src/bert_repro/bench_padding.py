@@ -17,7 +17,7 @@ from pathlib import Path
 
 import lightning as L
 
-from bert_repro.convert import load_checkpoint
+from bert_repro.convert.loaders import load_checkpoint
 from bert_repro.data.glue import GlueDataModule
 from bert_repro.tasks.classification import SequenceClassificationModule
 from bert_repro.tokenization import save_vocab, tokenizer_from_vocab

@@ -27,7 +27,7 @@ import torch
 from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
-from bert_repro.convert import safe_torch_load
+from bert_repro.convert.safe import safe_torch_load
 
 log = logging.getLogger(__name__)
 

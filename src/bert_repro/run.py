@@ -113,7 +113,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     loaded = None
     if cfg.init:
-        from bert_repro.convert import load_checkpoint
+        from bert_repro.convert.loaders import load_checkpoint
 
         loaded = load_checkpoint(cfg.init)
     vocab, lowercase = resolve_vocab(cfg, loaded)

@@ -12,10 +12,13 @@ from __future__ import annotations
 
 import json
 import logging
+import time
 from collections.abc import Iterable
 from pathlib import Path
 
 from tokenizers import BertWordPieceTokenizer, Tokenizer
+
+from bert_repro.progress import counted, on_terminal
 
 log = logging.getLogger(__name__)
 
@@ -43,18 +46,27 @@ def tokenizer_from_vocab(vocab: list[str], lowercase: bool) -> Tokenizer:
 
 
 def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
-    """Learn a WordPiece vocabulary of at most `vocab_size` tokens from `texts`."""
+    """Learn a WordPiece vocabulary of at most `vocab_size` tokens from `texts`.
+
+    Progress: the trainer's own bars on a terminal, plain lines (sentences read so far) otherwise.
+    """
+    start = time.perf_counter()
+    terminal = on_terminal()
+    log.info("training a WordPiece vocabulary of at most %d tokens", vocab_size)
     trainer = BertWordPieceTokenizer(lowercase=lowercase, wordpieces_prefix=CONTINUATION_PREFIX)
     trainer.train_from_iterator(
-        texts,
+        texts if terminal else counted(texts, "WordPiece training: sentences read"),
         vocab_size=vocab_size,
         special_tokens=SPECIAL_TOKENS,
         wordpieces_prefix=CONTINUATION_PREFIX,
-        show_progress=False,
+        show_progress=terminal,
     )
     # Rebuilt from its vocabulary so that a trained tokenizer and a re-loaded one are the same thing
     # (the trainer's own object has no [CLS]/[SEP] post-processor).
-    return tokenizer_from_vocab(vocab_list(trainer._tokenizer), lowercase)
+    tokenizer = tokenizer_from_vocab(vocab_list(trainer._tokenizer), lowercase)
+    seconds = time.perf_counter() - start
+    log.info("WordPiece vocabulary of %d tokens in %.1fs", tokenizer.get_vocab_size(), seconds)
+    return tokenizer
 
 
 def vocab_list(tokenizer: Tokenizer) -> list[str]:

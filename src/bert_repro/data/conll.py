@@ -25,6 +25,7 @@ from tokenizers import Tokenizer
 
 from bert_repro.data.base import FineTuningDataModule
 from bert_repro.data.batching import pad_inputs
+from bert_repro.data.textfiles import require_utf8
 
 log = logging.getLogger(__name__)
 
@@ -71,6 +72,7 @@ def read_conll(path: str | Path, labels: tuple[str, ...] = CONLL2003_LABELS) -> 
             tags.clear()
             in_document = True
 
+    require_utf8(path, "a CoNLL column file")
     with path.open(encoding="utf-8") as f:
         for number, line in enumerate(f, 1):
             fields = line.split()

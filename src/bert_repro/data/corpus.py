@@ -13,20 +13,32 @@ not yet in that format are converted once into it under the cache directory:
                        licence stripped, one document per chapter
 
 Hugging Face datasets (data.source=hub) are read by `hub.py` with the same sentence splitter and filter.
+
+Undecodable bytes are dropped, as `create_pretraining_data.py` reads its input
+(`tokenization.convert_to_unicode`, errors="ignore"), and counted in the log; a file that is mostly not
+text (binary, compressed) is refused by name.
 """
 
 from __future__ import annotations
 
 import hashlib
+import logging
 import os
 import re
 import sys
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
+import numpy as np
 from datasets import Dataset, load_dataset
 
+from bert_repro.data.textfiles import refuse_non_text
+from bert_repro.progress import counted, datasets_progress
+
+log = logging.getLogger(__name__)
+
 BUILTIN_PYDOC = "builtin:pydoc"
+TEXT_EXPECTED = "plain text, one sentence per line and a blank line between documents"
 MIN_WORDS = 3  # converted sentences with fewer words are headings, list items or code, not prose
 
 # A sentence ends at . ! or ? (and any closing quotes/brackets) followed by whitespace and a capital
@@ -123,7 +135,8 @@ def pydoc_documents() -> Iterator[list[str]]:
 def _wikitext_articles(path: Path) -> Iterator[list[str]]:
     """The lines of each WikiText article, read line by line (a corpus is never held whole in memory)."""
     lines: list[str] = []
-    with open(path, encoding="utf-8") as f:  # universal newlines: CRLF reads as "\n"
+    # universal newlines: CRLF reads as "\n"; a bad byte becomes U+FFFD, dropped in load_documents
+    with open(path, encoding="utf-8", errors="replace") as f:
         for line in f:
             line = line.rstrip("\n")
             if re.fullmatch(r" = [^=].* = ", line):  # " = Title = " starts an article
@@ -181,8 +194,12 @@ def _resolve(source: str, cache_dir: Path) -> list[Path]:
         path = Path(rest).expanduser()
         if not path.exists():
             raise FileNotFoundError(f"corpus {source!r}: {path} does not exist")
+        for file in sorted(path.rglob("*.txt")) if path.is_dir() else [path]:
+            refuse_non_text(file, f"{kind} plain text")
         out = cache_dir / "corpora" / f"{kind}-{path.stem}-{_fingerprint(path)}-v{CONVERTER_VERSION}.txt"
-        return [out if out.is_file() else write_documents(_CONVERTERS[kind](path), out)]
+        if out.is_file():
+            return [out]
+        return [write_documents(counted(_CONVERTERS[kind](path), f"converting {source}: documents"), out)]
     path = Path(source).expanduser()
     if not path.exists():
         raise FileNotFoundError(
@@ -192,16 +209,23 @@ def _resolve(source: str, cache_dir: Path) -> list[Path]:
     files = sorted(path.rglob("*.txt")) if path.is_dir() else [path]
     if not files:
         raise FileNotFoundError(f"corpus directory {path} holds no *.txt files")
+    for file in files:
+        refuse_non_text(file, TEXT_EXPECTED)
     return files
 
 
 def _to_documents(batch: dict) -> dict:
     # A "paragraph" of the text builder is the text between two "\n\n". As in the original reader,
-    # any whitespace-only line also ends a document, and sentences are stripped.
+    # any whitespace-only line also ends a document, and sentences are stripped. The builder decodes
+    # with errors="replace": each U+FFFD is an undecodable byte (sequence), dropped and counted per
+    # document as convert_to_unicode(errors="ignore") drops it (its tokenizer drops a real U+FFFD too).
     documents: list[list[str]] = []
+    dropped: list[int] = []
+    pending = 0  # dropped before the batch's first document
     for paragraph in batch["text"]:
+        pending += paragraph.count("\ufffd")
         sentences: list[str] = []
-        for line in paragraph.split("\n"):
+        for line in paragraph.replace("\ufffd", "").split("\n"):
             if line.strip():
                 sentences.append(line.strip())
             elif sentences:
@@ -209,7 +233,10 @@ def _to_documents(batch: dict) -> dict:
                 sentences = []
         if sentences:
             documents.append(sentences)
-    return {"sentences": documents}
+        dropped += [0] * (len(documents) - len(dropped))
+        if dropped:
+            dropped[-1], pending = dropped[-1] + pending, 0
+    return {"sentences": documents, "dropped": dropped}
 
 
 def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: int | None = None) -> Dataset:
@@ -222,10 +249,16 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
     # Universal newlines: the text builder opens files in text mode, so CRLF reads as "\n". It reads 1 MB at a
     # time (instead of its default 10 MB) and the map below 64 documents at a time, each written out as it
     # comes: memory stays flat whatever the corpus size.
-    text = load_dataset("text", data_files=[str(f) for f in files], sample_by="paragraph", chunksize=1 << 20,
-                        split="train", cache_dir=str(cache_dir / "hf"))
-    documents = text.map(_to_documents, batched=True, batch_size=64, writer_batch_size=64, remove_columns=["text"],
-                         num_proc=num_proc)
+    with datasets_progress(f"reading corpus {source!r} ({len(files)} file(s))"):
+        text = load_dataset("text", data_files=[str(f) for f in files], sample_by="paragraph",
+                            chunksize=1 << 20, encoding_errors="replace", split="train",
+                            cache_dir=str(cache_dir / "hf"))
+        documents = text.map(_to_documents, batched=True, batch_size=64, writer_batch_size=64,
+                             remove_columns=["text"], num_proc=num_proc, desc="splitting documents")
     if len(documents) == 0:
         raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) holds no documents")
-    return documents
+    dropped = int(np.sum(documents.with_format("numpy")["dropped"]))
+    if dropped:
+        log.warning("corpus %r: dropped %d undecodable byte sequence(s) (not UTF-8), as "
+                    "google-research/bert's convert_to_unicode(errors='ignore') does", source, dropped)
+    return documents.remove_columns("dropped")

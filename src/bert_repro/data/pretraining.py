@@ -21,6 +21,7 @@ from bert_repro.data import instances
 from bert_repro.data.batching import eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir, load_documents
 from bert_repro.data.hub import load_hub_documents
+from bert_repro.progress import datasets_progress
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
 
 log = logging.getLogger(__name__)
@@ -178,7 +179,7 @@ class PretrainDataModule(L.LightningDataModule):
             self._tokenizer = tokenizer_from_vocab(list(hp.tokenizer), hp.lowercase)
         elif hp.tokenizer is not None and str(hp.tokenizer).endswith(".ckpt"):
             # e.g. phase 2 of the two-phase schedule: phase 1's vocabulary, which its checkpoint carries
-            from bert_repro.convert import load_checkpoint
+            from bert_repro.convert.loaders import load_checkpoint
 
             loaded = load_checkpoint(hp.tokenizer)
             if loaded.vocab is None:
@@ -223,10 +224,12 @@ class PretrainDataModule(L.LightningDataModule):
         tokens_key = _key(docs._fingerprint, self.vocab, self.lowercase)
         start = time.perf_counter()
         # Small batches, written out as they come: a batch of books is the largest thing held in memory.
-        tokens = docs.map(instances.tokenize_batch, batched=True, batch_size=64, writer_batch_size=64,
-                          remove_columns=docs.column_names,
-                          fn_kwargs={"tokenizer": self._tokenizer}, num_proc=num_proc, features=instances.TOKENS_FEATURES,
-                          cache_file_name=str(folder / f"tokens-{split}-{tokens_key}.arrow"), new_fingerprint=tokens_key)
+        with datasets_progress(f"{split}: tokenizing {len(docs)} documents"):
+            tokens = docs.map(instances.tokenize_batch, batched=True, batch_size=64, writer_batch_size=64,
+                              remove_columns=docs.column_names, fn_kwargs={"tokenizer": self._tokenizer},
+                              num_proc=num_proc, features=instances.TOKENS_FEATURES,
+                              cache_file_name=str(folder / f"tokens-{split}-{tokens_key}.arrow"),
+                              new_fingerprint=tokens_key, desc=f"{split}: tokenizing documents")
         tokenize_seconds = time.perf_counter() - start
         mask = self._mask_settings() if static else None
         settings = dict(seed=seed, dupe_factor=dupe_factor, max_seq_length=hp.max_seq_length,
@@ -236,10 +239,13 @@ class PretrainDataModule(L.LightningDataModule):
         cache_file = folder / f"instances-{split}-{key}.arrow"
         cached = any(folder.glob(f"{cache_file.stem}*.arrow"))  # with num_proc, datasets writes one file per shard
         start = time.perf_counter()
-        dataset = tokens.map(instances.instances_batch, batched=True, batch_size=64, with_indices=True,
-                             input_columns=[], remove_columns=["tokens"], fn_kwargs={"all_documents": tokens, **settings},
-                             num_proc=num_proc, features=instances.instance_features(hp.nsp, mask is not None),
-                             cache_file_name=str(cache_file), new_fingerprint=key)
+        with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"):
+            dataset = tokens.map(instances.instances_batch, batched=True, batch_size=64, with_indices=True,
+                                 input_columns=[], remove_columns=["tokens"],
+                                 fn_kwargs={"all_documents": tokens, **settings}, num_proc=num_proc,
+                                 features=instances.instance_features(hp.nsp, mask is not None),
+                                 cache_file_name=str(cache_file), new_fingerprint=key,
+                                 desc=f"{split}: creating instances")
         seconds = time.perf_counter() - start
         self.instance_stats[split] = dict(documents=len(tokens), instances=len(dataset), tokenize_s=tokenize_seconds,
                                           instances_s=seconds, cached=cached)

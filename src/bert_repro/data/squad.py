@@ -28,6 +28,7 @@ from torch.utils.data import DataLoader
 
 from bert_repro.data.base import FineTuningDataModule
 from bert_repro.data.batching import pad_inputs
+from bert_repro.data.textfiles import require_utf8
 
 log = logging.getLogger(__name__)
 
@@ -77,6 +78,7 @@ def read_squad_json(path: str | Path, version: int) -> list[dict]:
     if not path.is_file():
         raise FileNotFoundError(f"SQuAD file {path} does not exist; expected the official "
                                 f"{' / '.join(FILES[version].values())} in data.squad_dir (or squad_dir=null: the Hub)")
+    require_utf8(path, "a SQuAD JSON file")
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))["data"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:

@@ -15,6 +15,8 @@ from pathlib import Path
 from datasets import Dataset, Features, Value, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
+from bert_repro.data.textfiles import require_utf8
+
 
 @dataclass
 class FileSpec:
@@ -55,10 +57,14 @@ def _check_field_counts(path: Path, sep: str, quoting: int, expected: int, first
         reader = csv.reader(f, delimiter=sep, quoting=quoting)
         for _ in range(first_line - 1):
             next(reader, None)
-        for row in reader:
-            if row and len(row) != expected:
-                layout = " (tab-separated, quotes literal, as GLUE's files)" if sep == "\t" else ""
-                raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields, expected {expected}{layout}")
+        try:
+            for row in reader:
+                if row and len(row) != expected:
+                    layout = " (tab-separated, quotes literal, as GLUE's files)" if sep == "\t" else ""
+                    raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields, "
+                                     f"expected {expected}{layout}")
+        except csv.Error as err:  # e.g. a field past csv's size limit, where a quote was never closed
+            raise ValueError(f"{path} line {reader.line_num}: not a readable row ({err})") from None
 
 
 def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
@@ -68,6 +74,7 @@ def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
         raise FileNotFoundError(f"{path} does not exist")
     if spec.format != "json" and not spec.header and spec.names is None:
         raise ValueError(f"{path}: header=false needs names (the file's column names)")
+    require_utf8(path, f"a {spec.format.upper()} file")
     cache = str(cache_dir / "raw")
     resolved = str(path.resolve())  # datasets fingerprints the path as spelled: one spelling, one cache
     try:

@@ -15,7 +15,7 @@ from bert_repro.flops import training_flops
 from bert_repro.model import BertConfig
 
 if TYPE_CHECKING:
-    from bert_repro.convert import LoadedCheckpoint
+    from bert_repro.convert.loaders import LoadedCheckpoint
 
 log = logging.getLogger(__name__)
 

@@ -1,0 +1,5 @@
+import sys
+
+from bert_repro.convert.cli import main
+
+sys.exit(main())

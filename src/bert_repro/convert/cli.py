@@ -1,0 +1,125 @@
+"""``python -m bert_repro.convert check|to-hf``: the parity check against transformers, and export to
+Hugging Face format of any checkpoint ``load_checkpoint`` reads (a fine-tuned one with its task head)."""
+
+from __future__ import annotations
+
+import argparse
+import inspect
+import sys
+import tempfile
+from pathlib import Path
+
+from bert_repro.convert.export import export_finetuned, export_hf, finetuned_architecture
+from bert_repro.convert.loaders import build_model, load_checkpoint
+from bert_repro.convert.names import ARCHITECTURES, HEADS
+from bert_repro.convert.parity import (
+    compare_task_with_transformers,
+    compare_with_transformers,
+    sentence_batch,
+)
+from bert_repro.convert.safe import CheckpointError, safe_torch_load
+
+
+def _check(src: str, tol: float) -> int:
+    try:
+        import transformers  # noqa: F401
+    except ImportError:
+        print("error: `check` compares against the reference implementation: pip install transformers",
+              file=sys.stderr)
+        return 2
+    loaded = load_checkpoint(src)
+    module = task_module(Path(src), strict=False)
+    with tempfile.TemporaryDirectory() as tmp:
+        path = Path(src)
+        hf_dir = path if path.is_dir() and (path / "config.json").is_file() else None
+        if hf_dir is None:  # ours or TF: transformers reads our export of it
+            hf_dir = export_hf(build_model(loaded), tmp, loaded.vocab, loaded.lowercase is not False,
+                               loaded.missing_heads)
+        rows = compare_with_transformers(loaded, hf_dir)
+        if module is not None:  # a fine-tuned model: its head too, where transformers has the class
+            try:
+                architecture = finetuned_architecture(module)
+            except ValueError as err:
+                print(f"note: the task head is not compared: {err}")
+            else:
+                task_dir = export_finetuned(module, Path(tmp) / "task")
+                rows += compare_task_with_transformers(module, architecture, task_dir, sentence_batch(loaded))
+    c = loaded.config
+    print(f"{loaded.source}: L={c.num_layers} H={c.hidden_size} A={c.num_heads} V={c.vocab_size}"
+          f"{' causal' if c.causal else ''}; missing heads: {', '.join(loaded.missing_heads) or 'none'}")
+    print(f"{'output':<12} {'max |diff|':>12}")
+    for name, diff in rows:
+        print(f"{name:<12} {diff:>12.3e}{'  > tol' if diff > tol else ''}")
+    worst = max(diff for _, diff in rows)
+    print(f"{'OK' if worst <= tol else 'FAIL'}: max |diff| {worst:.3e} (tol {tol:g})")
+    return 0 if worst <= tol else 1
+
+
+def task_module(path: Path, strict: bool = True):
+    """The fine-tuned task LightningModule saved in ``path`` (our .ckpt), or None when it holds a
+    pre-training model. The class is the task module whose constructor arguments are exactly the saved
+    hyper-parameters (``save_hyperparameters`` stores every one); none such is an error, or None when not
+    ``strict``."""
+    if not path.is_file() or path.suffix in (".json", ".safetensors", ".bin", ".index"):
+        return None
+    ckpt = safe_torch_load(path, what="a readable bert_repro Lightning checkpoint")
+    weights = ckpt.get("state_dict", {}) if isinstance(ckpt, dict) else {}
+    if not any(k.startswith("model.") and k.split(".")[1] not in ("bert", *HEADS) for k in weights):
+        return None
+    from bert_repro.tasks.choice import MultipleChoiceModule
+    from bert_repro.tasks.classification import SequenceClassificationModule
+    from bert_repro.tasks.span import SpanExtractionModule
+    from bert_repro.tasks.tagging import TokenTaggingModule
+
+    saved = set(ckpt.get("hyper_parameters", {}))
+    for cls in (SequenceClassificationModule, TokenTaggingModule, SpanExtractionModule, MultipleChoiceModule):
+        if saved == set(list(inspect.signature(cls.__init__).parameters)[1:]):
+            try:
+                return cls.load_from_checkpoint(path, map_location="cpu", weights_only=True).eval()
+            except Exception as err:  # Lightning raises KeyError, RuntimeError ... for a file it cannot restore
+                raise CheckpointError(f"{path}: not a {cls.__name__} checkpoint Lightning can restore "
+                                      f"({type(err).__name__}: {err})") from None
+    if not strict:
+        return None
+    raise CheckpointError(f"{path}: a fine-tuned checkpoint whose hyper-parameters {sorted(saved)} fit no "
+                          "task module (classification, tagging, span, choice)")
+
+
+def _to_hf(src: str, out: str, encoder_only: bool) -> int:
+    module = None if encoder_only else task_module(Path(src))
+    if module is not None:
+        try:
+            architecture = finetuned_architecture(module)
+        except ValueError as err:
+            raise CheckpointError(f"{src}: {err}") from None
+        export_finetuned(module, out)
+        print(f"wrote {out} ({architecture})")
+        return 0
+    loaded = load_checkpoint(src)
+    model = build_model(loaded, nsp="nsp" not in loaded.missing_heads)
+    export_hf(model, out, loaded.vocab, loaded.lowercase is not False, loaded.missing_heads)
+    has = [head not in loaded.missing_heads for head in HEADS]
+    print(f"wrote {out} ({ARCHITECTURES[tuple(has)]})")
+    return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.convert", description=__doc__.split("\n")[0])
+    sub = parser.add_subparsers(dest="command", required=True)
+    check = sub.add_parser("check", help="compare our encoder with transformers on real sentences")
+    check.add_argument("src", help="HF directory, Google TF checkpoint, or our Lightning .ckpt")
+    check.add_argument("--tol", type=float, default=1e-4)
+    to_hf = sub.add_parser("to-hf", help="export any loadable checkpoint in Hugging Face format; "
+                                         "a fine-tuned .ckpt with its task head and label names")
+    to_hf.add_argument("src")
+    to_hf.add_argument("out_dir")
+    to_hf.add_argument("--encoder-only", action="store_true",
+                       help="export a fine-tuned checkpoint's encoder without its task head")
+    args = parser.parse_args(argv)
+    try:
+        if args.command == "check":
+            return _check(args.src, args.tol)
+        return _to_hf(args.src, args.out_dir, args.encoder_only)
+    except (ValueError, ImportError, OSError) as err:  # CheckpointError is a ValueError
+        print(f"error: {err}", file=sys.stderr)
+        return 2

@@ -1,0 +1,98 @@
+"""Export to Hugging Face format: a pre-trained encoder (BertModel / BertForPreTraining / ...) or a
+fine-tuned task model with its head and label names, loadable by transformers' ``AutoModelFor...``."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import torch
+from torch import Tensor, nn
+
+from bert_repro.convert.names import ARCHITECTURES, HEADS, hf_config, ours_to_hf
+from bert_repro.heads import FeatureTagger, SequenceClassifier, TokenTagger
+from bert_repro.model import BertConfig, BertForPreTraining
+
+
+def _write(out_dir: str | Path, config: dict, weights: dict[str, Tensor], vocab: list[str] | None,
+           lowercase: bool, max_position: int) -> Path:
+    """config.json, model.safetensors (fp32), and vocab.txt + tokenizer_config.json when there is a vocab."""
+    from safetensors.torch import save_file
+
+    out = Path(out_dir)
+    out.mkdir(parents=True, exist_ok=True)
+    weights = {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in weights.items()}
+    (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
+    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    if vocab is not None:
+        (out / "vocab.txt").write_text("".join(token + "\n" for token in vocab), encoding="utf-8")
+        tok = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,
+               "model_max_length": max_position}
+        (out / "tokenizer_config.json").write_text(json.dumps(tok, indent=2) + "\n")
+    return out
+
+
+def _pad_id(vocab: list[str] | None) -> int:
+    return vocab.index("[PAD]") if vocab and "[PAD]" in vocab else 0
+
+
+def export_hf(model: BertForPreTraining, out_dir: str | Path, vocab: list[str] | None, lowercase: bool = True,
+              missing_heads: list[str] | tuple[str, ...] = ()) -> Path:
+    """Write config.json, model.safetensors (HF names), vocab.txt and tokenizer_config.json.
+
+    Heads listed in ``missing_heads`` (random, never trained) are left out rather than passed off as weights.
+    """
+    state = {k: v for k, v in model.state_dict().items() if k.split(".")[0] not in missing_heads}
+    has = {h: any(k.startswith(h + ".") for k in state) for h in HEADS}
+    config = hf_config(model.config, ARCHITECTURES[has["mlm"], has["nsp"]], _pad_id(vocab))
+    return _write(out_dir, config, ours_to_hf(state), vocab, lowercase, model.config.max_position)
+
+
+def finetuned_architecture(module: nn.Module) -> str:
+    """The transformers class that computes what ``module`` (a fine-tuned task LightningModule) computes,
+    or a ValueError saying why none does."""
+    net, config = module.model, module.config
+    if isinstance(net, FeatureTagger) or getattr(net, "lstm", None) is not None:
+        raise ValueError("a model with a BiLSTM head (Table 5's '+ BiLSTM', Table 7's feature-based tagger) "
+                         "has no transformers class; export its encoder alone with --encoder-only")
+    if hasattr(net, "qa_outputs"):  # tasks.span.SpanExtractor: S and E as one Linear(H, 2), as HF's
+        return "BertForQuestionAnswering"
+    if isinstance(net, TokenTagger):
+        return "BertForTokenClassification"
+    if isinstance(net, SequenceClassifier):
+        if getattr(module, "predict_majority", False):
+            raise ValueError("predict_majority=true predicts the training set's majority class; "
+                             "there is no trained model to export")
+        if config.causal:  # we read the last real token (heads.aggregate_token); transformers reads [CLS]
+            raise ValueError("a left-to-right (causal) classifier reads its last token, not [CLS]; "
+                             "transformers' heads read [CLS], so it has no transformers class")
+        return "BertForMultipleChoice" if hasattr(module, "num_choices") else "BertForSequenceClassification"
+    raise ValueError(f"{type(module).__name__} has no task head that transformers knows")
+
+
+def _labels(module: nn.Module, architecture: str) -> dict:
+    """id2label / label2id / problem_type of the HF config: GLUE's label strings (STS-B: one score, a
+    regression), CoNLL's tag set; question answering and multiple choice have no labels."""
+    if architecture == "BertForTokenClassification":
+        tags = list(module.labels)
+        return {"id2label": dict(enumerate(tags)), "label2id": {n: i for i, n in enumerate(tags)}}
+    if architecture != "BertForSequenceClassification":
+        return {}
+    names = list(module.spec.labels or ["score"])
+    return {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)},
+            "problem_type": "single_label_classification" if module.spec.labels else "regression"}
+
+
+def export_finetuned(module: nn.Module, out_dir: str | Path) -> Path:
+    """A fine-tuned task module in Hugging Face format: the encoder in HF names, the head under HF's own
+    names (ours match: ``classifier``, ``qa_outputs``), the label names, the module's vocabulary."""
+    architecture = finetuned_architecture(module)
+    config: BertConfig = module.config
+    state = module.model.state_dict()
+    if architecture in ("BertForTokenClassification", "BertForQuestionAnswering"):  # built without a pooler
+        state = {k: v for k, v in state.items() if not k.startswith("bert.pooler.")}
+    encoder = ours_to_hf({k: v for k, v in state.items() if k.startswith("bert.")})
+    head = {k: v for k, v in state.items() if not k.startswith("bert.")}
+    vocab = getattr(module, "vocab", None)
+    hf = {**hf_config(config, architecture, _pad_id(vocab)), **_labels(module, architecture)}
+    return _write(out_dir, hf, encoder | head, vocab, getattr(module, "lowercase", True), config.max_position)
