@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "run":
             launcher = table.spec.get("launchers", {}).get(args.launcher)
             if launcher is None:
-                raise TableError(f"conf/experiment/{args.table}.yaml has no launchers.{args.launcher}")
+                raise TableError(f"conf/table/{args.table}.yaml has no launchers.{args.launcher}")
             summary = run_table(table, launcher, force=args.force, dry_run=args.dry_run)
             if args.dry_run:
                 return 0
