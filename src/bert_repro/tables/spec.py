@@ -193,7 +193,8 @@ def column_run(name: str, column: dict) -> tuple[str, dict] | None:
     if "task" not in column:
         raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or `skip:`")
     run = {"task": column["task"], "overrides": column.get("overrides") or {},
-           "checkpoint": column.get("checkpoint"), "selection": column.get("selection")}
+           "checkpoint": column.get("checkpoint"), "selection": column.get("selection"),
+           "grid": column.get("grid")}  # a fixed recipe's own grid ({}: one run), in place of the table's
     return column.get("run", column["task"]), run
 
 
@@ -268,7 +269,8 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                 overrides = {**common, "model": row.get("model", spec.get("model", "tiny")),
                              **flatten(spec.get("finetune_overrides")), **flatten(spec["task_data"].get(run["task"])),
                              **flatten(row.get("overrides")), **flatten(run["overrides"]), "task": run["task"]}
-                params = {k: str(v) for k, v in {**flatten(spec.get("grid")), **flatten(row.get("grid"))}.items()}
+                grid = flatten(spec.get("grid")) if run["grid"] is None else flatten(run["grid"])
+                params = {k: str(v) for k, v in {**grid, **flatten(row.get("grid"))}.items()}
                 for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over a fixed lr)
                     overrides.pop(key, None)
                 skip = None
@@ -277,7 +279,8 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                     overrides["init"] = path
                 overrides.update(tags(overrides))
                 sweep = Sweep("finetune", name, root / "finetune" / row_name / run_name, overrides, params,
-                              needs=needs, skip=skip, selection=run["selection"] or part.selection)
+                              needs=needs, skip=skip,
+                              selection=run["selection"] or row.get("selection") or part.selection)
                 if needs is not None:
                     sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or "last.ckpt"
                     schedule = schedules[row["pretrain"]]
