@@ -58,7 +58,7 @@ def main(argv: list[str] | None = None) -> int:
     try:
         table = build(args.table, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set, args.logger)
         reference = load_reference()
-        if args.action in ("plan", "run"):  # a run is planned (and its spec checked) before anything starts
+        if args.action == "plan" or (args.action == "run" and args.scale != "smoke" and not args.dry_run):  # a run is planned (and its spec checked) before anything starts
             plan = make_plan(table, args.accelerator)
             if args.action == "plan":
                 print_plan(plan)

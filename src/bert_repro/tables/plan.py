@@ -68,9 +68,20 @@ def peak_and_mfu(accelerator: str) -> tuple[float, float, str]:
     return PEAK_TFLOPS[ACCELERATORS[accelerator]] * 1e12, float(mfu), source
 
 
-def compose_job(sweep: Sweep, swept: list[str]) -> dict:
+# overrides that change no step count, length or shape: runs that differ only in them share one composition
+COST_FREE = ("seed=", "optim.lr=", "init=", "ckpt_path=", "ablation=", "logger=", "++logger.")
+
+
+def compose_job(sweep: Sweep, swept: list[str], cache: dict) -> dict:
     """The run's config as src/train.py composes it (hydra.* launcher keys left out), the keys a plan needs
     resolved; a compose error names the run."""
+    key = tuple(s for s in sweep.fixed_args() + swept if not s.startswith(COST_FREE))
+    if key not in cache:
+        cache[key] = _compose(sweep, swept)
+    return cache[key]
+
+
+def _compose(sweep: Sweep, swept: list[str]) -> dict:
     overrides = [o for o in sweep.fixed_args() if not o.startswith(("hydra", "+hydra", "++logger"))] + swept
     try:
         cfg = compose("train", overrides=overrides)
@@ -93,10 +104,10 @@ def _model(config: dict):
 
 
 def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: float, mfu: float,
-             sizes: dict) -> Run:
+             sizes: dict, cache: dict) -> Run:
     from bert_repro.flops import encoder_parameters, training_flops
 
-    cfg = compose_job(sweep, swept)
+    cfg = compose_job(sweep, swept, cache)
     model, optim = _model(cfg["model"]), cfg["optim"]
     seq, batch = int(cfg["data.max_seq_length"]), int(cfg["data.batch_size"])
     params = encoder_parameters(model) + (model.vocab_size + model.max_position) * model.hidden_size
@@ -110,18 +121,19 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
         corpus = CORPUS_TOKENS.get(cfg["data.source"], 0) * int(cfg["data.dupe_factor"] or 1)
         disk = saved * params * CKPT_BYTES_PER_PARAM + (corpus * INSTANCE_BYTES_PER_TOKEN if start == 0 else 0)
     else:
-        task = cfg["task.name"]
-        if task not in sizes:
+        task, cap = cfg["task.name"], cfg["data.max_train_examples"]
+        if task not in sizes and not cap:
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
-                             "train_sizes")
-        examples = min(sizes[task], cfg["data.max_train_examples"] or sizes[task])
+                             "train_sizes, and no data.max_train_examples")
+        examples = min(sizes.get(task, cap), cap or sizes[task])
         sequences = examples * (4 if task == "swag" else 1)  # SWAG: four [CLS] A [SEP] B_i sequences
         steps = int(optim["max_steps"]) if (optim.get("max_steps") or -1) > 0 else \
             math.ceil(examples / batch) * int(optim["epochs"])
         tokens = steps * min(batch, examples) * seq * (sequences // examples)
         flops = training_flops(model, tokens, seq)  # padded tokens: an upper bound on the real ones
         disk = 2 * params * CKPT_BYTES_PER_PARAM  # best.ckpt and last.ckpt
-    return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase, steps, seq, tokens, flops,
+    phase = sweep.phase if sweep.stage == "pretrain" else None
+    return Run(f"{sweep.name}/{folder.name}", sweep.stage, phase, steps, seq, tokens, flops,
                flops / (peak * mfu) / 3600, disk / 1e9)
 
 
@@ -141,13 +153,13 @@ def check_lengths(table: Table, sweep: Sweep, run: Run) -> None:
 def make_plan(table: Table, accelerator: str = "h100") -> dict:
     peak, mfu, source = peak_and_mfu(accelerator)
     sizes = table.spec.get("train_sizes") or {}
-    runs = []
+    runs, cache = [], {}
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
             for sweep in table.sweeps.values():
                 for swept, folder in sweep.jobs():
-                    run = plan_job(table, sweep, swept, folder, peak, mfu, sizes)
+                    run = plan_job(table, sweep, swept, folder, peak, mfu, sizes, cache)
                     check_lengths(table, sweep, run)
                     runs.append(run)
     finally:
