@@ -46,8 +46,8 @@ clean:
 #        [LAUNCHER=local|joblib|slurm] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse] [ACCELERATOR=h100|h200|a100]
 # ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours (experiments/runs/<table>/<scale>/
 # plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny model, steps and data divided down) on
-# this CPU. Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them. conf/table/<table>.yaml
-# holds each table's sweeps and selection rule.
+# this CPU (each grid's first point; GRID=full for all of it). Complete runs are skipped (an interrupted table
+# resumes); FORCE=1 re-runs them. conf/table/<table>.yaml holds each table's sweeps and selection rule.
 TABLES   := table1 table2 table3 table4 table5 table6 table7 table8 figure4
 SCALE    ?= smoke
 ACTION   ?= run
@@ -57,4 +57,4 @@ LAUNCHER ?= local
 $(TABLES): install
 	$(BIN)/python -m bert_repro.tables $(ACTION) $@ --scale $(SCALE) --launcher $(LAUNCHER) \
 		$(if $(filter 1 yes true,$(FORCE)),--force) $(if $(INIT),--init $(INIT)) $(if $(LOGGER),--logger $(LOGGER)) \
-		$(if $(ACCELERATOR),--accelerator $(ACCELERATOR))
+		$(if $(ACCELERATOR),--accelerator $(ACCELERATOR)) $(if $(GRID),--rehearse-grid $(GRID))

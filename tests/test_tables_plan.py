@@ -111,7 +111,7 @@ def rehearse(name, scale, tmp_path, monkeypatch):
 @pytest.mark.slow
 def test_figure4_rehearses_at_budget_scale(tmp_path, monkeypatch, shared_data):
     folder, cells, record = rehearse("figure4", "budget", tmp_path, monkeypatch)
-    assert record["divisor"] == 25_000 and record["runs"] == 34
+    assert record["divisor"] == 25_000 and record["runs"] == 34 and record["rehearsed_jobs"] == 4 + 2 * 5
     assert all(c["status"] == "ok" for c in cells if c["row"] in ("mlm", "ltr")) and len(cells) >= 10
     phase1 = folder / "pretrain" / "mlm" / "phase1" / "default"
     assert sorted(p.name for p in (phase1 / "checkpoints").glob("step-*.ckpt")) == [
@@ -124,6 +124,6 @@ def test_figure4_rehearses_at_budget_scale(tmp_path, monkeypatch, shared_data):
 @pytest.mark.slow
 def test_table5_rehearses_at_paper_scale(tmp_path, monkeypatch, shared_data):
     _, cells, record = rehearse("table5", "paper", tmp_path, monkeypatch)
-    assert record["runs"] == 6 + 4 * (4 * 12 + 1)
+    assert record["runs"] == 6 + 4 * (4 * 12 + 1) and record["rehearsed_jobs"] == 6 + 4 * 5
     ours = [c for c in cells if c["status"] != "paper"]
     assert ours and all(c["status"] == "ok" for c in ours), [c for c in ours if c["status"] != "ok"]

@@ -50,6 +50,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=REPO / "experiments" / "runs")
     parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--rehearse-grid", choices=("first", "full"), default="first",
+                        help="rehearse each grid's first point (default) or all of it")
     parser.add_argument("--accelerator", default="h100", choices=tuple(ACCELERATORS),
                         help="the GPU the plan's GPU-hours are for (default %(default)s)")
     args = parser.parse_args(argv)
@@ -69,7 +71,8 @@ def main(argv: list[str] | None = None) -> int:
         if args.action == "rehearse":
             from bert_repro.tables.rehearse import rehearse
 
-            table, args.results_dir = rehearse(table, args.runs_dir.resolve(), args.results_dir, args.force)
+            table, args.results_dir = rehearse(table, args.runs_dir.resolve(), args.results_dir, args.force,
+                                               args.rehearse_grid)
         elif args.action == "run":
             launcher = table.spec.get("launchers", {}).get(args.launcher)
             if launcher is None:

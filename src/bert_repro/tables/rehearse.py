@@ -5,7 +5,9 @@ their sequence lengths, the checkpoint cadence relative to the steps (step-<N>.c
 for one divisor D of every step count), which checkpoint each fine-tuning starts from, and the selection.
 Changed: a tiny model (BERT-tiny for our pre-trainings, all-MiniLM-L6-v2 for an external checkpoint), the
 pre-training corpus (CPython's documentation) and its steps / D, the fine-tuning data (the smoke scale's local
-files, REHEARSAL_EXAMPLES train examples, a few Dev batches), the CPU trainer and the csv logger. Runs go to
+files, REHEARSAL_EXAMPLES train examples, a few Dev batches), the CPU trainer and the csv logger, and, unless
+``grid="full"``, each grid cut to its first value of every swept key (the same keys and job folders; every
+point of the full grid is composed and checked by the plan): a 2-core CPU runs some 8 s a job. Runs go to
 <runs>/rehearsal/<table>/<scale>/, the table to <results>/rehearsal/. Afterwards each fine-tuning's
 checkpoint is checked to hold the step the plan says (Figure 4's x), and every cell to be a number or a mark
 with a reason.
@@ -61,7 +63,7 @@ def _shrink_pretrain(overrides: dict, scale: str, d: int) -> dict:
     return shrunk
 
 
-def shrink(table: Table, runs_dir: Path, d: int) -> Table:
+def shrink(table: Table, runs_dir: Path, d: int, grid: str = "first") -> Table:
     """The rehearsal's table: the same sweeps over <runs>/rehearsal, each with the overrides above."""
     small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, logger="csv")
     smoke_data = load_spec(table.name, "smoke")["task_data"]  # the local files each task reads
@@ -81,6 +83,8 @@ def shrink(table: Table, runs_dir: Path, d: int) -> Table:
             if sweep.needs is not None and (found := STEP_CKPT.match(sweep.checkpoint)):
                 sweep.checkpoint = f"step-{int(found.group(1)) // d}.ckpt"
         sweep.overrides = {**kept, **CPU}
+        if grid == "first":
+            sweep.params = {k: v.split(",")[0] for k, v in sweep.params.items()}
         if sweep.needs is not None:  # phase 2's resume point, fine-tuning's init=
             sweep.overrides["ckpt_path" if sweep.stage == "pretrain" else "init"] = str(sweep.init_path())
     return small
@@ -102,22 +106,24 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
     return problems
 
 
-def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False) -> tuple[Table, Path]:
+def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False,
+             grid: str = "first") -> tuple[Table, Path]:
     """Plan (the spec checked at its real scale), shrink, run, check; returns the table to collect and where."""
     if table.scale == "smoke":
         raise TableError("ACTION=rehearse shrinks budget or paper scale; SCALE=smoke runs as it is")
     start = time.time()
     plan = make_plan(table)
     d = divisor(table)
-    small = shrink(table, runs_dir, d)
+    small = shrink(table, runs_dir, d, grid)
     summary = run_table(small, {}, force=force)
     problems = check_steps(table, small, d)
     folder = runs_dir / "rehearsal" / table.name / table.scale
-    record = {"divisor": d, "runs": len(plan["runs"]), "wall_s": round(time.time() - start, 1),
+    record = {"divisor": d, "runs": len(plan["runs"]), "grid": grid,
+              "rehearsed_jobs": sum(len(s.jobs()) for s in small.sweeps.values()), "wall_s": round(time.time() - start, 1),
               "sweeps": summary, "step_problems": problems}
     (folder / "rehearsal.json").write_text(json.dumps(record, indent=2) + "\n")
     if problems:
         raise TableError("rehearsal: " + "; ".join(problems))
-    print(f"rehearsal of {table.name} at scale={table.scale}: {len(plan['runs'])} runs, steps / {d}, "
-          f"{time.time() - start:.0f} s")
+    print(f"rehearsal of {table.name} at scale={table.scale}: {record['rehearsed_jobs']} of {len(plan['runs'])} "
+          f"planned runs ({grid} grid), steps / {d}, {time.time() - start:.0f} s")
     return small, results_dir / "rehearsal"
