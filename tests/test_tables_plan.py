@@ -127,3 +127,13 @@ def test_table5_rehearses_at_paper_scale(tmp_path, monkeypatch, shared_data):
     assert record["runs"] == 6 + 4 * (4 * 12 + 1) and record["rehearsed_jobs"] == 6 + 4 * 5
     ours = [c for c in cells if c["status"] != "paper"]
     assert ours and all(c["status"] == "ok" for c in ours), [c for c in ours if c["status"] != "ok"]
+
+
+def test_a_table_spec_is_not_a_runnable_experiment():
+    """Table specs live in conf/table/: `src/train.py experiment=table5` fails instead of pre-training."""
+    from hydra.errors import MissingConfigException
+
+    from .test_config import compose_cfg
+
+    with pytest.raises(MissingConfigException, match="experiment/table5"):
+        compose_cfg(["experiment=table5"])

@@ -15,9 +15,9 @@ from pathlib import Path
 
 from bert_repro.tables import DEMOS, SCALES, TABLES
 from bert_repro.tables.collect import collect, load_reference
+from bert_repro.tables.plan import ACCELERATORS, make_plan, print_plan, write_plan
 from bert_repro.tables.render import log_wandb, write_all
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.plan import ACCELERATORS, make_plan, print_plan, write_plan
 from bert_repro.tables.spec import REPO, TableError, build
 
 LAUNCHERS = ("local", "joblib", "slurm")

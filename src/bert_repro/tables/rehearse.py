@@ -66,6 +66,10 @@ def _shrink_pretrain(overrides: dict, scale: str, d: int) -> dict:
 def shrink(table: Table, runs_dir: Path, d: int, grid: str = "first") -> Table:
     """The rehearsal's table: the same sweeps over <runs>/rehearsal, each with the overrides above."""
     small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, logger="csv")
+    small.spec |= {"logger": "csv", "data_note": None,
+                   "scale_note": f"a rehearsal of the {table.scale} plan on CPU: tiny models, steps / {d}, "
+                                 f"{REHEARSAL_EXAMPLES}-example subsets of ../shared/data; it proves the path, "
+                                 "not the numbers"}
     smoke_data = load_spec(table.name, "smoke")["task_data"]  # the local files each task reads
     for sweep in small.sweeps.values():
         kept = {k: v for k, v in sweep.overrides.items() if not k.startswith(DROPPED)}

@@ -20,8 +20,10 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError
+# REPO and TableError are re-exported: the runner, the collector and the CLI import them from here
+from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401
 from bert_repro.tables.schedule import Schedule, schedule_of
+
 SELECTIONS = {
     "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
     "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev (§5.2)",
