@@ -95,18 +95,24 @@ def shrink(table: Table, runs_dir: Path, d: int, grid: str = "first") -> Table:
 
 
 def check_steps(table: Table, small: Table, d: int) -> list[str]:
-    """Each fine-tuning's checkpoint holds the global step the plan gives it (real step / D)."""
+    """Each fine-tuning's checkpoint holds the global step the plan gives it (real step / D), and records
+    (its pre-training data's max_seq_length) the position length the plan says it was trained at."""
     import torch
 
     problems = []
     for name, sweep in small.sweeps.items():
         if sweep.stage != "finetune" or sweep.needs is None or not sweep.init_path().is_file():
             continue
-        planned = schedule_of(table.scale, table.sweeps[name].needs.overrides).checkpoint_step(
-            table.sweeps[name].checkpoint, name)
-        held = torch.load(sweep.init_path(), map_location="cpu", weights_only=False)["global_step"]
+        real = table.sweeps[name]
+        schedule = schedule_of(table.scale, real.needs.overrides)
+        planned = schedule.checkpoint_step(real.checkpoint, name)
+        ckpt = torch.load(sweep.init_path(), map_location="cpu", weights_only=False)
+        held, length = ckpt["global_step"], ckpt["datamodule_hyper_parameters"]["max_seq_length"]
         if held * d != planned:
             problems.append(f"{name}: {sweep.checkpoint} holds step {held} x {d}, the plan says {planned}")
+        if length != schedule.trained_length(real.phase):
+            problems.append(f"{name}: {sweep.checkpoint} was trained at length {length}, the plan says "
+                            f"{schedule.trained_length(real.phase)}")
     return problems
 
 
