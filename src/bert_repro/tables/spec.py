@@ -139,11 +139,11 @@ def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
         raise TableError(f"conf/table/{table}.yaml has no `table:` node")
     spec = OmegaConf.to_container(cfg.table, resolve=False)
     scales, task_data = spec.pop("scales", {}) or {}, spec.pop("task_data", {}) or {}
-    if scale not in scales:
-        raise TableError(f"conf/table/{table}.yaml declares no `scales.{scale}` block")
     spec["task_data"] = task_data.get(scale, {}) or {}
+    # conf/scale/<scale>.yaml's `tables` (logger, trainer: what every table adds at the scale), then the table's own
+    shared = OmegaConf.load(CONF_DIR / "scale" / f"{scale}.yaml").get("tables") or {}
     try:
-        merged = OmegaConf.merge(spec, scales[scale] or {}, OmegaConf.from_dotlist(sets or []))
+        merged = OmegaConf.merge(spec, shared, scales.get(scale) or {}, OmegaConf.from_dotlist(sets or []))
     except Exception as err:  # a malformed --set
         raise TableError(f"--set {sets}: {err}") from None
     return OmegaConf.to_container(merged, resolve=False)
@@ -220,7 +220,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     star = given.pop("*", None)  # INIT=<path>: every external checkpoint of the table
     inits = {**(spec.get("inits") or {}), **{k: star for k in (spec.get("inits") or {}) if star}, **given}
     logger = logger or spec.get("logger", "csv")
-    common = flatten(spec.get("overrides"))
+    common = {"scale": scale, **flatten(spec.get("overrides"))}
     common["logger"] = logger
 
     def tags(overrides: dict) -> dict:
