@@ -37,7 +37,7 @@ test-fast: install
 	$(BIN)/python -m pytest -q -m "not e2e and not slow"
 
 # Table 5 in miniature, offline: three pre-training objectives on the embedded corpus, fine-tuned on two
-# demonstration tasks derived from it, printed beside the paper's Table 5 (conf/experiment/table5_demo.yaml).
+# demonstration tasks derived from it, printed beside the paper's Table 5 (conf/table/table5_demo.yaml).
 # `make demo-pretrain` is the single 600-step pre-training run of conf/experiment/demo.yaml.
 demo: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m bert_repro.tables run table5_demo --scale smoke \
@@ -57,9 +57,11 @@ clean:
 
 # The paper's tables beside its numbers: experiments/results/<table>.{md,csv,tex} (+ figures).
 #   make table5 SCALE=smoke|budget|paper [FORCE=1] [INIT=<dir> | INIT=base=<dir>,large=<dir>]
-#        [LAUNCHER=local|joblib|slurm] [LOGGER=csv|wandb] [ACTION=collect]
-# Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them. conf/experiment/<table>.yaml
-# holds each table's sweeps, selection rule and the compute it takes.
+#        [LAUNCHER=local|joblib|slurm] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse] [ACCELERATOR=h100|h200|a100]
+# ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours (experiments/runs/<table>/<scale>/
+# plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny model, steps and data divided down) on
+# this CPU (each grid's first point; GRID=full for all of it). Complete runs are skipped (an interrupted table
+# resumes); FORCE=1 re-runs them. conf/table/<table>.yaml holds each table's sweeps and selection rule.
 TABLES   := table1 table2 table3 table4 table5 table6 table7 table8 figure4
 SCALE    ?= smoke
 ACTION   ?= run
@@ -68,4 +70,5 @@ LAUNCHER ?= local
 
 $(TABLES): install
 	$(BIN)/python -m bert_repro.tables $(ACTION) $@ --scale $(SCALE) --launcher $(LAUNCHER) \
-		$(if $(filter 1 yes true,$(FORCE)),--force) $(if $(INIT),--init $(INIT)) $(if $(LOGGER),--logger $(LOGGER))
+		$(if $(filter 1 yes true,$(FORCE)),--force) $(if $(INIT),--init $(INIT)) $(if $(LOGGER),--logger $(LOGGER)) \
+		$(if $(ACCELERATOR),--accelerator $(ACCELERATOR)) $(if $(GRID),--rehearse-grid $(GRID))

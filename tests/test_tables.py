@@ -342,7 +342,7 @@ def test_collected_table_is_logged_as_a_wandb_table_offline(table5, tmp_path, mo
 
 @pytest.mark.parametrize("launcher", ["joblib", "slurm"])
 def test_launcher_settings_compose_with_their_hydra_plugins(launcher, tmp_path):
-    """conf/experiment/table_tasks.yaml's launchers: every key is one the plugin's config has (stage by stage)."""
+    """conf/table/table_tasks.yaml's launchers: every key is one the plugin's config has (stage by stage)."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
@@ -369,7 +369,7 @@ def test_launcher_choice_reaches_every_multirun(capsys, tmp_path):
                      "--runs-dir", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "--multirun" in line]
     pretrain = [line for line in lines if "task=pretrain" in line]
-    assert len(pretrain) == 6 and all("hydra/launcher=submitit_slurm" in line for line in lines)
+    assert len(pretrain) == 12 and all("hydra/launcher=submitit_slurm" in line for line in lines)  # 2 phases each
     assert all("hydra.launcher.nodes=4" in line and "trainer.num_nodes=4" in line for line in pretrain)
     assert all("hydra.launcher.nodes=1" in line and "hydra.launcher.partition=gpu" in line
                for line in lines if line not in pretrain)

@@ -1,4 +1,8 @@
-"""``python -m bert_repro.tables run|collect <table> --scale smoke|budget|paper`` (what ``make tableN`` runs)."""
+"""``python -m bert_repro.tables run|collect|plan|rehearse <table> --scale smoke|budget|paper`` (``make tableN``).
+
+plan: every run and its cost, written to <runs>/<table>/<scale>/plan.json; nothing runs.
+rehearse: the same plan shrunk (tiny model, steps and data divided down) run on this CPU, then collected.
+"""
 
 from __future__ import annotations
 
@@ -11,6 +15,7 @@ from pathlib import Path
 
 from bert_repro.tables import DEMOS, SCALES, TABLES
 from bert_repro.tables.collect import collect, load_reference
+from bert_repro.tables.plan import ACCELERATORS, make_plan, print_plan, write_plan
 from bert_repro.tables.render import log_wandb, write_all
 from bert_repro.tables.runner import run_table
 from bert_repro.tables.spec import REPO, TableError, build
@@ -33,7 +38,7 @@ def parse_inits(values: list[str]) -> dict[str, str]:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.tables", description=__doc__)
-    parser.add_argument("action", choices=("run", "collect"))
+    parser.add_argument("action", choices=("run", "collect", "plan", "rehearse"))
     parser.add_argument("table", help=f"one of {', '.join(TABLES + DEMOS)}")
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
     parser.add_argument("--force", action="store_true", help="re-run complete runs too")
@@ -45,16 +50,33 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=REPO / "experiments" / "runs")
     parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
+    parser.add_argument("--rehearse-grid", choices=("first", "full"), default="first",
+                        help="rehearse each grid's first point (default) or all of it")
+    parser.add_argument("--accelerator", default="h100", choices=tuple(ACCELERATORS),
+                        help="the GPU the plan's GPU-hours are for (default %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.time()
     try:
         table = build(args.table, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set, args.logger)
         reference = load_reference()
-        if args.action == "run":
+        if args.action == "plan" or (args.action == "run" and args.scale != "smoke" and not args.dry_run):  # a run is planned (and its spec checked) before anything starts
+            plan = make_plan(table, args.accelerator)
+            if args.action == "plan":
+                print_plan(plan)
+                print(f"wrote {write_plan(plan, args.runs_dir)}")
+                return 0
+            print(f"plan: {len(plan['runs'])} runs, {plan['total_gpu_hours']:,.1f} GPU-hours on "
+                  f"{args.accelerator} (`ACTION=plan` for each run)")
+        if args.action == "rehearse":
+            from bert_repro.tables.rehearse import rehearse
+
+            table, args.results_dir = rehearse(table, args.runs_dir.resolve(), args.results_dir, args.force,
+                                               args.rehearse_grid)
+        elif args.action == "run":
             launcher = table.spec.get("launchers", {}).get(args.launcher)
             if launcher is None:
-                raise TableError(f"conf/experiment/{args.table}.yaml has no launchers.{args.launcher}")
+                raise TableError(f"conf/table/{args.table}.yaml has no launchers.{args.launcher}")
             summary = run_table(table, launcher, force=args.force, dry_run=args.dry_run)
             if args.dry_run:
                 return 0

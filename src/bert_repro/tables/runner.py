@@ -20,11 +20,13 @@ from pathlib import Path
 
 import yaml
 
+from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value
 
 log = logging.getLogger(__name__)
 
 TRAIN = REPO / "src" / "train.py"
+LOG = "launch.log"  # every launch of a sweep, appended: the children's stdout and stderr
 NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
 
 
@@ -108,8 +110,17 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         return 0, ""
     log.info("%s: launching %s", sweep.name, " ".join(swept) or "one run")
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, env=env)
-    return proc.returncode, proc.stdout + proc.stderr
+    # the child's output streams into the sweep's folder as it runs (tail -f it), and is read back for errors
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    path = sweep.folder / LOG
+    with path.open("a") as out:
+        out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
+        out.flush()
+        start = out.tell()
+        code = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, env=env).returncode
+    with path.open() as written:
+        written.seek(start)
+        return code, written.read()
 
 
 def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool = False) -> dict[str, int]:
@@ -165,10 +176,17 @@ def stage_launcher(launcher: dict | None, stage: str) -> dict:
 def run_table(table: Table, launcher: dict | None = None, force: bool = False, dry_run: bool = False) -> list[dict]:
     """Every sweep of ``table`` in order (pre-training first); one line of counts per sweep."""
     summary = []
-    for sweep in table.sweeps.values():
-        start = time.time()
-        counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force, dry_run=dry_run)
-        summary.append({"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)})
-        log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
-                 counts["complete"], counts["failed"], time.time() - start)
+    if dry_run:
+        for sweep in table.sweeps.values():
+            run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force, dry_run=True)
+        return summary
+    folders = [folder for sweep in table.sweeps.values() for _, folder in sweep.jobs()]
+    with TableProgress(folders) as progress:
+        for sweep in table.sweeps.values():
+            start = time.time()
+            progress.sweep(sweep.name)
+            counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force)
+            summary.append({"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)})
+            log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
+                     counts["complete"], counts["failed"], time.time() - start)
     return summary

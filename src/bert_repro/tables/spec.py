@@ -1,4 +1,4 @@
-"""A table as conf/experiment/<table>.yaml declares it: parts (sub-tables), rows, columns, and the sweeps
+"""A table as conf/table/<table>.yaml declares it: parts (sub-tables), rows, columns, and the sweeps
 behind them, each with a folder that depends only on the table, the scale and the run's overrides.
 
 Folders: ``<runs>/<table>/<scale>/pretrain/<name>/default`` for a pre-training run and
@@ -20,19 +20,15 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.tables import DEMOS, SCALES, TABLES
+# REPO and TableError are re-exported: the runner, the collector and the CLI import them from here
+from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401
+from bert_repro.tables.schedule import Schedule, schedule_of
 
-REPO = Path(__file__).resolve().parents[3]
-CONF_DIR = REPO / "conf"
 SELECTIONS = {
     "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
     "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev (§5.2)",
 }
 NO_GRID = "default"  # the job folder of a sweep that sweeps nothing
-
-
-class TableError(ValueError):
-    """A wrong table name, scale, table config or result file: the message names it."""
 
 
 def hydra_value(value: Any) -> str:
@@ -67,6 +63,7 @@ class Sweep:
     checkpoint: str = "last.ckpt"  # which of ``needs``' checkpoints (step-<N>.ckpt for Figure 4)
     skip: str | None = None  # why it cannot run at all (no checkpoint given)
     selection: str = "best_on_dev"
+    phase: int | None = None  # pre-training: its phase of a two-phase schedule; fine-tuning: its checkpoint's
 
     def fixed_args(self) -> list[str]:
         return [f"{k}={hydra_value(v)}" for k, v in self.overrides.items()]
@@ -89,7 +86,7 @@ class Sweep:
         return [(combo, self.folder / ",".join(sorted(combo))) for combo in combos]
 
     def init_path(self) -> Path | None:
-        """The checkpoint of the pre-training run this fine-tuning sweep starts from (``needs``)."""
+        """The checkpoint this sweep starts from: fine-tuning's init=, phase 2's ckpt_path (``needs``)."""
         return None if self.needs is None else self.needs.jobs()[0][1] / "checkpoints" / self.checkpoint
 
 
@@ -125,8 +122,9 @@ class Table:
 
 
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
-    """conf/experiment/<table>.yaml composed by Hydra, its ``table`` node with the scale's block merged in;
-    interpolations (``${paths.shared_data}``) stay for the runs to resolve."""
+    """conf/table/<table>.yaml composed by Hydra on its own (a table spec is not a run: it lives apart from the
+    runnable presets of conf/experiment/), its ``table`` node with the scale's block merged in; interpolations
+    (``${paths.shared_data}``) stay for the runs to resolve."""
     if table not in TABLES + DEMOS:
         raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
@@ -134,18 +132,18 @@ def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose("train", overrides=[f"experiment={table}"])
+            cfg = compose(f"table/{table}")
     finally:
         GlobalHydra.instance().clear()
     if "table" not in cfg:
-        raise TableError(f"conf/experiment/{table}.yaml has no `table:` node")
+        raise TableError(f"conf/table/{table}.yaml has no `table:` node")
     spec = OmegaConf.to_container(cfg.table, resolve=False)
     scales, task_data = spec.pop("scales", {}) or {}, spec.pop("task_data", {}) or {}
-    if scale not in scales:
-        raise TableError(f"conf/experiment/{table}.yaml declares no `scales.{scale}` block")
     spec["task_data"] = task_data.get(scale, {}) or {}
+    # conf/scale/<scale>.yaml's `tables` (logger, trainer: what every table adds at the scale), then the table's own
+    shared = OmegaConf.load(CONF_DIR / "scale" / f"{scale}.yaml").get("tables") or {}
     try:
-        merged = OmegaConf.merge(spec, scales[scale] or {}, OmegaConf.from_dotlist(sets or []))
+        merged = OmegaConf.merge(spec, shared, scales.get(scale) or {}, OmegaConf.from_dotlist(sets or []))
     except Exception as err:  # a malformed --set
         raise TableError(f"--set {sets}: {err}") from None
     return OmegaConf.to_container(merged, resolve=False)
@@ -197,7 +195,8 @@ def column_run(name: str, column: dict) -> tuple[str, dict] | None:
     if "task" not in column:
         raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or `skip:`")
     run = {"task": column["task"], "overrides": column.get("overrides") or {},
-           "checkpoint": column.get("checkpoint"), "selection": column.get("selection")}
+           "checkpoint": column.get("checkpoint"), "selection": column.get("selection"),
+           "grid": column.get("grid")}  # a fixed recipe's own grid ({}: one run), in place of the table's
     return column.get("run", column["task"]), run
 
 
@@ -221,7 +220,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     star = given.pop("*", None)  # INIT=<path>: every external checkpoint of the table
     inits = {**(spec.get("inits") or {}), **{k: star for k in (spec.get("inits") or {}) if star}, **given}
     logger = logger or spec.get("logger", "csv")
-    common = flatten(spec.get("overrides"))
+    common = {"scale": scale, **flatten(spec.get("overrides"))}
     common["logger"] = logger
 
     def tags(overrides: dict) -> dict:
@@ -231,14 +230,27 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
         return {"++logger.wandb.group": table, "++logger.wandb.tags": [str(k) for k in keys]}
 
     sweeps: dict[str, Sweep] = {}
+    schedules: dict[str, Schedule] = {}
     for name, own in (spec.get("pretrain") or {}).items():
         if own is None:  # removed (--set pretrain.<name>=null)
             continue
         overrides = {**common, "task": "pretrain", "model": spec.get("model", "tiny"),
                      **flatten(spec.get("pretrain_overrides")), **flatten(own)}
         overrides.update(tags(overrides))
-        sweeps[f"pretrain/{name}"] = Sweep("pretrain", f"pretrain/{name}", root / "pretrain" / name, overrides,
-                                           {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()})
+        grid = {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()}
+        schedules[name] = schedule = schedule_of(scale, overrides)
+        folder = root / "pretrain" / name
+        if schedule.phases == 1:
+            sweeps[f"pretrain/{name}"] = Sweep("pretrain", f"pretrain/{name}", folder, overrides, grid)
+            continue
+        # v2 A.2: phase 1 (folder <name>/phase1), then phase 2 resuming its last.ckpt; phase 2 is the run the
+        # table's pre-training columns and last.ckpt read, so it keeps the name pretrain/<name>
+        first = Sweep("pretrain", f"pretrain/{name}/phase1", folder / "phase1",
+                      {**overrides, "experiment": "pretrain_phase1"}, grid, phase=1)
+        second = Sweep("pretrain", f"pretrain/{name}", folder, {**overrides, "experiment": "pretrain_phase2"},
+                       grid, needs=first, phase=2)
+        second.overrides["ckpt_path"] = str(second.init_path())
+        sweeps[first.name], sweeps[second.name] = first, second
     for part in parts:
         runs: dict[str, dict] = {}
         for col, column in part.columns.items():
@@ -259,7 +271,8 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                 overrides = {**common, "model": row.get("model", spec.get("model", "tiny")),
                              **flatten(spec.get("finetune_overrides")), **flatten(spec["task_data"].get(run["task"])),
                              **flatten(row.get("overrides")), **flatten(run["overrides"]), "task": run["task"]}
-                params = {k: str(v) for k, v in {**flatten(spec.get("grid")), **flatten(row.get("grid"))}.items()}
+                grid = flatten(spec.get("grid")) if run["grid"] is None else flatten(run["grid"])
+                params = {k: str(v) for k, v in {**grid, **flatten(row.get("grid"))}.items()}
                 for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over a fixed lr)
                     overrides.pop(key, None)
                 skip = None
@@ -268,9 +281,18 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                     overrides["init"] = path
                 overrides.update(tags(overrides))
                 sweep = Sweep("finetune", name, root / "finetune" / row_name / run_name, overrides, params,
-                              needs=needs, skip=skip, selection=run["selection"] or part.selection)
+                              needs=needs, skip=skip,
+                              selection=run["selection"] or row.get("selection") or part.selection)
                 if needs is not None:
                     sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or "last.ckpt"
+                    schedule = schedules[row["pretrain"]]
+                    step = schedule.checkpoint_step(sweep.checkpoint, f"conf/table/{table}.yaml {name}")
+                    sweep.phase = schedule.phase_of(step)  # the phase that writes it, and whose folder holds it
+                    for column in part.columns.values():  # Figure 4's x: the step, never a hand-written label
+                        if column.get("run", column.get("task")) == run_name:
+                            column["x"] = step
+                    if sweep.phase == 1 and schedule.phases == 2:
+                        sweep.needs = sweeps[f"pretrain/{row['pretrain']}/phase1"]
                     sweep.overrides["init"] = str(sweep.init_path())
                 sweeps.setdefault(name, sweep)
     return Table(table, scale, spec, parts, sweeps)

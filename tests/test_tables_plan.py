@@ -1,0 +1,139 @@
+"""What a table will run and cost before it runs (ACTION=plan), the spec checks behind it, the rehearsal of a
+budget/paper plan on this CPU (ACTION=rehearse), and the runner's progress lines."""
+
+import csv
+import io
+import json
+
+import pytest
+
+from bert_repro.tables import SCALES, TABLES
+from bert_repro.tables import __main__ as cli
+from bert_repro.tables.plan import FIELDS, make_plan
+from bert_repro.tables.progress import TableProgress
+from bert_repro.tables.spec import TableError, build
+
+
+def test_a_step_checkpoint_the_schedule_never_writes_is_refused(tmp_path):
+    """A made-up broken Figure 4: budget saves step-<N>.ckpt every 100k of 1M steps."""
+    for bad, why in [("step-150000.ckpt", "a multiple of 100000"), ("step-1100000.ckpt", "0 < N <= 1000000"),
+                     ("best-5.ckpt", "expected last.ckpt or step-<N>.ckpt")]:
+        with pytest.raises(TableError, match="never written|expected last.ckpt") as err:
+            build("figure4", "budget", tmp_path, sets=[f"columns.k400k.checkpoint={bad}"])
+        assert why in str(err.value) and "finetune/mlm/mnli_k400k" in str(err.value)
+    with pytest.raises(TableError, match="keeps no step checkpoints"):  # a schedule that saves none
+        build("figure4", "smoke", tmp_path, sets=["pretrain_overrides.scale.pretrain.checkpoint_every_n_steps=null"])
+
+
+def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoint_step(tmp_path):
+    for scale in ("budget", "paper"):
+        table = build("figure4", scale, tmp_path)
+        one, two = table.sweeps["pretrain/mlm/phase1"], table.sweeps["pretrain/mlm"]
+        assert (one.overrides["experiment"], two.overrides["experiment"]) == ("pretrain_phase1", "pretrain_phase2")
+        assert two.needs is one and two.overrides["ckpt_path"] == str(one.jobs()[0][1] / "checkpoints/last.ckpt")
+        assert [c["x"] for c in table.parts[0].columns.values()] == [200_000, 400_000, 600_000, 800_000, 1_000_000]
+        # 200k ... 800k are written by phase 1 (900k steps), 1M (last.ckpt) by phase 2
+        assert table.sweeps["finetune/ltr/mnli_k800k"].needs is table.sweeps["pretrain/ltr/phase1"]
+        assert table.sweeps["finetune/ltr/mnli_k1m"].needs is table.sweeps["pretrain/ltr"]
+    smoke = build("figure4", "smoke", tmp_path)
+    assert "pretrain/mlm/phase1" not in smoke.sweeps
+    assert [c["x"] for c in smoke.parts[0].columns.values()] == [100, 200, 300]
+
+
+def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(tmp_path, capsys):
+    assert cli.main(["plan", "table5", "--scale", "paper", "--accelerator", "a100", "--runs-dir", str(tmp_path)]) == 0
+    out = capsys.readouterr().out
+    assert "assumed 30%" in out and "GPU-hours on a100" in out
+    plan = json.loads((tmp_path / "table5" / "paper" / "plan.json").read_text())
+    assert set(plan) == {"runs", "total_gpu_hours", "accelerator"} and plan["accelerator"] == "a100"
+    assert all(tuple(r) == FIELDS for r in plan["runs"])
+    pretrain = [r for r in plan["runs"] if r["kind"] == "pretrain"]
+    assert [(r["phase"], r["steps"], r["seq_length"]) for r in pretrain[:2]] == [(1, 900_000, 128), (2, 100_000, 512)]
+    assert len(pretrain) == 6 and pretrain[0]["tokens"] == 900_000 * 256 * 128
+    finetune = [r for r in plan["runs"] if r["kind"] == "finetune"]
+    assert len(finetune) == 4 * (4 * 12 + 1)  # 4 rows x (4 GLUE grids of 12 + SQuAD's one fixed run)
+    squad = [r for r in finetune if "/squad_v1/" in r["name"]]
+    assert len(squad) == 4 and {r["seq_length"] for r in squad} == {384}
+    # 87,599 questions / 32 x 3 epochs (Table 2's recipe)
+    assert squad[0]["steps"] == -(-87_599 // 32) * 3
+    assert plan["total_gpu_hours"] == pytest.approx(sum(r["gpu_hours"] for r in plan["runs"]))
+    # at 312 TFLOP/s x 30%: phase 1 is 900k x 256 x 128 tokens of BERT-base, some 50 A100-hours
+    assert 40 < pretrain[0]["gpu_hours"] < 60
+
+
+def test_fine_tuning_beyond_the_trained_positions_is_refused_at_plan_time(tmp_path):
+    """Figure 4 from step-200000.ckpt (phase 1: positions trained up to 128) at 256 tokens."""
+    table = build("figure4", "budget", tmp_path, sets=["finetune_overrides.data.max_seq_length=256"])
+    with pytest.raises(TableError, match=r"max_seq_length=256 from step-200000.ckpt.*trained up to 128 tokens"):
+        make_plan(table)
+
+
+@pytest.mark.slow
+@pytest.mark.parametrize("scale", SCALES)
+def test_every_table_plans_at_every_scale(scale, tmp_path):
+    """Every run of every table composes, its checkpoints exist in its schedule, its lengths fit its positions."""
+    for name in TABLES:
+        plan = make_plan(build(name, scale, tmp_path, inits={"*": "/ckpt/given"}))
+        phases = [r["phase"] for r in plan["runs"] if r["kind"] == "pretrain"]
+        assert phases == ([None] * len(phases) if scale == "smoke" else [1, 2] * (len(phases) // 2)), name
+        assert all(r["steps"] > 0 and r["flops"] > 0 for r in plan["runs"]), name
+
+
+def test_progress_prints_plain_lines_with_jobs_done_the_current_sweep_and_an_eta(tmp_path):
+    folders = [tmp_path / str(i) for i in range(3)]
+    stream = io.StringIO()
+    with TableProgress(folders, stream=stream, every_s=60) as progress:
+        progress.sweep("pretrain/none")
+        folders[0].mkdir()
+        (folders[0] / "results.json").write_text("{}")
+        progress.sweep("finetune/bert_base/mrpc")
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "[0/3 jobs] running pretrain/none; ETA ?"
+    assert lines[1].startswith("[1/3 jobs] running finetune/bert_base/mrpc; ETA ") and "?" not in lines[1]
+    assert lines[-1].startswith("[1/3 jobs] running done")
+
+
+def rehearse(name, scale, tmp_path, monkeypatch):
+    monkeypatch.setenv("BERT_REPRO_CACHE", str(tmp_path / "cache"))
+    for key, value in {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    assert cli.main(["rehearse", name, "--scale", scale, "--runs-dir", str(runs), "--results-dir", str(results)]) == 0
+    record = json.loads((runs / "rehearsal" / name / scale / "rehearsal.json").read_text())
+    assert record["step_problems"] == [] and all(s["failed"] == 0 for s in record["sweeps"]), record
+    with (results / "rehearsal" / f"{name}.csv").open() as f:
+        cells = list(csv.DictReader(f))
+    for cell in cells:  # every cell a number, or a mark with its reason
+        assert (cell["status"] == "ok" and cell["ours"]) or (cell["ours"] == "" and cell["reason"]), cell
+    return runs / "rehearsal" / name / scale, cells, record
+
+
+@pytest.mark.slow
+def test_figure4_rehearses_at_budget_scale(tmp_path, monkeypatch, shared_data):
+    folder, cells, record = rehearse("figure4", "budget", tmp_path, monkeypatch)
+    assert record["divisor"] == 25_000 and record["runs"] == 34 and record["rehearsed_jobs"] == 4 + 2 * 5
+    assert all(c["status"] == "ok" for c in cells if c["row"] in ("mlm", "ltr")) and len(cells) >= 10
+    phase1 = folder / "pretrain" / "mlm" / "phase1" / "default"
+    assert sorted(p.name for p in (phase1 / "checkpoints").glob("step-*.ckpt")) == [
+        f"step-{n}.ckpt" for n in sorted((4, 8, 12, 16, 20, 24, 28, 32, 36), key=str)]
+    two = json.loads((folder / "pretrain" / "mlm" / "default" / "results.json").read_text())
+    assert two["global_step"] == 40 and two["config"]["data"]["max_seq_length"] == 512
+    assert (folder / "pretrain" / "mlm" / "launch.log").stat().st_size > 0  # the child's output, kept
+
+
+@pytest.mark.slow
+def test_table5_rehearses_at_paper_scale(tmp_path, monkeypatch, shared_data):
+    _, cells, record = rehearse("table5", "paper", tmp_path, monkeypatch)
+    assert record["runs"] == 6 + 4 * (4 * 12 + 1) and record["rehearsed_jobs"] == 6 + 4 * 5
+    ours = [c for c in cells if c["status"] != "paper"]
+    assert ours and all(c["status"] == "ok" for c in ours), [c for c in ours if c["status"] != "ok"]
+
+
+def test_a_table_spec_is_not_a_runnable_experiment():
+    """Table specs live in conf/table/: `src/train.py experiment=table5` fails instead of pre-training."""
+    from hydra.errors import MissingConfigException
+
+    from .test_config import compose_cfg
+
+    with pytest.raises(MissingConfigException, match="experiment/table5"):
+        compose_cfg(["experiment=table5"])
