@@ -88,3 +88,21 @@ def test_punct_splits_come_from_disjoint_documents_and_both_tags_occur(documents
         assert 0.03 < tags.count("B-PUNCT") / len(tags) < 0.3
     with pytest.raises(ValueError, match="max_words=4"):
         PydocPunctDataModule(max_words=4)
+
+
+@pytest.mark.slow
+def test_punct_task_fine_tunes_a_two_tag_tagger_end_to_end(tmp_path, minilm_dir):
+    import json
+
+    import torch
+
+    from .test_glue_e2e import run
+
+    proc, out = run("task=pydoc_punct", "model=minilm_l6", f"init={minilm_dir}", "logger=csv", "optim.max_steps=2",
+                    "trainer.enable_progress_bar=false", "data.train_examples=32", "data.dev_examples=16",
+                    "data.batch_size=16", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, out[-3000:]
+    final = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]["final"]
+    assert 0.0 <= final["val/f1"] <= 1.0 and final["val/token_acc"] > 0.5
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["state_dict"]["model.classifier.weight"].shape[0] == 2  # O and B-PUNCT, the task's own labels

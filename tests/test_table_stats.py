@@ -133,3 +133,9 @@ def test_a_comparison_naming_an_unknown_row_is_an_error_that_names_it(tmp_path):
     table = build("table5", "smoke", tmp_path / "runs", sets=["comparisons=[{a: bert_base, b: typo_row, column: qnli_acc}]"])
     with pytest.raises(TableError, match="typo_row"):
         comparisons(table, collect(table, REFERENCE), REFERENCE)
+
+
+def test_comparisons_of_rows_removed_with_set_are_left_out(tmp_path):
+    table = build("table5", "smoke", tmp_path / "runs", sets=["rows.no_nsp=null", "columns.squad_v1_f1=null"])
+    found = comparisons(table, collect(table, REFERENCE), REFERENCE)["main"]
+    assert len(found) == 2 * 4 and not {c["a"] for c in found} & {"no_nsp"} | {c["b"] for c in found} & {"no_nsp"}

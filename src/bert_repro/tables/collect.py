@@ -215,9 +215,13 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
     """Each part's ``comparisons:`` checked on paired seeds. An entry compares rows ``a`` - ``b`` on each of its
     ``columns``, or (with ``rows:``) columns ``a`` - ``b`` within each of those rows (a trend along the table,
     e.g. more pre-training steps). The paper's difference is ``paper_diff`` where given, else read from the
-    reference at ``paper_column`` (default: the column itself); a demo part compares with the table's reference."""
+    reference at ``paper_column`` (default: the column itself); a demo part compares with the table's reference.
+    A comparison of a row or column removed with ``--set rows.<key>=null`` is left out; an unknown name is an error."""
     checked: dict[str, list[dict]] = {}
     for part in table.parts:
+        own = (table.spec.get("parts") or {}).get(part.name) or {}
+        removed = {k for node in (table.spec, own) for group in ("rows", "columns")
+                   for k, v in (node.get(group) or {}).items() if v is None}
         rows = {row.key: row for row in tables[part.name]}
         block = Part(part.name, part.title, part.reference or table.spec.get("reference"), part.rows, part.columns,
                      part.selection)
@@ -228,6 +232,7 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
                 pairs = [((r, a), (r, b)) for r in spec["rows"]]
             else:
                 pairs = [((a, c), (b, c)) for c in spec.get("columns") or [spec.get("column")]]
+            pairs = [p for p in pairs if not {p[0][0], p[0][1], p[1][0], p[1][1]} & removed]
             unknown = {str(k) for pair in pairs for r, c in pair for k, ok in ((r, r in rows), (c, c in part.columns))
                        if not ok}
             if unknown:
