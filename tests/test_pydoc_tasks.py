@@ -69,7 +69,8 @@ def test_rows_are_written_once_and_unknown_task_is_named(tmp_path):
 
 
 def test_punct_passages_strip_the_marks_and_tag_the_words_they_followed():
-    docs = [["Call it, then return.", "The value: a list; done."], ["One two three four five six seven eight."]]
+    docs = [["Call it, then return.", "The value: a list; done."],
+            ["One two three four five six seven eight."]]
     rows = punct_passages(docs, max_words=8, n=10, rng=np.random.default_rng(0))
     # a passage ends at the first sentence end past max_words / 2 words
     assert rows["tokens"][:2] == [["Call", "it", "then", "return"], ["The", "value", "a", "list", "done"]]
@@ -98,11 +99,12 @@ def test_punct_task_fine_tunes_a_two_tag_tagger_end_to_end(tmp_path, minilm_dir)
 
     from .test_glue_e2e import run
 
-    proc, out = run("task=pydoc_punct", "model=minilm_l6", f"init={minilm_dir}", "logger=csv", "optim.max_steps=2",
-                    "trainer.enable_progress_bar=false", "data.train_examples=32", "data.dev_examples=16",
-                    "data.batch_size=16", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}")
+    proc, out = run("task=pydoc_punct", "model=minilm_l6", f"init={minilm_dir}", "logger=csv",
+                    "optim.max_steps=2", "trainer.enable_progress_bar=false", "data.train_examples=32",
+                    "data.dev_examples=16", "data.batch_size=16", f"paths.cache_dir={tmp_path / 'cache'}",
+                    f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 0, out[-3000:]
     final = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]["final"]
     assert 0.0 <= final["val/f1"] <= 1.0 and final["val/token_acc"] > 0.5
     state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert state["state_dict"]["model.classifier.weight"].shape[0] == 2  # O and B-PUNCT, the task's own labels
+    assert state["state_dict"]["model.classifier.weight"].shape[0] == 2  # O and B-PUNCT: the task's labels

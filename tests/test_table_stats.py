@@ -1,6 +1,6 @@
-"""The collector's statistics on synthetic results with known answers: a cell's mean, std and 95% t-interval over
-seeds (collapsed runs counted), and the paper's comparisons on paired seeds: a clear difference agrees, noise is
-inconclusive, a reversed difference disagrees; all of it in the table's .md and .json."""
+"""The collector's statistics on synthetic results with known answers: a cell's mean, std and 95% t-interval
+over seeds (collapsed runs counted), and the paper's comparisons on paired seeds: a clear difference agrees,
+noise is inconclusive, a reversed difference disagrees; all of it in the table's .md and .json."""
 
 from __future__ import annotations
 
@@ -47,8 +47,9 @@ def write_results(folder: Path, task: str, metrics: dict, seed: int, monitor: st
     config = {"task": {"name": task, "monitor_mode": "min" if task == "pretrain" else "max"},
               "optim": {"lr": 1e-3, "epochs": 1}, "data": {"batch_size": 16}, "seed": seed}
     (folder / "results.json").write_text(json.dumps({
-        "status": "complete", "task": task, "model": "tiny", "ablation": "none", "scale": "smoke", "seed": seed,
-        "init": None, "monitor": monitor, "predict_majority": False, "metrics": {"final": metrics},
+        "status": "complete", "task": task, "model": "tiny", "ablation": "none", "scale": "smoke",
+        "seed": seed, "init": None, "monitor": monitor, "predict_majority": False,
+        "metrics": {"final": metrics},
         "model_config": {"num_layers": 2}, "config": config}))
 
 
@@ -76,8 +77,9 @@ def table5(tmp_path):
             acc = accuracy(row, task, seed)
             metrics = {"val/acc": acc, "val/f1": 100 * acc, "val/mnli_m_acc": acc, "val/top_class_share": 0.5}
             if (row, task, seed) == ("no_nsp", "mrpc", 3):
-                metrics["val/top_class_share"] = 1.0  # this restart collapsed onto one class: counted, not dropped
-            write_results(folder, task, metrics, seed, "val/f1" if task == "squad_v1" else next(iter(metrics)))
+                metrics["val/top_class_share"] = 1.0  # collapsed onto one class: counted, not dropped
+            monitor = "val/f1" if task == "squad_v1" else next(iter(metrics))
+            write_results(folder, task, metrics, seed, monitor)
     return table
 
 
@@ -130,7 +132,8 @@ def test_one_seed_per_cell_is_inconclusive_and_says_why(tmp_path):
 
 
 def test_a_comparison_naming_an_unknown_row_is_an_error_that_names_it(tmp_path):
-    table = build("table5", "smoke", tmp_path / "runs", sets=["comparisons=[{a: bert_base, b: typo_row, column: qnli_acc}]"])
+    typo = "comparisons=[{a: bert_base, b: typo_row, column: qnli_acc}]"
+    table = build("table5", "smoke", tmp_path / "runs", sets=[typo])
     with pytest.raises(TableError, match="typo_row"):
         comparisons(table, collect(table, REFERENCE), REFERENCE)
 
@@ -138,4 +141,4 @@ def test_a_comparison_naming_an_unknown_row_is_an_error_that_names_it(tmp_path):
 def test_comparisons_of_rows_removed_with_set_are_left_out(tmp_path):
     table = build("table5", "smoke", tmp_path / "runs", sets=["rows.no_nsp=null", "columns.squad_v1_f1=null"])
     found = comparisons(table, collect(table, REFERENCE), REFERENCE)["main"]
-    assert len(found) == 2 * 4 and not {c["a"] for c in found} & {"no_nsp"} | {c["b"] for c in found} & {"no_nsp"}
+    assert len(found) == 2 * 4 and "no_nsp" not in {c["a"] for c in found} | {c["b"] for c in found}

@@ -10,12 +10,12 @@ sentence of another document of the same split (0)? This is the NSP construction
 (pre-trained with NSP on the same text) has a head start here by construction, the demo's version of the
 paper's point that NSP helps the sentence-pair tasks.
 
-``pydoc_punct`` (token-level, like NER / SQuAD's span ends): the passage with its punctuation removed; tag each word
-that a comma, period, colon or semicolon followed (punctuation restoration). Whether a clause ends after a word is
-read mostly from the words after it ("..., which", "... . The"), so the answer needs right context as SQuAD's
-does (§5.1): a left-to-right model sees only the words before. Tagged ``B-PUNCT`` (scored as one-word entities by
-seqeval, i.e. the F1 of the tagged class), ``O`` otherwise; read as CoNLL-style rows by
-:class:`PydocPunctDataModule`.
+``pydoc_punct`` (token-level, like NER / SQuAD's span ends): the passage with its punctuation removed; tag
+each word that a comma, period, colon or semicolon followed (punctuation restoration). Whether a clause ends
+after a word is read mostly from the words after it ("..., which", "... . The"), so the answer needs right
+context as SQuAD's does (§5.1): a left-to-right model sees only the words before. Tagged ``B-PUNCT`` (scored
+as one-word entities by seqeval, i.e. the F1 of the tagged class), ``O`` otherwise; read as CoNLL-style rows
+by :class:`PydocPunctDataModule`.
 
 Train and Dev come from disjoint documents (every fifth document is Dev), each a fixed random sample
 (seed 0). Pre-training saw every document's text but never these labels. The rows are written once as
@@ -124,9 +124,10 @@ PUNCT_LABELS = ("O", "B-PUNCT")
 PUNCT = ",.;:"  # the marks restored; brackets and quotes stay part of their words
 
 
-def punct_passages(documents: list[list[str]], max_words: int, n: int, rng: np.random.Generator) -> dict[str, list]:
-    """Passages of consecutive sentences (up to ``max_words`` words) with the marks of PUNCT stripped from the ends
-    of words, each word tagged B-PUNCT where one was stripped; a fixed random sample of ``n``."""
+def punct_passages(documents: list[list[str]], max_words: int, n: int,
+                   rng: np.random.Generator) -> dict[str, list]:
+    """Passages of consecutive sentences (up to ``max_words`` words) with the marks of PUNCT stripped from the
+    ends of words, each word tagged B-PUNCT where one was stripped; a fixed random sample of ``n``."""
     passages: list[tuple[list[str], list[str]]] = []
     for doc in documents:
         words: list[str] = []
@@ -148,8 +149,8 @@ def punct_passages(documents: list[list[str]], max_words: int, n: int, rng: np.r
 
 
 class PydocPunctDataModule(ConllDataModule):
-    """``pydoc_punct`` (punctuation restoration on the embedded corpus) as CoNLL-style tagged words: the rows are
-    built in memory from ``builtin:pydoc`` (train and Dev from disjoint documents) instead of read from files."""
+    """``pydoc_punct`` (punctuation restoration on the embedded corpus) as CoNLL-style tagged words; the
+    rows are built in memory from ``builtin:pydoc`` (train and Dev from disjoint documents), not files."""
 
     task = "pydoc_punct"
     cache_folder = "pydoc_punct"
@@ -158,10 +159,11 @@ class PydocPunctDataModule(ConllDataModule):
                  tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 128,
                  batch_size: int = 32, num_workers: int = 0, seed: int = 12345, cache_dir: str | None = None):
         if train_examples < 2 or dev_examples < 2 or max_words < 8:
-            raise ValueError(f"train_examples={train_examples}, dev_examples={dev_examples}, max_words={max_words}: "
-                             "expected at least 2 passages per split of at least 8 words")
-        super().__init__(conll_dir=None, tokenizer=tokenizer, lowercase=lowercase, max_seq_length=max_seq_length,
-                         batch_size=batch_size, num_workers=num_workers, seed=seed, cache_dir=cache_dir)
+            raise ValueError(f"train_examples={train_examples}, dev_examples={dev_examples}, "
+                             f"max_words={max_words}: expected at least 2 passages per split, 8 words each")
+        super().__init__(conll_dir=None, tokenizer=tokenizer, lowercase=lowercase,
+                         max_seq_length=max_seq_length, batch_size=batch_size, num_workers=num_workers,
+                         seed=seed, cache_dir=cache_dir)
         self.labels = PUNCT_LABELS
 
     def prepare_tokenizer(self):

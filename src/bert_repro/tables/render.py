@@ -1,9 +1,10 @@
 """A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures as PNG and PDF.
 
-A cell reads ``ours +- std (paper; ours - paper)``, then, where several restarts ran, ``· mean 71.5, CI [65.1,
-77.9], n=5, 1 collapsed`` (the mean only where the selection rule did not take it); a cell without a number reads
-``failed [n]``, ``not run [n]`` or ``skipped [n]`` and note [n] under the table gives the reason. The paper's
-comparisons follow each table with their verdicts (collect.comparisons); the .json holds cells and comparisons.
+A cell reads ``ours +- std (paper; ours - paper)``, then, where several restarts ran, ``· mean 71.5,
+CI [65.1, 77.9], n=5, 1 collapsed`` (the mean only where the selection rule did not take it); a cell without
+a number reads ``failed [n]``, ``not run [n]`` or ``skipped [n]`` and note [n] under the table gives the
+reason. The paper's comparisons follow each table with their verdicts (collect.comparisons); the .json holds
+cells and comparisons.
 """
 
 from __future__ import annotations
@@ -63,11 +64,12 @@ def restarts_text(cell: Cell, dot: str = "·") -> str:
 
 
 def comparison_lines(found: list[dict]) -> list[str]:
-    """The paper's comparisons under a table: difference, paired 95% CI, verdict, and why where it is not agrees."""
+    """The paper's comparisons under a table: difference, paired 95% CI, verdict, and why where it disagrees
+    or is inconclusive."""
     if not found:
         return []
-    lines = ["Comparisons (ours: mean same-seed difference a - b, paired 95% t-interval; the verdict says whether "
-             "the interval lies on the paper's side of 0):", ""]
+    lines = ["Comparisons (ours: mean same-seed difference a - b, paired 95% t-interval; the verdict says "
+             "whether the interval lies on the paper's side of 0):", ""]
     for c in found:
         ci = f"[{_num(c['ci_low'])}, {_num(c['ci_high'])}]" if c["ci_low"] is not None else "no interval"
         text = (f"- {c['label']}: paper {_num(c['paper_diff'], signed=True)}, "
@@ -86,12 +88,13 @@ def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
     lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
     if spec.get("data_note"):
         lines.append(f"Data: {spec['data_note']}")
-    lines.append(f"Paper: experiments/reference.yaml `{part.reference}`; cells read ours ± std over restarts "
-                 "(paper; ours - paper) · mean, 95% t-interval of the mean, restarts n, collapsed runs")
+    lines.append(f"Paper: experiments/reference.yaml `{part.reference}`; cells read ours ± std over "
+                 "restarts (paper; ours - paper) · mean, 95% t-interval of the mean, restarts n, collapsed")
     return lines + list(part.notes)
 
 
-def markdown(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None) -> str:
+def markdown(table: Table, collected: dict[str, list[Row]],
+             checked: dict[str, list[dict]] | None = None) -> str:
     title = table.spec.get("title", table.name)
     out = [f"# {title} — scale={table.scale}", ""]
     if table.scale == "smoke":
@@ -130,7 +133,8 @@ def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list
             out.append(" & ".join([_tex_escape(row.label), *(c.replace("±", r"$\pm$") for c in cells)]) + r" \\")
         out += [r"\bottomrule", r"\end{tabular}"]
         out += [rf"% [{i}] {_tex_escape(reason)}" for i, reason in enumerate(notes.reasons, 1)]
-        out += [f"% {_tex_escape(line)}" for line in comparison_lines((checked or {}).get(part.name, [])) if line]
+        found = (checked or {}).get(part.name, [])
+        out += [f"% {_tex_escape(line)}" for line in comparison_lines(found) if line]
     return "\n".join(out) + "\n"
 
 
@@ -145,9 +149,9 @@ def write_csv(path: Path, table: Table, collected: dict[str, list[Row]]) -> None
                 for name, cell in row.cells.items():
                     r = cell.restarts
                     writer.writerow([table.name, table.scale, part.name, row.key, name, cell.value, cell.paper,
-                                     cell.diff, cell.spread, cell.n, r and r.mean, r and r.ci_low, r and r.ci_high,
-                                     r and r.n, cell.collapsed, cell.status, cell.reason, cell.note,
-                                     row.checkpoint, part.selection, cell.run])
+                                     cell.diff, cell.spread, cell.n, r and r.mean, r and r.ci_low,
+                                     r and r.ci_high, r and r.n, cell.collapsed, cell.status, cell.reason,
+                                     cell.note, row.checkpoint, part.selection, cell.run])
 
 
 def results_json(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]]) -> dict:
@@ -161,8 +165,8 @@ def results_json(table: Table, collected: dict[str, list[Row]], checked: dict[st
         {"key": row.key, "label": row.label, "checkpoint": row.checkpoint,
          "cells": {name: cell(c) for name, c in row.cells.items()}} for row in collected[part.name]]}
         for part in table.parts}
-    return {"table": table.name, "scale": table.scale, "title": table.spec.get("title", table.name), "parts": parts,
-            "comparisons": [c for part in table.parts for c in checked.get(part.name, [])]}
+    return {"table": table.name, "scale": table.scale, "title": table.spec.get("title", table.name),
+            "parts": parts, "comparisons": [c for part in table.parts for c in checked.get(part.name, [])]}
 
 
 def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, out_dir: Path) -> list[Path]:

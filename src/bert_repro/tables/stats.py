@@ -1,9 +1,10 @@
 """How far a table's numbers can be trusted: the spread of a cell over the seeds that ran (mean, std and a 95%
 t-interval), and the paper's comparisons checked on paired (same-seed) differences.
 
-A comparison is ``row a - row b on column c``. Its verdict reads the 95% t-interval of the mean paired difference
-against the sign of the paper's difference: ``agrees`` when the interval lies on the paper's side of 0,
-``disagrees`` when it lies on the other side, ``inconclusive`` when it holds 0 (or fewer than two seeds pair up).
+A comparison is ``row a - row b on column c``. Its verdict reads the 95% t-interval of the mean paired
+difference against the sign of the paper's difference: ``agrees`` when the interval lies on the paper's side
+of 0, ``disagrees`` when it lies on the other side, ``inconclusive`` when it holds 0 (or fewer than two seeds
+pair up).
 A paper difference of exactly 0 has no side: the interval can only disagree (exclude 0) or be inconclusive.
 """
 
@@ -36,7 +37,7 @@ def _interval(values: list[float]) -> tuple[float | None, float | None]:
         return None, None
     if statistics.pstdev(values) == 0:  # identical runs: scipy's interval is NaN there, the mean is exact
         return values[0], values[0]
-    with warnings.catch_warnings():  # nearly identical values: scipy warns of precision loss, the interval stands
+    with warnings.catch_warnings():  # nearly equal values: scipy warns of precision loss; the interval holds
         warnings.simplefilter("ignore", RuntimeWarning)
         ci = stats.ttest_1samp(values, 0.0).confidence_interval(LEVEL)
     return float(ci.low), float(ci.high)
@@ -72,8 +73,8 @@ def verdict(paper_diff: float | None, low: float | None, high: float | None) -> 
 
 
 def compare(a: dict[int, float], b: dict[int, float], paper_diff: float | None) -> dict:
-    """One comparison's numbers: ours_diff (mean paired difference), its interval, the seeds paired, the verdict."""
+    """One comparison: ours_diff (the mean paired difference), its interval, the seeds paired, the verdict."""
     diff, seeds = paired(a, b)
     low, high = (diff.ci_low, diff.ci_high) if diff else (None, None)
-    return {"paper_diff": paper_diff, "ours_diff": diff.mean if diff else None, "ci_low": low, "ci_high": high,
-            "n": len(seeds), "seeds": seeds, "verdict": verdict(paper_diff, low, high)}
+    return {"paper_diff": paper_diff, "ours_diff": diff.mean if diff else None, "ci_low": low,
+            "ci_high": high, "n": len(seeds), "seeds": seeds, "verdict": verdict(paper_diff, low, high)}
