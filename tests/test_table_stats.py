@@ -142,3 +142,27 @@ def test_comparisons_of_rows_removed_with_set_are_left_out(tmp_path):
     table = build("table5", "smoke", tmp_path / "runs", sets=["rows.no_nsp=null", "columns.squad_v1_f1=null"])
     found = comparisons(table, collect(table, REFERENCE), REFERENCE)["main"]
     assert len(found) == 2 * 4 and "no_nsp" not in {c["a"] for c in found} | {c["b"] for c in found}
+
+
+def test_demo_comparisons_take_the_papers_difference_from_the_column_they_stand_in_for(tmp_path):
+    table = build("table5_demo", "smoke", tmp_path / "runs")
+    for sweep in table.sweeps.values():
+        task = sweep.overrides["task"]
+        for swept, folder in sweep.jobs():
+            seed = int(dict(s.split("=", 1) for s in swept).get("seed", 1))
+            if task == "pretrain":
+                write_results(folder, task, {"val/mlm_loss": 5.0}, seed, "val/mlm_loss")
+            else:  # the LTR row falls behind on the token-level task, by 0.2 F1 whatever the seed
+                f1 = 0.6 + NOISE[seed] - (0.2 if sweep.name.split("/")[1] == "ltr_no_nsp" else 0.0)
+                write_results(folder, task, {"val/f1": f1, "val/acc": 0.5 + NOISE[seed]}, seed,
+                              "val/f1" if task == "pydoc_punct" else "val/acc")
+    collected = collect(table, REFERENCE)
+    found = {(c["a"], c["b"], c["column"]): c for c in comparisons(table, collected, REFERENCE)["demo"]}
+    ltr = found["bert_base", "ltr_no_nsp", "pydoc_punct_f1"]
+    assert ltr["paper_diff"] == pytest.approx(88.5 - 77.8) and ltr["verdict"] == "agrees" and ltr["n"] == 3
+    assert found["ltr_no_nsp_bilstm", "ltr_no_nsp", "pydoc_punct_f1"]["verdict"] == "agrees"
+    nsp = found["bert_base", "no_nsp", "pydoc_next_acc"]  # no difference at all: the config's reason is shown
+    assert nsp["paper_diff"] == pytest.approx(88.4 - 84.9) and nsp["verdict"] == "inconclusive"
+    assert "NSP itself stayed at chance" in nsp["why"]
+    md = write_all(table, collected, REFERENCE, tmp_path / "results")[0].read_text()
+    assert "Verdicts: 2 agrees, 0 disagrees, 4 inconclusive." in md and "NSP itself stayed at chance" in md
