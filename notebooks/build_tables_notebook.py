@@ -34,6 +34,7 @@ SETS = shlex.split(os.environ.get("BERT_REPRO_SET", ""))
 print(f"table={TABLE} scale={SCALE}\\nruns: {RUNS_DIR / TABLE / SCALE}\\nresults: {RESULTS_DIR}\\nset: {SETS}")""",
      ["parameters"]),
     ("code", """import io
+import json
 
 import matplotlib.pyplot as plt
 import pandas as pd
@@ -64,9 +65,10 @@ def num(value, signed=False):
     return "—" if value is None or pd.isna(value) else (f"{value:+.2f}" if signed else f"{value:.2f}")""", []),
     ("md", """## The collected table
 
-`experiments/results/<table>.md` as the collector rendered it (cells read `ours ± spread (paper; ours - paper)`,
-`failed [n]` / `not run [n]` / `skipped [n]` with the reason in note [n]), then the same cells from the `.csv`, one
-per line. In the `ours` column a cell without a number reads `failed`, `not run` or `skipped` (the paper's other
+`experiments/results/<table>.md` as the collector rendered it (cells read `ours ± std (paper; ours - paper)`, then
+the mean, the 95% t-interval over restarts, their number and the collapsed ones; `failed [n]` / `not run [n]` /
+`skipped [n]` with the reason in note [n]; the paper's comparisons with their verdicts under each table), then the
+same cells from the `.csv`, one per line. In the `ours` column a cell without a number reads `failed`, `not run` or `skipped` (the paper's other
 systems read `paper only`)."""),
     ("code", """display(Markdown((RESULTS_DIR / f"{TABLE}.md").read_text()))""", []),
     ("code", """csv = pd.read_csv(RESULTS_DIR / f"{TABLE}.csv", keep_default_na=False, na_values=[""])
@@ -80,9 +82,20 @@ def ours_text(cell):
 
 
 cells = csv.assign(ours=csv.apply(ours_text, axis=1), paper=csv["paper"].map(num),
-                   diff=csv["diff"].map(lambda v: num(v, signed=True)), spread=csv["spread"].map(num))
-cells = cells[["part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "status", "reason", "note"]]
+                   diff=csv["diff"].map(lambda v: num(v, signed=True)), spread=csv["spread"].map(num),
+                   mean=csv["mean"].map(num), ci_low=csv["ci_low"].map(num), ci_high=csv["ci_high"].map(num))
+cells = cells[["part", "row", "column", "ours", "paper", "diff", "spread", "mean", "ci_low", "ci_high", "restarts",
+               "collapsed", "n_runs", "status", "reason", "note"]]
 display(cells.astype(object).fillna(""))""", ["table"]),
+    ("md", """## The paper's comparisons
+
+From `experiments/results/<table>.json`: row a minus row b (or column a minus column b within a row) on paired
+seeds, the 95% t-interval of the mean difference, and the verdict: `agrees` when the interval lies on the paper's
+side of 0, `disagrees` on the other side, `inconclusive` when it holds 0 or fewer than two seeds pair up."""),
+    ("code", """saved = json.loads((RESULTS_DIR / f"{TABLE}.json").read_text())
+compared = pd.DataFrame(saved["comparisons"], columns=["part", "label", "paper_diff", "ours_diff", "ci_low", "ci_high",
+                                                       "n", "verdict", "why"])
+display(compared.astype(object).fillna(""))""", ["comparisons"]),
     ("md", """## The runs behind each cell
 
 The table's sweeps as `bert_repro.tables.spec.build` lays them out, each job folder's state from the runner

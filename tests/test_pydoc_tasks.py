@@ -6,10 +6,11 @@ from __future__ import annotations
 import csv
 from collections import Counter
 
+import numpy as np
 import pytest
 
 from bert_repro.data.corpus import pydoc_documents
-from bert_repro.data.pydoc_tasks import DEV_EVERY, write_task
+from bert_repro.data.pydoc_tasks import DEV_EVERY, PydocPunctDataModule, punct_passages, write_task
 
 
 def read(path: str) -> list[dict]:
@@ -65,3 +66,45 @@ def test_rows_are_written_once_and_unknown_task_is_named(tmp_path):
     assert {s: (tmp_path / p).stat().st_mtime_ns for s, p in first.items()} == stamp
     with pytest.raises(ValueError, match="pydoc_typo"):
         write_task("pydoc_typo", tmp_path, 50, 20)
+
+
+def test_punct_passages_strip_the_marks_and_tag_the_words_they_followed():
+    docs = [["Call it, then return.", "The value: a list; done."],
+            ["One two three four five six seven eight."]]
+    rows = punct_passages(docs, max_words=8, n=10, rng=np.random.default_rng(0))
+    # a passage ends at the first sentence end past max_words / 2 words
+    assert rows["tokens"][:2] == [["Call", "it", "then", "return"], ["The", "value", "a", "list", "done"]]
+    assert rows["tags"][:2] == [["O", "B-PUNCT", "O", "B-PUNCT"], ["O", "B-PUNCT", "O", "B-PUNCT", "B-PUNCT"]]
+    assert rows["tags"][2] == ["O"] * 7 + ["B-PUNCT"] and len(rows["tokens"]) == 3
+    assert all(not w.endswith(tuple(",.;:")) for s in rows["tokens"] for w in s)
+
+
+def test_punct_splits_come_from_disjoint_documents_and_both_tags_occur(documents):
+    splits = PydocPunctDataModule(train_examples=64, dev_examples=32).raw_sentences()
+    for split, (rows, _) in splits.items():
+        assert len(rows["tokens"]) == {"train": 64, "dev": 32}[split]
+        text = " ".join(w.rstrip(",.;:") for doc in documents[split] for s in doc for w in s.split())
+        assert all(" ".join(words) in text for words in rows["tokens"])  # each passage is text of this split
+        tags = [t for sentence in rows["tags"] for t in sentence]
+        assert 0.03 < tags.count("B-PUNCT") / len(tags) < 0.3
+    with pytest.raises(ValueError, match="max_words=4"):
+        PydocPunctDataModule(max_words=4)
+
+
+@pytest.mark.slow
+def test_punct_task_fine_tunes_a_two_tag_tagger_end_to_end(tmp_path, minilm_dir):
+    import json
+
+    import torch
+
+    from .test_glue_e2e import run
+
+    proc, out = run("task=pydoc_punct", "model=minilm_l6", f"init={minilm_dir}", "logger=csv",
+                    "optim.max_steps=2", "trainer.enable_progress_bar=false", "data.train_examples=32",
+                    "data.dev_examples=16", "data.batch_size=16", f"paths.cache_dir={tmp_path / 'cache'}",
+                    f"hydra.run.dir={tmp_path / 'run'}")
+    assert proc.returncode == 0, out[-3000:]
+    final = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]["final"]
+    assert 0.0 <= final["val/f1"] <= 1.0 and final["val/token_acc"] > 0.5
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    assert state["state_dict"]["model.classifier.weight"].shape[0] == 2  # O and B-PUNCT: the task's labels

@@ -75,6 +75,9 @@ def test_table5_in_miniature_runs_collects_and_resumes(table5_run):
     qnli = cells["qnli_acc"]
     assert qnli["status"] == "failed" and qnli["ours"] == "" and "no_such_task" in qnli["reason"]
     assert (tmp_path / "results" / "table5.tex").is_file()
+    saved = json.loads((tmp_path / "results" / "table5.json").read_text())
+    assert saved["parts"]["main"]["rows"][0]["cells"]["mrpc_acc"]["restarts"]["n"] == 1  # one seed per grid point
+    assert saved["comparisons"] == []  # every row they compare was removed above
 
     again = tables(tmp_path, "run", "table5", "--scale", "smoke")
     assert again.returncode == 0, again.stderr[-3000:]

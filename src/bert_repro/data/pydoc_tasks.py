@@ -1,4 +1,4 @@
-"""Two small fine-tuning tasks derived from the embedded pre-training corpus (``builtin:pydoc``, CPython's
+"""Three small fine-tuning tasks derived from the embedded pre-training corpus (``builtin:pydoc``, CPython's
 reference text), so that ``make demo`` runs Table 5 in miniature with no download. Demonstration tasks, not
 GLUE tasks and not the paper's: their numbers say the pipeline works, nothing about BERT.
 
@@ -9,6 +9,13 @@ Half the sentences of each split are shuffled (a permutation that moves at least
 sentence of another document of the same split (0)? This is the NSP construction of §3.1, so the BERT-base row
 (pre-trained with NSP on the same text) has a head start here by construction, the demo's version of the
 paper's point that NSP helps the sentence-pair tasks.
+
+``pydoc_punct`` (token-level, like NER / SQuAD's span ends): the passage with its punctuation removed; tag
+each word that a comma, period, colon or semicolon followed (punctuation restoration). Whether a clause ends
+after a word is read mostly from the words after it ("..., which", "... . The"), so the answer needs right
+context as SQuAD's does (§5.1): a left-to-right model sees only the words before. Tagged ``B-PUNCT`` (scored
+as one-word entities by seqeval, i.e. the F1 of the tagged class), ``O`` otherwise; read as CoNLL-style rows
+by :class:`PydocPunctDataModule`.
 
 Train and Dev come from disjoint documents (every fifth document is Dev), each a fixed random sample
 (seed 0). Pre-training saw every document's text but never these labels. The rows are written once as
@@ -24,6 +31,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_repro.data.conll import ConllDataModule
 from bert_repro.data.corpus import default_cache_dir, pydoc_documents
 from bert_repro.data.glue import GlueDataModule, glue_task
 
@@ -103,3 +111,62 @@ class PydocTaskDataModule(GlueDataModule):
         super().__init__(task=task, glue_dir=None, files=files, hub=None, tokenizer=tokenizer, lowercase=lowercase,
                          max_seq_length=max_seq_length, batch_size=batch_size, padding=padding,
                          num_workers=num_workers, num_proc=num_proc, seed=seed, cache_dir=str(cache))
+
+
+PUNCT_LABELS = ("O", "B-PUNCT")
+PUNCT = ",.;:"  # the marks restored; brackets and quotes stay part of their words
+
+
+def punct_passages(documents: list[list[str]], max_words: int, n: int,
+                   rng: np.random.Generator) -> dict[str, list]:
+    """Passages of consecutive sentences (up to ``max_words`` words) with the marks of PUNCT stripped from the
+    ends of words, each word tagged B-PUNCT where one was stripped; a fixed random sample of ``n``."""
+    passages: list[tuple[list[str], list[str]]] = []
+    for doc in documents:
+        words: list[str] = []
+        tags: list[str] = []
+        for sentence in doc:
+            for word in sentence.split():
+                bare = word.rstrip(PUNCT)
+                if bare:
+                    words.append(bare)
+                    tags.append("B-PUNCT" if bare != word else "O")
+            if len(words) >= max_words // 2:  # passages end at a sentence end, a few sentences long
+                passages.append((words[:max_words], tags[:max_words]))
+                words, tags = [], []
+        if len(words) >= 4:
+            passages.append((words, tags))
+    picked = sorted(rng.choice(len(passages), min(n, len(passages)), replace=False).tolist())
+    return {"tokens": [passages[i][0] for i in picked], "tags": [passages[i][1] for i in picked],
+            "document": list(range(len(picked))), "line": picked}
+
+
+class PydocPunctDataModule(ConllDataModule):
+    """``pydoc_punct`` (punctuation restoration on the embedded corpus) as CoNLL-style tagged words; the
+    rows are built in memory from ``builtin:pydoc`` (train and Dev from disjoint documents), not files."""
+
+    task = "pydoc_punct"
+    cache_folder = "pydoc_punct"
+
+    def __init__(self, train_examples: int = 1024, dev_examples: int = 256, max_words: int = 48,
+                 tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 128,
+                 batch_size: int = 32, num_workers: int = 0, seed: int = 12345, cache_dir: str | None = None):
+        if train_examples < 2 or dev_examples < 2 or max_words < 8:
+            raise ValueError(f"train_examples={train_examples}, dev_examples={dev_examples}, "
+                             f"max_words={max_words}: expected at least 2 passages per split, 8 words each")
+        super().__init__(conll_dir=None, tokenizer=tokenizer, lowercase=lowercase,
+                         max_seq_length=max_seq_length, batch_size=batch_size, num_workers=num_workers,
+                         seed=seed, cache_dir=cache_dir)
+        self.labels = PUNCT_LABELS
+
+    def prepare_tokenizer(self):
+        return super(ConllDataModule, self).prepare_tokenizer()  # uncased is right here (no casing warning)
+
+    def raw_sentences(self) -> dict[str, tuple[dict[str, list], str]]:
+        hp = self.hparams
+        documents = list(pydoc_documents())
+        splits = {"train": ([d for i, d in enumerate(documents) if i % DEV_EVERY], hp.train_examples, 0),
+                  "dev": ([d for i, d in enumerate(documents) if i % DEV_EVERY == 0], hp.dev_examples, 1)}
+        return {split: (punct_passages(docs, hp.max_words, n, np.random.default_rng(seed)),
+                        f"builtin:pydoc:{self.task}:v{VERSION}:{split}")
+                for split, (docs, n, seed) in splits.items()}

@@ -1,5 +1,7 @@
 """From run folders to cells: each cell is our number (after the table's selection rule), the paper's number,
-and the spread over restarts, or an explicit mark (failed, not run, skipped) with the reason, never a number."""
+and the spread over restarts (mean, std, 95% CI, collapsed runs counted), or an explicit mark (failed, not
+run, skipped) with the reason, never a number; then the paper's comparisons, checked on same-seed
+differences."""
 
 from __future__ import annotations
 
@@ -11,6 +13,7 @@ from typing import Any
 import yaml
 
 from bert_repro import select
+from bert_repro.tables import stats
 from bert_repro.tables.runner import job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
@@ -28,6 +31,9 @@ class Cell:
     reason: str | None = None
     run: str | None = None  # the selected run's folder
     note: str | None = None  # e.g. the selected run collapsed onto one class
+    seeds: dict[int, float] | None = None  # each restart's value (the selected hyper-parameters), by seed
+    restarts: stats.Spread | None = None  # mean, std and 95% CI over those restarts
+    collapsed: int = 0  # of those restarts, runs that predicted one class (counted in, never dropped)
 
     @property
     def diff(self) -> float | None:
@@ -118,14 +124,18 @@ def finetune_cell(sweep: Sweep, out: Outcome, metric: str, scale: float) -> Cell
     if len(entries) != 1:
         raise TableError(f"{sweep.folder}: runs of {len(entries)} different settings in one sweep")
     entry = entries[0]
-    stats = entry["restarts"].get(metric) if restarts else select.restart_spread(out.runs, entry, metric)
     value = entry["metrics"].get(metric)
     if value is None:
         return Cell(status="failed", reason=f"{metric} absent from the selected run {entry['selected']}")
+    selected = next(r for r in out.runs if r["dir"] == entry["selected"])
+    group = [r for r in out.runs
+             if r["science"] == selected["science"] and r["final"].get(metric) is not None]
+    seeds = {int(r["seed"]): scale * r["final"][metric] for r in group}  # the restarts of the chosen setting
+    spread = stats.spread(list(seeds.values()))
     degenerate = next((d["reason"] for d in entry["degenerate"] if d["dir"] == entry["selected"]), None)
-    cell = Cell(value=scale * value, run=entry["selected"], n=stats["n"] if restarts else len(out.runs),
-                spread=scale * stats["std"] if stats and stats["n"] > 1 else None,
-                note=f"collapsed: {degenerate}" if degenerate else None)
+    cell = Cell(value=scale * value, run=entry["selected"], n=spread.n if restarts else len(out.runs),
+                spread=spread.std, note=f"collapsed: {degenerate}" if degenerate else None, seeds=seeds,
+                restarts=spread, collapsed=sum(bool(r["degenerate"]) for r in group))
     if out.failed:
         cell.note = "; ".join(filter(None, [cell.note, f"{len(out.failed)} of {out.jobs} runs failed"]))
     return cell
@@ -201,3 +211,67 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
             rows.append(Row(key, label, cells, "—"))
         tables[part.name] = rows
     return tables
+
+
+def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> dict[str, list[dict]]:
+    """Each part's ``comparisons:`` checked on paired seeds. An entry compares rows ``a`` - ``b`` on each of
+    its ``columns``, or (with ``rows:``) columns ``a`` - ``b`` within each of those rows (a trend along the
+    table, e.g. more pre-training steps). The paper's difference is ``paper_diff`` where given, else read from
+    the reference at ``paper_column`` (default: the column itself); a demo part uses the table's reference.
+    A comparison of a row or column removed with ``--set rows.<key>=null`` is left out; an unknown name is an
+    error."""
+    checked: dict[str, list[dict]] = {}
+    for part in table.parts:
+        own = (table.spec.get("parts") or {}).get(part.name) or {}
+        removed = {k for node in (table.spec, own) for group in ("rows", "columns")
+                   for k, v in (node.get(group) or {}).items() if v is None}
+        rows = {row.key: row for row in tables[part.name]}
+        block = Part(part.name, part.title, part.reference or table.spec.get("reference"), part.rows,
+                     part.columns, part.selection)
+        found = []
+        for spec in part.comparisons:
+            a, b = spec.get("a"), spec.get("b")
+            if spec.get("rows"):  # (row, column) of a and of b
+                pairs = [((r, a), (r, b)) for r in spec["rows"]]
+            else:
+                pairs = [((a, c), (b, c)) for c in spec.get("columns") or [spec.get("column")]]
+            pairs = [p for p in pairs if not {p[0][0], p[0][1], p[1][0], p[1][1]} & removed]
+            unknown = {str(k) for pair in pairs for r, c in pair
+                       for k, ok in ((r, r in rows), (c, c in part.columns)) if not ok}
+            if unknown:
+                raise TableError(f"part {part.name}: comparison {spec} names {', '.join(sorted(unknown))}; "
+                                 f"expected rows among {', '.join(rows)} and columns among "
+                                 f"{', '.join(part.columns)}")
+            for (ra, ca), (rb, cb) in pairs:
+                paper = [paper_value(reference, block, part.rows[r].get("paper", r),
+                                     spec.get("paper_column", c)) for r, c in ((ra, ca), (rb, cb))]
+                paper_diff = spec.get("paper_diff", None if None in paper else round(paper[0] - paper[1], 4))
+                cell_a, cell_b = rows[ra].cells[ca], rows[rb].cells[cb]
+                result = stats.compare(cell_a.seeds or {}, cell_b.seeds or {}, paper_diff)
+                address = ({"a": ca, "b": cb, "column": None, "row": ra} if spec.get("rows") else
+                           {"a": ra, "b": rb, "column": ca})
+                name_a, name_b = (part.columns[c].get("label", c) for c in (ca, cb))
+                label = (f"{rows[ra].label}: {name_a} vs {name_b}" if spec.get("rows") else
+                         f"{rows[ra].label} vs {rows[rb].label}, {name_a}")
+                found.append({"part": part.name, **address, "label": label, **result,
+                              "why": _why(result, cell_a, cell_b, spec.get("why"))})
+        checked[part.name] = found
+    return checked
+
+
+def _why(result: dict, a: Cell, b: Cell, given: str | None) -> str | None:
+    """One sentence on a comparison that does not agree: the config's reason, else what the numbers show."""
+    if result["verdict"] == "agrees":
+        return None
+    if given:
+        return given
+    if a.status != "ok" or b.status != "ok":
+        return "a cell has no number: " + "; ".join(c.reason or c.status for c in (a, b) if c.status != "ok")
+    if result["paper_diff"] is None:
+        return "the paper reports no number for one of the rows here"
+    if result["n"] < 2:
+        return (f"{result['n']} seed(s) ran in both rows: no interval "
+                "(sweep seeds, e.g. --set grid.seed=1,2,3)")
+    if result["verdict"] == "inconclusive":
+        return "the 95% interval holds 0: the difference is within the spread over seeds at this budget"
+    return "the interval excludes 0 on the other side of the paper's difference"

@@ -1,15 +1,20 @@
-"""A collected table as experiments/results/<table>.md, .csv and .tex, and its figures as PNG and PDF.
+"""A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures as PNG and PDF.
 
-A cell reads ``ours +- spread (paper; ours - paper)``; a cell without a number reads ``failed [n]``,
-``not run [n]`` or ``skipped [n]`` and note [n] under the table gives the reason.
+A cell reads ``ours +- std (paper; ours - paper)``, then, where several restarts ran, ``· mean 71.5,
+CI [65.1, 77.9], n=5, 1 collapsed`` (the mean only where the selection rule did not take it); a cell without
+a number reads ``failed [n]``, ``not run [n]`` or ``skipped [n]`` and note [n] under the table gives the
+reason. The paper's comparisons follow each table with their verdicts (collect.comparisons); the .json holds
+cells and comparisons.
 """
 
 from __future__ import annotations
 
 import csv
+import json
+from dataclasses import asdict
 from pathlib import Path
 
-from bert_repro.tables.collect import Cell, Row
+from bert_repro.tables.collect import Cell, Row, comparisons
 from bert_repro.tables.spec import SELECTIONS, Part, Table, flatten
 
 MARKS = {"failed": "failed", "missing": "not run", "skipped": "skipped"}
@@ -42,9 +47,37 @@ def cell_text(cell: Cell, notes: Notes, tex: bool = False) -> str:
     text = _num(cell.value) + (f" {pm} {_num(cell.spread)}" if cell.spread is not None else "")
     if cell.paper is not None:
         text += f" ({_num(cell.paper)}; {_num(cell.diff, signed=True)})"
+    text += restarts_text(cell, r"$\cdot$" if tex else "·")
     if cell.note:
         text += f" [{notes.ref(cell.note)}]"
     return text
+
+
+def restarts_text(cell: Cell, dot: str = "·") -> str:
+    """`` · mean m, CI [lo, hi], n=k, c collapsed`` for a cell of several restarts; '' for one run."""
+    spread = cell.restarts
+    if spread is None or spread.n < 2:
+        return ""
+    mean = "" if abs(spread.mean - cell.value) < 1e-9 else f"mean {_num(spread.mean)}, "
+    collapsed = f", {cell.collapsed} collapsed" if cell.collapsed else ""
+    return f" {dot} {mean}CI [{_num(spread.ci_low)}, {_num(spread.ci_high)}], n={spread.n}{collapsed}"
+
+
+def comparison_lines(found: list[dict]) -> list[str]:
+    """The paper's comparisons under a table: difference, paired 95% CI, verdict, and why where it disagrees
+    or is inconclusive."""
+    if not found:
+        return []
+    lines = ["Comparisons (ours: mean same-seed difference a - b, paired 95% t-interval; the verdict says "
+             "whether the interval lies on the paper's side of 0):", ""]
+    for c in found:
+        ci = f"[{_num(c['ci_low'])}, {_num(c['ci_high'])}]" if c["ci_low"] is not None else "no interval"
+        text = (f"- {c['label']}: paper {_num(c['paper_diff'], signed=True)}, "
+                f"ours {_num(c['ours_diff'], signed=True)} {ci} (n={c['n']}): **{c['verdict']}**")
+        lines.append(text + (f" — {c['why']}" if c["why"] else ""))
+    counts = {v: sum(c["verdict"] == v for c in found) for v in ("agrees", "disagrees", "inconclusive")}
+    lines += ["", "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."]
+    return lines + [""]
 
 
 def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
@@ -55,12 +88,13 @@ def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
     lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
     if spec.get("data_note"):
         lines.append(f"Data: {spec['data_note']}")
-    lines.append(f"Paper: experiments/reference.yaml `{part.reference}`; cells read ours ± spread over restarts "
-                 "(paper; ours - paper)")
+    lines.append(f"Paper: experiments/reference.yaml `{part.reference}`; cells read ours ± std over "
+                 "restarts (paper; ours - paper) · mean, 95% t-interval of the mean, restarts n, collapsed")
     return lines + list(part.notes)
 
 
-def markdown(table: Table, collected: dict[str, list[Row]]) -> str:
+def markdown(table: Table, collected: dict[str, list[Row]],
+             checked: dict[str, list[dict]] | None = None) -> str:
     title = table.spec.get("title", table.name)
     out = [f"# {title} — scale={table.scale}", ""]
     if table.scale == "smoke":
@@ -75,6 +109,7 @@ def markdown(table: Table, collected: dict[str, list[Row]]) -> str:
         for row in rows:
             out.append(f"| {row.label} | " + " | ".join(cell_text(row.cells[c], notes) for c in part.columns) + " |")
         out += [""] + [f"[{i}] {reason}" for i, reason in enumerate(notes.reasons, 1)] + [""]
+        out += comparison_lines((checked or {}).get(part.name, []))
     return "\n".join(out).rstrip() + "\n"
 
 
@@ -85,7 +120,7 @@ def _tex_escape(text: str) -> str:
     return text
 
 
-def latex(table: Table, collected: dict[str, list[Row]]) -> str:
+def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None) -> str:
     out = [f"% {table.spec.get('title', table.name)}, scale={table.scale}; generated by `make {table.name}`"]
     for part in table.parts:
         rows, notes = collected[part.name], Notes()
@@ -98,6 +133,8 @@ def latex(table: Table, collected: dict[str, list[Row]]) -> str:
             out.append(" & ".join([_tex_escape(row.label), *(c.replace("±", r"$\pm$") for c in cells)]) + r" \\")
         out += [r"\bottomrule", r"\end{tabular}"]
         out += [rf"% [{i}] {_tex_escape(reason)}" for i, reason in enumerate(notes.reasons, 1)]
+        found = (checked or {}).get(part.name, [])
+        out += [f"% {_tex_escape(line)}" for line in comparison_lines(found) if line]
     return "\n".join(out) + "\n"
 
 
@@ -105,21 +142,41 @@ def write_csv(path: Path, table: Table, collected: dict[str, list[Row]]) -> None
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
         writer.writerow(["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread", "n_runs",
+                         "mean", "ci_low", "ci_high", "restarts", "collapsed",
                          "status", "reason", "note", "checkpoint", "selection", "run"])
         for part in table.parts:
             for row in collected[part.name]:
                 for name, cell in row.cells.items():
+                    r = cell.restarts
                     writer.writerow([table.name, table.scale, part.name, row.key, name, cell.value, cell.paper,
-                                     cell.diff, cell.spread, cell.n, cell.status, cell.reason, cell.note,
-                                     row.checkpoint, part.selection, cell.run])
+                                     cell.diff, cell.spread, cell.n, r and r.mean, r and r.ci_low,
+                                     r and r.ci_high, r and r.n, cell.collapsed, cell.status, cell.reason,
+                                     cell.note, row.checkpoint, part.selection, cell.run])
+
+
+def results_json(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]]) -> dict:
+    """Every cell (with its restarts by seed) and every comparison: experiments/results/<table>.json."""
+    def cell(c: Cell) -> dict:
+        return {**{k: v for k, v in asdict(c).items() if k not in ("restarts", "seeds")}, "diff": c.diff,
+                "restarts": asdict(c.restarts) if c.restarts else None,
+                "seeds": {str(k): v for k, v in (c.seeds or {}).items()}}
+
+    parts = {part.name: {"title": part.title, "selection": part.selection, "rows": [
+        {"key": row.key, "label": row.label, "checkpoint": row.checkpoint,
+         "cells": {name: cell(c) for name, c in row.cells.items()}} for row in collected[part.name]]}
+        for part in table.parts}
+    return {"table": table.name, "scale": table.scale, "title": table.spec.get("title", table.name),
+            "parts": parts, "comparisons": [c for part in table.parts for c in checked.get(part.name, [])]}
 
 
 def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, out_dir: Path) -> list[Path]:
+    checked = comparisons(table, collected, reference)
     out_dir.mkdir(parents=True, exist_ok=True)
-    written = [out_dir / f"{table.name}.{ext}" for ext in ("md", "csv", "tex")]
-    written[0].write_text(markdown(table, collected))
+    written = [out_dir / f"{table.name}.{ext}" for ext in ("md", "csv", "tex", "json")]
+    written[0].write_text(markdown(table, collected, checked))
     write_csv(written[1], table, collected)
-    written[2].write_text(latex(table, collected))
+    written[2].write_text(latex(table, collected, checked))
+    written[3].write_text(json.dumps(results_json(table, collected, checked), indent=2) + "\n")
     for part in table.parts:
         if part.plot:
             from bert_repro.tables.plots import PLOTS

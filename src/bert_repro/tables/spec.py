@@ -103,6 +103,7 @@ class Part:
     paper_rows: dict[str, str] = field(default_factory=dict)  # reference row -> label: the paper's other systems
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
+    comparisons: list[dict] = field(default_factory=list)  # the paper's directions, checked by collect.comparisons
 
 
 @dataclass
@@ -171,7 +172,7 @@ def _labels(rows: list | dict | None) -> dict[str, str]:
 def _parts(spec: dict) -> list[Part]:
     raw = spec.get("parts") or {"main": {}}
     shared = {k: v for k, v in spec.items() if k in ("title", "reference", "rows", "columns", "selection",
-                                                     "paper_rows", "plot", "notes")}
+                                                     "paper_rows", "plot", "notes", "comparisons")}
     parts = []
     for name, own in raw.items():
         merged = {**shared, **(own or {})}
@@ -184,7 +185,7 @@ def _parts(spec: dict) -> list[Part]:
             raise TableError(f"part {name}: needs rows and columns")
         parts.append(Part(name, merged.get("title", name), merged.get("reference"), rows, columns,
                           selection, _labels(merged.get("paper_rows")), merged.get("plot"),
-                          list(merged.get("notes") or [])))
+                          list(merged.get("notes") or []), list(merged.get("comparisons") or [])))
     return parts
 
 

@@ -62,13 +62,14 @@ class TokenTaggingModule(BertTaskModule):
     val/token_acc, val/loss; each epoch leaves a row in ``history``."""
 
     def __init__(self, model: dict, optim: dict, features: dict | None = None, bilstm: bool = False,
+                 labels: list[str] | None = None,  # the task's tag set (task.labels); null = CoNLL-2003's
                  vocab: list[str] | None = None, lowercase: bool = True):
         super().__init__(model, optim, vocab, lowercase)
         self.save_hyperparameters()
         if features is not None and bilstm:
             raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the feature-based "
                              "ablation (features=...) already reads the frozen encoder through its own BiLSTM")
-        self.labels = CONLL2003_LABELS
+        self.labels = tuple(labels) if labels else CONLL2003_LABELS
         K = len(self.labels)
         self.model = FeatureTagger(self.config, K, **features) if features is not None \
             else TokenTagger(self.config, K, bilstm)
