@@ -23,7 +23,6 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.callbacks import Throughput
 from bert_repro.metrics import degenerate_reason
-from bert_repro.model import Encoder, compile_model
 from bert_repro.reliability import (
     AtomicCheckpointIO,
     NonFiniteLoss,
@@ -35,6 +34,7 @@ from bert_repro.reliability import (
     slurm_plugins,
 )
 from bert_repro.results import git_revision, print_results, read_status, write_results
+from bert_repro.speed import compile_model
 
 log = logging.getLogger(__name__)
 
@@ -98,7 +98,8 @@ def split_batch(global_batch: int, trainer_cfg: DictConfig) -> tuple[int, int]:
 
 
 # keys of trainer/ that are not Trainer arguments
-NOT_TRAINER_ARGS = ("per_device_batch_size", "compile", "peak_tflops", "unpad", "activation_checkpointing")
+NOT_TRAINER_ARGS = ("per_device_batch_size", "compile", "peak_tflops", "unpad", "activation_checkpointing",
+                    "fast_kernels")
 # what a checkpoint found in the run folder must share with the run that resumes it: all but speed and places
 NOT_SETTINGS = ("trainer", "logger", "paths", "ckpt_path", "checkpoint", "test")
 
@@ -270,14 +271,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     optim = _plain(cfg.optim)
     if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
         optim["resume_step"] = None
-    module = instantiate(cfg.module, model=model_cfg, optim=optim, _convert_="all")
+    speed = {"kernels": bool(cfg.trainer.get("fast_kernels", True)), "unpad": bool(cfg.trainer.get("unpad")),
+             "activation_checkpointing": bool(cfg.trainer.get("activation_checkpointing"))}  # speed.SpeedOptions
+    module = instantiate(cfg.module, model=model_cfg, optim=optim, speed=speed, _convert_="all")
     module.vocab, module.lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
     missing_heads: list[str] = []
     if loaded is not None:
         missing_heads = module.load_pretrained(loaded)
-    for encoder in (m for m in module.modules() if isinstance(m, Encoder)):  # speed only: the same function
-        encoder.unpad = bool(cfg.trainer.get("unpad"))
-        encoder.checkpointing = bool(cfg.trainer.get("activation_checkpointing"))
     if cfg.trainer.get("compile"):
         on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
         compile_model(module.model, "cpu" if on_cpu else "cuda")

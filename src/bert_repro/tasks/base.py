@@ -12,6 +12,7 @@ from torch import nn
 
 from bert_repro.flops import training_flops
 from bert_repro.model import BertConfig
+from bert_repro.speed import SpeedOptions
 
 if TYPE_CHECKING:
     from bert_repro.convert import LoadedCheckpoint
@@ -41,11 +42,14 @@ def decay_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 
 class BertTaskModule(L.LightningModule):
     """Base of the task modules. Subclasses build ``self.model`` in ``__init__`` from ``model`` (a plain
-    dict of BertConfig fields) and call ``save_hyperparameters()`` so ``load_from_checkpoint`` works."""
+    dict of BertConfig fields), passed through ``speed.accelerate(..., self.speed)``, and call
+    ``save_hyperparameters()`` so ``load_from_checkpoint`` works. ``speed``: SpeedOptions fields from trainer/
+    (how fast, never what is computed); None runs model.py's readable path."""
 
-    def __init__(self, model: dict, optim: dict):
+    def __init__(self, model: dict, optim: dict, speed: dict | None = None):
         super().__init__()
         self.config = BertConfig(**model)
+        self.speed = SpeedOptions(**(speed or {}))
         self.optim = dict(optim)
         self.vocab: list[str] | None = None  # set by the run; saved in every checkpoint for `init=`
         self.lowercase: bool = True

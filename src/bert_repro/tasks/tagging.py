@@ -12,6 +12,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 from bert_repro.data.conll import CONLL2003_LABELS, IGNORE
 from bert_repro.heads import FeatureTagger, TokenTagger
+from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -61,16 +62,17 @@ class TokenTaggingModule(BertTaskModule):
     ``bilstm``: Table 5's "+ BiLSTM" on a fine-tuned encoder. Dev metrics: val/precision, val/recall, val/f1,
     val/token_acc, val/loss; each epoch leaves a row in ``history``."""
 
-    def __init__(self, model: dict, optim: dict, features: dict | None = None, bilstm: bool = False):
-        super().__init__(model, optim)
+    def __init__(self, model: dict, optim: dict, features: dict | None = None, bilstm: bool = False,
+                 speed: dict | None = None):
+        super().__init__(model, optim, speed)
         self.save_hyperparameters()
         if features is not None and bilstm:
             raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the feature-based "
                              "ablation (features=...) already reads the frozen encoder through its own BiLSTM")
         self.labels = CONLL2003_LABELS
         K = len(self.labels)
-        self.model = FeatureTagger(self.config, K, **features) if features is not None \
-            else TokenTagger(self.config, K, bilstm)
+        self.model = accelerate(FeatureTagger(self.config, K, **features) if features is not None
+                                else TokenTagger(self.config, K, bilstm), self.speed)
         self.val_entities = EntityF1(self.labels)
         self.val_loss = MeanMetric()
         self.history: list[dict] = []
