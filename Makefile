@@ -36,7 +36,7 @@ lint: install
 	$(BIN)/ruff check src tests
 
 bench: install
-	$(BIN)/python -m bert_repro.bench
+	$(BIN)/python -m bert_repro.benchmarks.train_step
 
 clean:
 	rm -rf $(VENV) .cache outputs multirun
