@@ -10,7 +10,6 @@ import lightning as L
 import torch
 from torch import nn
 
-from bert_repro.flops import training_flops
 from bert_repro.model import BertConfig
 from bert_repro.speed import SpeedOptions
 
@@ -86,16 +85,6 @@ class BertTaskModule(L.LightningModule):
         if heads:
             log.warning("init=%s has no weights for %s: randomly initialised", path, ", ".join(heads))
         return heads
-
-    # -- model FLOPs, for the MFU every run reports (callbacks.Throughput) ---------------------------
-    def batch_predictions(self, batch: dict[str, Any]) -> int:
-        """Tokens that meet the masked-LM head's vocabulary projection; none when fine-tuning."""
-        return 0
-
-    def batch_flops(self, batch: dict[str, Any]) -> float:
-        """Model FLOPs of training on ``batch`` (flops.py): its real tokens in sequences of its padded length."""
-        mask = batch["attention_mask"]
-        return training_flops(self.config, int(mask.sum()), mask.shape[-1], self.batch_predictions(batch))
 
     # -- checkpoints carry the vocabulary --------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

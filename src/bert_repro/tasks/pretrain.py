@@ -66,9 +66,6 @@ class PretrainModule(BertTaskModule):
             return positions, batch["attention_mask"][:, 1:].bool()
         return batch["masked_lm_positions"], batch["masked_lm_weights"] > 0
 
-    def batch_predictions(self, batch: dict[str, Tensor]) -> int:
-        return int(self._predictions(batch)[1].sum())
-
     def _step(self, batch: dict[str, Tensor], split: str) -> Tensor:
         positions, real = self._predictions(batch)
         out = self.model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],

@@ -84,11 +84,6 @@ class TokenTaggingModule(BertTaskModule):
     def _loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
 
-    def batch_flops(self, batch: dict[str, Tensor]) -> float:
-        """A frozen encoder only runs forward: a third of its training FLOPs (the BiLSTM is not counted)."""
-        flops = super().batch_flops(batch)
-        return flops / 3 if self.hparams.features is not None else flops
-
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self._loss(self(batch), batch["labels"])
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["labels"].shape[0])
