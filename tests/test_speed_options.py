@@ -10,7 +10,7 @@ import torch.nn.functional as F
 
 from bert_repro.flops import encoder_parameters, training_flops
 from bert_repro.heads import SequenceClassifier
-from bert_repro.model import BertConfig, BertForPreTraining, BertModel, count_parameters
+from bert_repro.model import BertConfig, BertForPreTraining, BertModel, Layer, count_parameters
 from bert_repro.speed import SpeedOptions, accelerate
 from bert_repro.speed.encoder import FastBertModel
 from bert_repro.speed.kernels import CpuDropout
@@ -88,6 +88,12 @@ def test_every_option_off_is_the_readable_model():
     assert {type(m) for m in model.modules()}.isdisjoint({FastBertModel, CpuDropout})
     fast = _fast(model, kernels=True)
     assert type(fast.bert.embeddings.dropout) is CpuDropout and type(fast.mlm).__name__ == "FastMLMHead"
+    # each layer is still called as a module (its hooks fire), so FSDP's per-Layer units can wrap it
+    assert isinstance(fast.bert.encoder.layer[0], Layer)
+    calls = []
+    fast.bert.encoder.layer[0].register_forward_hook(lambda *_: calls.append(1))
+    fast.bert(torch.randint(5, 300, (2, 8)), attention_mask=torch.tensor([[1] * 8, [1] * 5 + [0] * 3]))
+    assert calls == [1]
     with pytest.raises(ValueError, match="attention='cuda'"):
         SpeedOptions(attention="cuda")
 

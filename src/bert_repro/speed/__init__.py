@@ -6,8 +6,14 @@ from __future__ import annotations
 
 from torch import nn
 
-from bert_repro.model import BertForPreTraining, BertModel, MLMHead
-from bert_repro.speed.encoder import FastBertForPreTraining, FastBertModel, FastMLMHead, SpeedOptions
+from bert_repro.model import BertForPreTraining, BertModel, Layer, MLMHead
+from bert_repro.speed.encoder import (
+    FastBertForPreTraining,
+    FastBertModel,
+    FastLayer,
+    FastMLMHead,
+    SpeedOptions,
+)
 from bert_repro.speed.kernels import CpuDropout
 
 __all__ = ["SpeedOptions", "accelerate", "compile_model"]
@@ -21,7 +27,7 @@ def accelerate(model: nn.Module, options: SpeedOptions | dict | None) -> nn.Modu
     options = SpeedOptions(**options) if isinstance(options, dict) else options
     if options is None or not options.any:
         return model
-    swaps: dict[type, type] = {BertModel: FastBertModel}
+    swaps: dict[type, type] = {BertModel: FastBertModel, Layer: FastLayer}
     if options.kernels:
         swaps |= {nn.Dropout: CpuDropout, MLMHead: FastMLMHead, BertForPreTraining: FastBertForPreTraining}
     for module in model.modules():

@@ -5,6 +5,7 @@ layer. tests/test_speed_options.py proves each equal (loss and gradients) to mod
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 
@@ -43,11 +44,26 @@ class SpeedOptions:
         return self.kernels or self.unpad or self.activation_checkpointing
 
 
-def layer_forward(layer: Layer, x: Tensor, attend) -> Tensor:
-    """model.Layer's computation on (..., H) rows; ``attend`` maps the fused qkv (..., 3H) to the context (..., H)."""
-    a = layer.attention
-    x = a.LayerNorm(x + a.dropout(a.dense(attend(a, a.qkv(x)))))
-    return layer.LayerNorm(x + layer.dropout(layer.output(F.gelu(layer.intermediate(x)))))
+class FastLayer(Layer):
+    """model.Layer's computation on (..., H) rows, attention by ``attend``: (module, fused qkv (..., 3H)) ->
+    context (..., H). With ``positions`` (B, P) only those rows leave: queries there, keys and values at
+    every position (``attend`` then maps (module, q, k, v) in (B, heads, ., head_dim) to the context).
+    The layer stays a module call, so FSDP's per-layer units and activation checkpointing wrap it."""
+
+    def forward(self, x: Tensor, attend: Callable, positions: Tensor | None = None) -> Tensor:
+        a = self.attention
+        if positions is None:
+            residual, context = x, attend(a, a.qkv(x))  # (..., H)
+        else:
+            (B, T, H), P = x.shape, positions.shape[1]
+            residual = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
+            (w_q, w_kv), (b_q, b_kv) = a.qkv.weight.split([H, 2 * H]), a.qkv.bias.split([H, 2 * H])
+            q = F.linear(residual, w_q, b_q).view(B, P, a.num_heads, a.head_dim).transpose(1, 2)  # (B, heads, P, hd)
+            kv = F.linear(x, w_kv, b_kv).view(B, T, 2, a.num_heads, a.head_dim)  # (B, T, 2, heads, hd)
+            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, heads, T, hd)
+            context = attend(a, q, k, v).transpose(1, 2).reshape(B, P, H)  # (B, P, H)
+        x = a.LayerNorm(residual + a.dropout(a.dense(context)))
+        return self.LayerNorm(x + self.dropout(self.output(F.gelu(self.intermediate(x)))))
 
 
 def sparse_last_mask(attention_mask: Tensor | None, causal: bool, seq_len: int, positions: Tensor) -> Tensor | None:
@@ -100,27 +116,31 @@ class FastBertModel(BertModel):
                 if packed is not None:  # the sparse last layer reads keys and values in place
                     x, packed = packed.pad(x), None
                 last_mask = sparse_last_mask(attention_mask, self.config.causal, T, output_positions)
-                x = self._checkpointed(self._sparse_layer, layer, x, last_mask, output_positions)
+                x = self._checkpointed(layer, x, partial(self._heads, mask=last_mask, is_causal=False),
+                                       output_positions)
             elif packed is not None:
-                x = self._checkpointed(layer_forward, layer, x, partial(self._varlen, packed=packed))
+                x = self._checkpointed(layer, x, partial(self._varlen, packed=packed))
             else:
-                x = self._checkpointed(layer_forward, layer, x, partial(self._padded, mask=mask))
+                x = self._checkpointed(layer, x, partial(self._padded, mask=mask))
             if hidden_states is not None:
                 hidden_states.append(x if packed is None else packed.pad(x))
         if packed is not None:
             x = packed.pad(x)  # (B, T, H)
         return EncoderOutput(last_hidden_state=x, hidden_states=hidden_states)
 
-    def _checkpointed(self, fn, *args) -> Tensor:
+    def _checkpointed(self, layer: FastLayer, *args) -> Tensor:
         if self.speed.activation_checkpointing and self.training and torch.is_grad_enabled():
-            return torch.utils.checkpoint.checkpoint(fn, *args, use_reentrant=False)
-        return fn(*args)
+            return torch.utils.checkpoint.checkpoint(layer, *args, use_reentrant=False)
+        return layer(*args)
+
+    def _heads(self, a, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
+        """(B, heads, T|P, hd) queries over (B, heads, T, hd) keys and values."""
+        return attention(q, k, v, mask, a.attention_dropout if self.training else 0.0, is_causal, self.speed.kernels)
 
     def _padded(self, a, qkv: Tensor, mask: Tensor | None) -> Tensor:
         B, T, _ = qkv.shape
         q, k, v = qkv.view(B, T, 3, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, heads, T, hd)
-        context = attention(q, k, v, mask, a.attention_dropout if self.training else 0.0,
-                            a.causal and mask is None, self.speed.kernels)  # (B, heads, T, hd)
+        context = self._heads(a, q, k, v, mask, a.causal and mask is None)  # (B, heads, T, hd)
         return context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
 
     def _varlen(self, a, qkv: Tensor, packed: Packed) -> Tensor:
@@ -128,17 +148,6 @@ class FastBertModel(BertModel):
         context = varlen_attention(q, k, v, packed, a.attention_dropout if self.training else 0.0, a.causal,
                                    self.speed.attention, self.speed.kernels)  # (N, heads, hd)
         return context.flatten(1)  # (N, H)
-
-    def _sparse_layer(self, layer: Layer, x: Tensor, mask: Tensor | None, positions: Tensor) -> Tensor:
-        """The last layer at ``positions`` (B, P) only: queries there, keys and values at all T positions."""
-        a, (B, T, H) = layer.attention, x.shape
-        residual = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
-        (w_q, w_kv), (b_q, b_kv) = a.qkv.weight.split([H, 2 * H]), a.qkv.bias.split([H, 2 * H])
-        q = F.linear(residual, w_q, b_q).view(B, -1, a.num_heads, a.head_dim).transpose(1, 2)  # (B, heads, P, hd)
-        k, v = F.linear(x, w_kv, b_kv).view(B, T, 2, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
-        context = attention(q, k, v, mask, a.attention_dropout if self.training else 0.0, False,
-                            self.speed.kernels)  # (B, heads, P, hd)
-        return layer_forward(layer, residual, lambda _, __: context.transpose(1, 2).reshape(B, -1, H))
 
 
 class FastMLMHead(MLMHead):
