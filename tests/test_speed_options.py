@@ -52,7 +52,11 @@ def _fast(model, **options):
 
 OPTIONS = {"kernels": dict(kernels=True), "unpad": dict(unpad=True),
            "checkpointing": dict(activation_checkpointing=True),
-           "all": dict(kernels=True, unpad=True, activation_checkpointing=True)}
+           "all": dict(kernels=True, unpad=True, activation_checkpointing=True),
+           "pack": dict(pack=True), "pack+unpad": dict(pack=True, unpad=True, kernels=True)}
+# what the first feed-forward sees: the real tokens only (N, H) when unpadded; with packing, the batch's
+# rows of 24, 17, 11 and 5 real tokens fill 3 rows of 24 (24 | 17 + 5 | 11)
+FIRST_ROWS = {"unpad": (57, 32), "all": (57, 32), "pack+unpad": (57, 32), "pack": (3, 24, 32)}
 
 
 @pytest.mark.parametrize("option", list(OPTIONS))
@@ -74,7 +78,7 @@ def test_pretraining_loss_and_gradients_unchanged(option, ltr):
     loss = _pretrain_loss(fast, *batch, ltr)
     loss.backward()
     hook.remove()
-    assert rows[0] == ((int(batch[2].sum()), 32) if "unpad" in OPTIONS[option] else (4, 24, 32))
+    assert rows[0] == FIRST_ROWS.get(option, (4, 24, 32))
     torch.testing.assert_close(loss, reference, atol=1e-5, rtol=1e-5)
     got = _grads(fast)
     assert got.keys() == expected.keys()
@@ -124,13 +128,15 @@ def test_varlen_attention_on_packed_tokens_matches_the_padded_model(backend, cau
         torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=name)
 
 
-def test_packed_rows_equal_one_instance_per_row():
+@pytest.mark.parametrize("unpad", [False, True])
+def test_packed_rows_equal_one_instance_per_row(unpad):
     """Sequence packing: two short instances in one row (block-diagonal attention, positions restarting
-    at each instance) give each instance the hidden states it has alone in its own row."""
+    at each instance) give each instance the hidden states it has alone in its own row: varlen attention
+    per instance (unpad), or a dense block-diagonal mask."""
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
     bert = BertModel(config).eval()
-    fast = _fast(bert, unpad=True)
+    fast = _fast(bert, unpad=unpad, pack=True)
     ids, types, mask, _ = _batch(config)  # lengths 24, 17, 11, 5: pack rows 2 and 3 into one
     a, b = int(mask[2].sum()), int(mask[3].sum())
     row = lambda x: torch.cat([x[2, :a], x[3, :b], x.new_zeros(24 - a - b)])[None]  # noqa: E731
@@ -145,6 +151,17 @@ def test_packed_rows_equal_one_instance_per_row():
     torch.testing.assert_close(packed[0, :a], alone[2, :a], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(packed[0, a:a + b], alone[3, :b], atol=1e-5, rtol=1e-5)
     assert (naive[0, a:a + b] - alone[3, :b]).abs().max() > 1e-3  # without the block diagonal they differ
+
+
+def test_first_fit_packs_longest_first_into_the_first_row_with_room():
+    from bert_repro.speed.packing import first_fit, pack_rows
+
+    assert first_fit([24, 17, 11, 5], 24) == ([0, 1, 2, 1], [0, 0, 0, 17])
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [3, 0, 0, 0]])
+    p = pack_rows(ids, torch.zeros_like(ids), (ids > 0).long())
+    assert p.input_ids.tolist() == [[5, 6, 7, 3], [8, 9, 0, 0]] and p.start.tolist() == [0, 4, 3]
+    assert p.position_ids.tolist() == [[0, 1, 2, 0], [0, 1, 0, 0]]
+    assert p.sequence_ids.tolist() == [[1, 1, 1, 3], [2, 2, 0, 0]]
 
 
 def test_unpadded_sequence_and_hidden_states_match_at_real_tokens():

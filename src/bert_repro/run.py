@@ -99,7 +99,7 @@ def split_batch(global_batch: int, trainer_cfg: DictConfig) -> tuple[int, int]:
 
 # keys of trainer/ that are not Trainer arguments
 NOT_TRAINER_ARGS = ("per_device_batch_size", "compile", "peak_tflops", "unpad", "activation_checkpointing",
-                    "fast_kernels")
+                    "fast_kernels", "pack")
 # what a checkpoint found in the run folder must share with the run that resumes it: all but speed and places
 NOT_SETTINGS = ("trainer", "logger", "paths", "ckpt_path", "checkpoint", "test")
 
@@ -272,7 +272,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
         optim["resume_step"] = None
     speed = {"kernels": bool(cfg.trainer.get("fast_kernels", True)), "unpad": bool(cfg.trainer.get("unpad")),
-             "activation_checkpointing": bool(cfg.trainer.get("activation_checkpointing"))}  # speed.SpeedOptions
+             "activation_checkpointing": bool(cfg.trainer.get("activation_checkpointing")),
+             "pack": bool(cfg.trainer.get("pack"))}  # speed.SpeedOptions: how fast, never what is computed
     module = instantiate(cfg.module, model=model_cfg, optim=optim, speed=speed, _convert_="all")
     module.vocab, module.lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
     missing_heads: list[str] = []

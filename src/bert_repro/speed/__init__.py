@@ -29,7 +29,9 @@ def accelerate(model: nn.Module, options: SpeedOptions | dict | None) -> nn.Modu
         return model
     swaps: dict[type, type] = {BertModel: FastBertModel, Layer: FastLayer}
     if options.kernels:
-        swaps |= {nn.Dropout: CpuDropout, MLMHead: FastMLMHead, BertForPreTraining: FastBertForPreTraining}
+        swaps |= {nn.Dropout: CpuDropout, MLMHead: FastMLMHead}
+    if options.kernels or options.pack:
+        swaps[BertForPreTraining] = FastBertForPreTraining
     for module in model.modules():
         fast = swaps.get(type(module))
         if fast is not None:

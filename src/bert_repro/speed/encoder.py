@@ -24,6 +24,7 @@ from bert_repro.model import (
     attention_mask_for_sdpa,
 )
 from bert_repro.speed.kernels import VARLEN_BACKENDS, Packed, attention, varlen_attention
+from bert_repro.speed.packing import pack_rows
 
 
 @dataclass(frozen=True)
@@ -34,6 +35,7 @@ class SpeedOptions:
     unpad: bool = False  # layers and attention on the real tokens only (varlen attention)
     activation_checkpointing: bool = False  # recompute each layer in the backward pass: memory for compute
     attention: str = "auto"  # the varlen kernel: auto | flash | nested | padded (speed/kernels.py)
+    pack: bool = False  # pre-training: several short instances per row (speed/packing.py)
 
     def __post_init__(self) -> None:
         if self.attention not in VARLEN_BACKENDS:
@@ -41,7 +43,7 @@ class SpeedOptions:
 
     @property
     def any(self) -> bool:
-        return self.kernels or self.unpad or self.activation_checkpointing
+        return self.kernels or self.unpad or self.activation_checkpointing or self.pack
 
 
 class FastLayer(Layer):
@@ -76,6 +78,17 @@ def sparse_last_mask(attention_mask: Tensor | None, causal: bool, seq_len: int, 
     return mask
 
 
+def block_diagonal_mask(sequence_ids: Tensor, causal: bool) -> Tensor:
+    """Packed rows (B, T) -> SDPA mask (B, 1, T, T): each token attends within its own instance (padding
+    to itself, so no row is empty and nothing turns NaN)."""
+    same = (sequence_ids[:, :, None] == sequence_ids[:, None, :]) & (sequence_ids[:, None, :] > 0)
+    T = sequence_ids.shape[1]
+    eye = torch.eye(T, dtype=torch.bool, device=sequence_ids.device)
+    if causal:
+        same = same & torch.ones_like(eye).tril()
+    return (same | eye)[:, None]
+
+
 class FastBertModel(BertModel):
     """BertModel with the options of ``self.speed`` (a SpeedOptions); ``output_positions`` (B, P) lets
     only those positions leave the last layer, (B, P, H): its queries, feed-forward and LayerNorms run at
@@ -90,13 +103,13 @@ class FastBertModel(BertModel):
                 position_ids: Tensor | None = None) -> EncoderOutput:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
-        if sequence_ids is not None and (not self.speed.unpad or output_positions is not None):
-            raise ValueError("packed rows (sequence_ids) need trainer.unpad and no sparse last layer")
+        if sequence_ids is not None and output_positions is not None:
+            raise ValueError("packed rows (sequence_ids) have no sparse last layer")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         B, T = input_ids.shape
         packed = None
-        if sequence_ids is not None:
+        if sequence_ids is not None and self.speed.unpad:
             packed = Packed.from_sequence_ids(sequence_ids)
         elif self.speed.unpad and attention_mask is not None and not bool(attention_mask.all()):
             packed = Packed.from_mask(attention_mask)
@@ -109,7 +122,10 @@ class FastBertModel(BertModel):
             x = e.dropout(e.LayerNorm(x))
         else:
             x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
-        mask = attention_mask_for_sdpa(attention_mask, self.config.causal, T)
+        if sequence_ids is not None and packed is None:
+            mask = block_diagonal_mask(sequence_ids, self.config.causal)
+        else:
+            mask = attention_mask_for_sdpa(attention_mask, self.config.causal, T)
         hidden_states = [x if packed is None else packed.pad(x)] if output_hidden_states else None
         for i, layer in enumerate(self.encoder.layer):
             if output_positions is not None and i == len(self.encoder.layer) - 1:
@@ -163,13 +179,16 @@ class FastMLMHead(MLMHead):
 
 
 class FastBertForPreTraining(BertForPreTraining):
-    """Only [CLS] (for NSP) and the masked positions leave the last layer (FastBertModel's ``output_positions``)."""
+    """With ``kernels``, only [CLS] (for NSP) and the masked positions leave the last layer (FastBertModel's
+    ``output_positions``); with ``pack``, short instances share rows (packing.py)."""
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, masked_positions: Tensor | None = None,
                 prediction_mask: Tensor | None = None, output_hidden_states: bool = False) -> PreTrainingOutput:
-        if masked_positions is None:
-            return super().forward(input_ids, token_type_ids, attention_mask, None, prediction_mask,
+        if masked_positions is not None and self.bert.speed.pack and not output_hidden_states:
+            return self._packed(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask)
+        if masked_positions is None or not self.bert.speed.kernels:
+            return super().forward(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask,
                                    output_hidden_states)
         positions = masked_positions
         if self.nsp is not None:
@@ -182,3 +201,21 @@ class FastBertForPreTraining(BertForPreTraining):
         mlm_logits = self.mlm(predicted, self.bert.embeddings.word_embeddings.weight)  # (B, P, V) or (N, V)
         nsp_logits = self.nsp(self.bert.pooler(seq)) if self.nsp is not None else None  # (B, 2)
         return PreTrainingOutput(mlm_logits, nsp_logits, seq, out.hidden_states)
+
+    def _packed(self, input_ids: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None,
+                masked_positions: Tensor, prediction_mask: Tensor | None) -> PreTrainingOutput:
+        """The batch's instances packed into fewer rows; the predictions and [CLS] read back per instance."""
+        token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+        attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
+        p = pack_rows(input_ids, token_type_ids, attention_mask)
+        out = self.bert(p.input_ids, p.token_type_ids, p.attention_mask, sequence_ids=p.sequence_ids,
+                        position_ids=p.position_ids)
+        seq = out.last_hidden_state.flatten(0, 1)  # (rows x T, H)
+        # positions past an instance's end (the LTR objective's unreal ones) are dropped by prediction_mask
+        predicted = seq[(p.start[:, None] + masked_positions).clamp(max=seq.shape[0] - 1)]  # (B, P, H)
+        if prediction_mask is not None:
+            predicted = predicted[prediction_mask]  # (N, H)
+        mlm_logits = self.mlm(predicted, self.bert.embeddings.word_embeddings.weight)  # (B, P, V) or (N, V)
+        cls = seq[p.start][:, None]  # (B, 1, H): each instance's [CLS]
+        nsp_logits = self.nsp(self.bert.pooler(cls)) if self.nsp is not None else None  # (B, 2)
+        return PreTrainingOutput(mlm_logits, nsp_logits, cls, None)
