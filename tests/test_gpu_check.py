@@ -28,13 +28,22 @@ def _unreadable(stdout, folder):
 
 def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path, capsys):
     plan = [
-        Step("first", 30, _python('print(\'{"model": "base", "seq": 128, "ratio": 1.6, "ours_tokens_per_s": 9e4, '
-                                  '"ours_mfu": 0.5}\')')),
+        Step(
+            "first",
+            30,
+            _python(
+                'print(\'{"model": "base", "seq": 128, "ratio": 1.6, "ours_tokens_per_s": 9e4, '
+                '"ours_mfu": 0.5}\')'
+            ),
+        ),
         Step("fails", 30, _python("import sys; print('boom', file=sys.stderr); sys.exit(3)")),
         Step("hangs", 6, _python("import time; time.sleep(60)")),
         Step("reader", 30, _python("print('done')"), _unreadable),
-        Step("last", 30, _python('print(\'{"largest_batch": 96, "model": "large", "seq": 512, '
-                                 '"checkpointing": true}\')')),
+        Step(
+            "last",
+            30,
+            _python('print(\'{"largest_batch": 96, "model": "large", "seq": 512, "checkpointing": true}\')'),
+        ),
     ]
     path = check(tmp_path / "gpu", budget_s=120, plan=plan, device="NVIDIA H200")
     assert path == tmp_path / "gpu" / f"nvidia-h200-{json.loads(path.read_text())['date']}.json"

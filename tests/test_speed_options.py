@@ -74,7 +74,8 @@ def test_pretraining_loss_and_gradients_unchanged(option, ltr):
     reference.backward()
     expected = _grads(model)
     rows = []  # what the first feed-forward sees: the real tokens only (N, H) when unpadded
-    hook = fast.bert.encoder.layer[0].intermediate.register_forward_hook(lambda m, i, o: rows.append(i[0].shape))
+    ffn = fast.bert.encoder.layer[0].intermediate
+    hook = ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].shape))
     loss = _pretrain_loss(fast, *batch, ltr)
     loss.backward()
     hook.remove()
@@ -142,7 +143,8 @@ def test_packed_rows_equal_one_instance_per_row(unpad):
     row = lambda x: torch.cat([x[2, :a], x[3, :b], x.new_zeros(24 - a - b)])[None]  # noqa: E731
     packed_ids, packed_types = row(ids), row(types)
     sequence_ids = torch.tensor([[1] * a + [2] * b + [0] * (24 - a - b)])  # which instance; 0 = padding
-    position_ids = torch.cat([torch.arange(a), torch.arange(b), torch.zeros(24 - a - b, dtype=torch.long)])[None]
+    pad = torch.zeros(24 - a - b, dtype=torch.long)
+    position_ids = torch.cat([torch.arange(a), torch.arange(b), pad])[None]  # restarting per instance
     with torch.no_grad():
         alone = bert(ids, types, mask).last_hidden_state
         packed = fast(packed_ids, packed_types, (sequence_ids > 0).long(), sequence_ids=sequence_ids,
@@ -184,7 +186,8 @@ def test_unpadding_with_dropout_keeps_classifier_training_statistics():
     the same magnitude and the classifier's gradient flows (no position silently dropped)."""
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    model = accelerate(SequenceClassifier(config, num_labels=3), SpeedOptions(unpad=True, kernels=True)).train()
+    model = SequenceClassifier(config, num_labels=3)
+    model = accelerate(model, SpeedOptions(unpad=True, kernels=True)).train()
     ids, types, mask, _ = _batch(config)
     loss = F.cross_entropy(model(ids, types, mask), torch.tensor([0, 1, 2, 1]))
     loss.backward()

@@ -14,13 +14,16 @@ from bert_repro.model import BertConfig
 CUDA = torch.device("cuda", 0)
 
 
-@pytest.mark.parametrize(("name", "tflops"), [
-    ("NVIDIA H100 80GB HBM3", 989.4),  # H100 SXM
-    ("NVIDIA H200", 989.4),  # Lightning's own H200 rows are with sparsity (2000); dense = the H100 SXM's
-    ("NVIDIA H200 NVL", 850.0),  # datasheet: 1671 with sparsity
-    ("NVIDIA A100-SXM4-80GB", 312.0),
-    ("NVIDIA H100 PCIe", 756.0),
-])
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4),  # H100 SXM
+        ("NVIDIA H200", 989.4),  # Lightning's own H200 rows are with sparsity (2000); dense = the H100 SXM's
+        ("NVIDIA H200 NVL", 850.0),  # datasheet: 1671 with sparsity
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA H100 PCIe", 756.0),
+    ],
+)
 def test_peak_of_known_accelerators_from_lightnings_table(monkeypatch, name, tflops):
     monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
     peak, source = accelerator_peak_flops(CUDA, torch.bfloat16)
@@ -49,7 +52,10 @@ def test_throughput_takes_the_table_unless_peak_tflops_overrides(monkeypatch):
         unknown = _start(Throughput(), "bf16-mixed")
     assert unknown.peak_flops is None and unknown.summary()["mfu"] is None
     assert (compute_dtype("bf16-mixed"), compute_dtype("16-mixed"), compute_dtype("32-true")) == (
-        torch.bfloat16, torch.float16, torch.float32)
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+    )
 
 
 def test_batch_flops_counts_real_tokens_predictions_and_frozen_encoders():

@@ -52,7 +52,8 @@ class Throughput(L.Callback):
         if self.peak_flops is None and device.type == "cpu":
             self.peak_flops, self.peak_source = measured_peak_flops("cpu"), "measured fp32 matmul"
         elif self.peak_flops is None and device.type == "cuda":
-            self.peak_flops, self.peak_source = accelerator_peak_flops(device, compute_dtype(trainer.precision))
+            dtype = compute_dtype(trainer.precision)
+            self.peak_flops, self.peak_source = accelerator_peak_flops(device, dtype)
         if self.peak_flops is None:
             log.warning("no known peak for %s and no trainer.peak_tflops: MFU is not reported", device)
             self.peak_source = None
@@ -74,7 +75,8 @@ class Throughput(L.Callback):
         if config is not None:
             encoder = getattr(getattr(pl_module, "model", None), "bert", None)
             trained = encoder is None or any(p.requires_grad for p in encoder.parameters())
-            self._flops += batch_flops(config, batch, ltr=bool(getattr(pl_module, "ltr", False)), trained=trained)
+            ltr = bool(getattr(pl_module, "ltr", False))  # the left-to-right LM predicts every next token
+            self._flops += batch_flops(config, batch, ltr=ltr, trained=trained)
         elapsed = time.perf_counter() - self._start
         if elapsed <= 0:
             return

@@ -6,6 +6,8 @@ tree follows the Hugging Face / Google parameter vocabulary (``embeddings.word_e
 ``encoder.layer.N.attention.LayerNorm`` ...) with a few shorter names (``attention.dense`` for
 ``attention.output.dense``, ``intermediate`` for ``intermediate.dense`` ...) and query, key and value
 in one fused ``qkv`` projection (one GEMM instead of three); ``convert.py``'s table maps between the two.
+Speed (CPU kernels, unpadding, packing, the sparse last layer) lives in ``bert_repro.speed``, which runs
+these same parameters and is tested equal to this path.
 """
 
 from __future__ import annotations
@@ -80,7 +82,8 @@ class Embeddings(nn.Module):
         self.dropout = nn.Dropout(config.hidden_dropout)
         self.max_position = config.max_position
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor, position_ids: Tensor | None = None) -> Tensor:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor,
+                position_ids: Tensor | None = None) -> Tensor:
         """``position_ids`` default to 0..T-1; packed rows (speed/) restart them at each instance."""
         seq_len = input_ids.shape[-1]
         if seq_len > self.max_position:
@@ -176,7 +179,7 @@ def attention_mask_for_sdpa(attention_mask: Tensor | None, causal: bool, seq_len
 
 
 class BertModel(nn.Module):
-    """Embeddings + encoder + pooler. ``forward`` returns the sequence; ``pooler`` is called by heads that need C."""
+    """Embeddings + encoder + pooler. ``forward`` returns the sequence; heads that need C call ``pooler``."""
 
     def __init__(self, config: BertConfig):
         super().__init__()
@@ -269,7 +272,7 @@ class BertForPreTraining(nn.Module):
 class PreTrainingOutput:
     mlm_logits: Tensor  # (B, P, V), (B, T, V), or (N, V) with a prediction mask
     nsp_logits: Tensor | None  # (B, 2)
-    last_hidden_state: Tensor  # (B, T, H); speed/'s sparse last layer: ([CLS] and) the positions, (B, [1+]P, H)
+    last_hidden_state: Tensor  # (B, T, H); speed's sparse last layer: ([CLS] and) the positions (B, [1+]P, H)
     hidden_states: list[Tensor] | None = None
 
 

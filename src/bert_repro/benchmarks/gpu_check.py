@@ -68,19 +68,35 @@ def json_lines(stdout: str) -> list[dict]:
 
 def bench(models: list[str], seqs: list[int], *flags: str, batch: int = 32) -> Callable[[Path], list[str]]:
     def command(folder: Path) -> list[str]:
-        argv = [PY, "-m", "bert_repro.benchmarks.train_step", "--device", "cuda", "--precision", "bf16",
-                "--batch", str(batch), "--steps", "6", "--warmup", "2", *flags]
+        argv = [
+            PY,
+            "-m",
+            "bert_repro.benchmarks.train_step",
+            "--device",
+            "cuda",
+            "--precision",
+            "bf16",
+            "--batch",
+            str(batch),
+            "--steps",
+            "6",
+            "--warmup",
+            "2",
+            *flags,
+        ]
         for model in models:
             argv += ["--model", model]
         for seq in seqs:
             argv += ["--seq", str(seq)]
         return argv
+
     return command
 
 
 def train(*overrides: str) -> Callable[[Path], list[str]]:
     def command(folder: Path) -> list[str]:
         return [PY, "src/train.py", f"hydra.run.dir={folder}", "logger=csv", "ckpt_path=null", *overrides]
+
     return command
 
 
@@ -90,7 +106,8 @@ def read_results(stdout: str, folder: Path) -> dict:
         raise RuntimeError(f"no results.json in {folder}")
     results = json.loads(path.read_text())
     return {k: results.get(k) for k in ("status", "global_step", "tokens_per_s", "perf", "wall_time_s")} | {
-        "final": results.get("metrics", {}).get("final")}
+        "final": results.get("metrics", {}).get("final")
+    }
 
 
 def read_pretraining(stdout: str, folder: Path) -> dict:
@@ -102,8 +119,13 @@ def read_pretraining(stdout: str, folder: Path) -> dict:
             losses += [float(row["train/loss"]) for row in csv.DictReader(f) if row.get("train/loss")]
     tenth = max(1, len(losses) // 10)
     first, last = sum(losses[:tenth]) / tenth, sum(losses[-tenth:]) / tenth
-    out |= {"loss_first": first, "loss_last": last, "loss_points": len(losses),
-            "loss_falls": last < first, "finite": all(math.isfinite(x) for x in losses)}
+    out |= {
+        "loss_first": first,
+        "loss_last": last,
+        "loss_points": len(losses),
+        "loss_falls": last < first,
+        "finite": all(math.isfinite(x) for x in losses),
+    }
     return out
 
 
@@ -116,21 +138,50 @@ def steps(data: Path, cpu_reference: Path) -> list[Step]:
     except ImportError:
         pass
     text = data / "pretrain_text" / "wikitext-2-raw" / "wiki.test.raw"
-    one_step = ("task=mrpc", f"init={minilm}", "model=minilm_l6", "optim.max_steps=1", "data.max_train_examples=64",
-                "optim.limit_val_batches=2", f"paths.shared_data={data}")
+    one_step = (
+        "task=mrpc",
+        f"init={minilm}",
+        "model=minilm_l6",
+        "optim.max_steps=1",
+        "data.max_train_examples=64",
+        "optim.limit_val_batches=2",
+        f"paths.shared_data={data}",
+    )
     return [
         Step("bench-eager-padded", 70, bench(["base", "large"], [128, 512])),
         Step("bench-eager-unpadded", 60, bench(["base", "large"], [128, 512], "--unpad")),
         Step("bench-compiled-padded", 75, bench(["base"], [128], "--compile")),
         Step("bench-compiled-unpadded", 60, bench(["base"], [128], "--compile", "--unpad")),
         Step("max-batch", 50, bench(["large"], [128, 512], "--max-batch")),
-        Step("pretrain-300", 100, train("task=pretrain", "model=base", "trainer=gpu", "scale=smoke",
-                                         f"scale.pretrain.corpus=wikitext:{text}", f"data.tokenizer={minilm}",
-                                         "scale.pretrain.max_steps=300", "scale.pretrain.val_check_interval=300",
-                                         "data.num_proc=8"), read_pretraining),
-        Step("mrpc-bf16", 70, train("task=mrpc", f"init={minilm}", "model=minilm_l6", "trainer=gpu", "optim.epochs=1",
-                                    f"paths.shared_data={data}"),
-             lambda stdout, folder: compare_mrpc(read_results(stdout, folder), cpu_reference)),
+        Step(
+            "pretrain-300",
+            100,
+            train(
+                "task=pretrain",
+                "model=base",
+                "trainer=gpu",
+                "scale=smoke",
+                f"scale.pretrain.corpus=wikitext:{text}",
+                f"data.tokenizer={minilm}",
+                "scale.pretrain.max_steps=300",
+                "scale.pretrain.val_check_interval=300",
+                "data.num_proc=8",
+            ),
+            read_pretraining,
+        ),
+        Step(
+            "mrpc-bf16",
+            70,
+            train(
+                "task=mrpc",
+                f"init={minilm}",
+                "model=minilm_l6",
+                "trainer=gpu",
+                "optim.epochs=1",
+                f"paths.shared_data={data}",
+            ),
+            lambda stdout, folder: compare_mrpc(read_results(stdout, folder), cpu_reference),
+        ),
         Step("ddp", 40, train(*one_step, "trainer=ddp", "trainer.devices=1"), read_results),
         Step("fsdp", 40, train(*one_step, "trainer=fsdp", "trainer.devices=1"), read_results),
         Step("fp8", 25, lambda folder: [PY, "-c", FP8_STEP]),
@@ -157,9 +208,15 @@ def compare_mrpc(results: dict, cpu_reference: Path) -> dict:
     acc = (results.get("final") or {}).get("val/acc")
     out = results | {"acc": acc}
     if not cpu_reference.is_file():
-        return out | {"cpu_reference": None, "note": f"no {cpu_reference}: run --cpu-reference-run on a CPU first"}
+        return out | {
+            "cpu_reference": None,
+            "note": f"no {cpu_reference}: run --cpu-reference-run on a CPU first",
+        }
     reference = json.loads(cpu_reference.read_text())["acc"]
-    return out | {"cpu_reference": reference, "within_1_point": acc is not None and abs(acc - reference) <= 0.01}
+    return out | {
+        "cpu_reference": reference,
+        "within_1_point": acc is not None and abs(acc - reference) <= 0.01,
+    }
 
 
 def run_step(step: Step, folder: Path, limit_s: float) -> dict:
@@ -178,28 +235,50 @@ def run_step(step: Step, folder: Path, limit_s: float) -> dict:
             return record | {"status": "failed", "returncode": proc.returncode, "error": "\n".join(tail)}
         return record | {"status": "ok", "results": step.read(proc.stdout, folder)}
     except subprocess.TimeoutExpired:
-        return record | {"status": "timeout", "seconds": round(time.perf_counter() - start, 1),
-                         "error": f"over its {limit_s:.0f} s limit"}
+        return record | {
+            "status": "timeout",
+            "seconds": round(time.perf_counter() - start, 1),
+            "error": f"over its {limit_s:.0f} s limit",
+        }
     except Exception as error:  # a step's reader or launcher: recorded, the others still run
-        return record | {"status": "failed", "seconds": round(time.perf_counter() - start, 1),
-                         "error": f"{type(error).__name__}: {error}"}
+        return record | {
+            "status": "failed",
+            "seconds": round(time.perf_counter() - start, 1),
+            "error": f"{type(error).__name__}: {error}",
+        }
 
 
 def summary_markdown(report: dict) -> str:
-    lines = [f"# GPU check: {report['device']} ({report['date']})", "",
-             f"torch {report['torch']}, CUDA {report['cuda']}, budget {report['budget_s']} s, "
-             f"used {report['elapsed_s']} s", "", "| step | status | s | result |", "|---|---|---|---|"]
+    lines = [
+        f"# GPU check: {report['device']} ({report['date']})",
+        "",
+        f"torch {report['torch']}, CUDA {report['cuda']}, budget {report['budget_s']} s, "
+        f"used {report['elapsed_s']} s",
+        "",
+        "| step | status | s | result |",
+        "|---|---|---|---|",
+    ]
     for step in report["steps"]:
         result = step.get("error") or ""
         for row in (step.get("results") or {}).get("lines", []):
             if "ratio" in row:
-                result += (f"{row['model']}/{row['seq']}{' unpad' if row.get('unpad') else ''}"
-                           f"{' compiled' if row.get('compile') else ''}: {row['ours_tokens_per_s']:.0f} tok/s, "
-                           f"MFU {row['ours_mfu']:.2f}, {row['ratio']:.2f}x; ")
+                result += (
+                    f"{row['model']}/{row['seq']}{' unpad' if row.get('unpad') else ''}"
+                    f"{' compiled' if row.get('compile') else ''}: {row['ours_tokens_per_s']:.0f} tok/s, "
+                    f"MFU {row['ours_mfu']:.2f}, {row['ratio']:.2f}x; "
+                )
             elif "largest_batch" in row:
                 result += f"{row['model']}/{row['seq']} ckpt={row['checkpointing']}: {row['largest_batch']}; "
         results = step.get("results") or {}
-        for key in ("loss_first", "loss_last", "finite", "acc", "cpu_reference", "within_1_point", "global_step"):
+        for key in (
+            "loss_first",
+            "loss_last",
+            "finite",
+            "acc",
+            "cpu_reference",
+            "within_1_point",
+            "global_step",
+        ):
             if key in results:
                 result += f"{key} {results[key]}; "
         if results.get("perf"):
@@ -214,12 +293,20 @@ def device_slug(name: str) -> str:
 
 
 def check(out_dir: Path, budget_s: float, plan: list[Step], device: str) -> Path:
-    """Run ``plan`` within ``budget_s``, writing the JSON and Markdown after every step; returns the JSON's path."""
+    """Run ``plan`` within ``budget_s``, writing the JSON and Markdown after every step; returns the
+    JSON's path."""
     date = datetime.now(timezone.utc).strftime("%Y-%m-%d")
     out_dir.mkdir(parents=True, exist_ok=True)
     path = out_dir / f"{device_slug(device)}-{date}.json"
-    report = {"device": device, "date": date, "torch": torch.__version__, "cuda": torch.version.cuda,
-              "budget_s": budget_s, "elapsed_s": 0.0, "steps": []}
+    report = {
+        "device": device,
+        "date": date,
+        "torch": torch.__version__,
+        "cuda": torch.version.cuda,
+        "budget_s": budget_s,
+        "elapsed_s": 0.0,
+        "steps": [],
+    }
     start = time.perf_counter()
     with tempfile.TemporaryDirectory(prefix="gpu-check-") as tmp:
         for step in plan:
@@ -242,26 +329,37 @@ def cpu_reference_run(data: Path, out: Path) -> None:
             raise SystemExit(f"error: the CPU reference run failed: {' '.join(command)}")
         acc = read_results("", Path(tmp))["final"]["val/acc"]
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps({"acc": acc, "command": " ".join(command), "device": "cpu", "precision": "fp32"}) + "\n")
+    out.write_text(
+        json.dumps({"acc": acc, "command": " ".join(command), "device": "cpu", "precision": "fp32"}) + "\n"
+    )
     print(out)
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.gpu_check", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(
+        prog="python -m bert_repro.benchmarks.gpu_check", description=__doc__.split("\n")[0]
+    )
     parser.add_argument("--out", type=Path, default=OUT_DIR)
     parser.add_argument("--budget-s", type=float, default=BUDGET_S, help="all steps together (default: 470)")
     parser.add_argument("--data", type=Path, default=Path("../shared/data"), help="the shared data folder")
     parser.add_argument("--cpu-reference", type=Path, default=CPU_REFERENCE)
-    parser.add_argument("--cpu-reference-run", action="store_true",
-                        help="on a CPU: run the MRPC step in fp32 and write --cpu-reference")
+    parser.add_argument(
+        "--cpu-reference-run",
+        action="store_true",
+        help="on a CPU: run the MRPC step in fp32 and write --cpu-reference",
+    )
     args = parser.parse_args(argv)
     if args.cpu_reference_run:
         cpu_reference_run(args.data, args.cpu_reference)
         return 0
     if not torch.cuda.is_available():
-        print("error: make gpu-check measures the GPU path and needs a CUDA GPU (H100/H200-class); none is "
-              "visible here (torch.cuda.is_available() is False). Run it on a GPU node with a CUDA build of torch "
-              "(make install TORCH='torch --index-url https://download.pytorch.org/whl/cu128').", file=sys.stderr)
+        print(
+            "error: make gpu-check measures the GPU path and needs a CUDA GPU (H100/H200-class); none is "
+            "visible here (torch.cuda.is_available() is False). Run it on a GPU node with a CUDA build of "
+            "torch "
+            "(make install TORCH='torch --index-url https://download.pytorch.org/whl/cu128').",
+            file=sys.stderr,
+        )
         return 2
     path = check(args.out, args.budget_s, steps(args.data, args.cpu_reference), torch.cuda.get_device_name(0))
     print(path)

@@ -31,7 +31,9 @@ from bert_repro.speed.packing import pack_rows
 class SpeedOptions:
     """What trainer/ switches on; none changes what is computed. All off = model.py's readable path."""
 
-    kernels: bool = False  # CPU dropout masks and attention, the sparse last layer, the MLM-head gradient trick
+    kernels: bool = (
+        False  # CPU dropout masks and attention, the sparse last layer, the MLM-head gradient trick
+    )
     unpad: bool = False  # layers and attention on the real tokens only (varlen attention)
     activation_checkpointing: bool = False  # recompute each layer in the backward pass: memory for compute
     attention: str = "auto"  # the varlen kernel: auto | flash | nested | padded (speed/kernels.py)
@@ -39,7 +41,9 @@ class SpeedOptions:
 
     def __post_init__(self) -> None:
         if self.attention not in VARLEN_BACKENDS:
-            raise ValueError(f"speed attention={self.attention!r}: expected one of {', '.join(VARLEN_BACKENDS)}")
+            raise ValueError(
+                f"speed attention={self.attention!r}: expected one of {', '.join(VARLEN_BACKENDS)}"
+            )
 
     @property
     def any(self) -> bool:
@@ -60,7 +64,9 @@ class FastLayer(Layer):
             (B, T, H), P = x.shape, positions.shape[1]
             residual = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
             (w_q, w_kv), (b_q, b_kv) = a.qkv.weight.split([H, 2 * H]), a.qkv.bias.split([H, 2 * H])
-            q = F.linear(residual, w_q, b_q).view(B, P, a.num_heads, a.head_dim).transpose(1, 2)  # (B, heads, P, hd)
+            q = (
+                F.linear(residual, w_q, b_q).view(B, P, a.num_heads, a.head_dim).transpose(1, 2)
+            )  # (B, heads, P, hd)
             kv = F.linear(x, w_kv, b_kv).view(B, T, 2, a.num_heads, a.head_dim)  # (B, T, 2, heads, hd)
             k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, heads, T, hd)
             context = attend(a, q, k, v).transpose(1, 2).reshape(B, P, H)  # (B, P, H)
@@ -68,7 +74,9 @@ class FastLayer(Layer):
         return self.LayerNorm(x + self.dropout(self.output(F.gelu(self.intermediate(x)))))
 
 
-def sparse_last_mask(attention_mask: Tensor | None, causal: bool, seq_len: int, positions: Tensor) -> Tensor | None:
+def sparse_last_mask(
+    attention_mask: Tensor | None, causal: bool, seq_len: int, positions: Tensor
+) -> Tensor | None:
     """The SDPA mask (B, 1, P|1, T) for queries at ``positions`` (B, P) only, keys everywhere."""
     padded = attention_mask is not None and not bool(attention_mask.all())
     mask = attention_mask.bool()[:, None, None, :] if padded else None  # (B, 1, 1, T)
@@ -93,14 +101,21 @@ class FastBertModel(BertModel):
     """BertModel with the options of ``self.speed`` (a SpeedOptions); ``output_positions`` (B, P) lets
     only those positions leave the last layer, (B, P, H): its queries, feed-forward and LayerNorms run at
     P instead of T positions. ``sequence_ids``/``position_ids`` (B, T): packed rows (several instances per
-    row, Packed.from_sequence_ids), positions restarting at each instance; needs ``unpad``."""
+    row: packing.py), positions restarting at each instance; attention per instance (varlen with
+    ``unpad``, else a block-diagonal mask)."""
 
     speed: SpeedOptions = SpeedOptions()
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, output_hidden_states: bool = False,
-                output_positions: Tensor | None = None, sequence_ids: Tensor | None = None,
-                position_ids: Tensor | None = None) -> EncoderOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        output_hidden_states: bool = False,
+        output_positions: Tensor | None = None,
+        sequence_ids: Tensor | None = None,
+        position_ids: Tensor | None = None,
+    ) -> EncoderOutput:
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
         if sequence_ids is not None and output_positions is not None:
@@ -117,8 +132,11 @@ class FastBertModel(BertModel):
             if position_ids is None:
                 position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
             e = self.embeddings
-            x = (e.word_embeddings(packed.unpad(input_ids)) + e.token_type_embeddings(packed.unpad(token_type_ids))
-                 + e.position_embeddings(packed.unpad(position_ids)))  # (N, H)
+            x = (
+                e.word_embeddings(packed.unpad(input_ids))
+                + e.token_type_embeddings(packed.unpad(token_type_ids))
+                + e.position_embeddings(packed.unpad(position_ids))
+            )  # (N, H)
             x = e.dropout(e.LayerNorm(x))
         else:
             x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
@@ -132,8 +150,9 @@ class FastBertModel(BertModel):
                 if packed is not None:  # the sparse last layer reads keys and values in place
                     x, packed = packed.pad(x), None
                 last_mask = sparse_last_mask(attention_mask, self.config.causal, T, output_positions)
-                x = self._checkpointed(layer, x, partial(self._heads, mask=last_mask, is_causal=False),
-                                       output_positions)
+                x = self._checkpointed(
+                    layer, x, partial(self._heads, mask=last_mask, is_causal=False), output_positions
+                )
             elif packed is not None:
                 x = self._checkpointed(layer, x, partial(self._varlen, packed=packed))
             else:
@@ -151,18 +170,30 @@ class FastBertModel(BertModel):
 
     def _heads(self, a, q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, is_causal: bool) -> Tensor:
         """(B, heads, T|P, hd) queries over (B, heads, T, hd) keys and values."""
-        return attention(q, k, v, mask, a.attention_dropout if self.training else 0.0, is_causal, self.speed.kernels)
+        return attention(
+            q, k, v, mask, a.attention_dropout if self.training else 0.0, is_causal, self.speed.kernels
+        )
 
     def _padded(self, a, qkv: Tensor, mask: Tensor | None) -> Tensor:
         B, T, _ = qkv.shape
-        q, k, v = qkv.view(B, T, 3, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4).unbind(0)  # (B, heads, T, hd)
+        q, k, v = (
+            qkv.view(B, T, 3, a.num_heads, a.head_dim).permute(2, 0, 3, 1, 4).unbind(0)
+        )  # (B, heads, T, hd)
         context = self._heads(a, q, k, v, mask, a.causal and mask is None)  # (B, heads, T, hd)
         return context.transpose(1, 2).reshape(B, T, -1)  # (B, T, H)
 
     def _varlen(self, a, qkv: Tensor, packed: Packed) -> Tensor:
         q, k, v = qkv.view(-1, 3, a.num_heads, a.head_dim).unbind(1)  # 3 x (N, heads, hd)
-        context = varlen_attention(q, k, v, packed, a.attention_dropout if self.training else 0.0, a.causal,
-                                   self.speed.attention, self.speed.kernels)  # (N, heads, hd)
+        context = varlen_attention(
+            q,
+            k,
+            v,
+            packed,
+            a.attention_dropout if self.training else 0.0,
+            a.causal,
+            self.speed.attention,
+            self.speed.kernels,
+        )  # (N, heads, hd)
         return context.flatten(1)  # (N, H)
 
 
@@ -182,17 +213,31 @@ class FastBertForPreTraining(BertForPreTraining):
     """With ``kernels``, only [CLS] (for NSP) and the masked positions leave the last layer (FastBertModel's
     ``output_positions``); with ``pack``, short instances share rows (packing.py)."""
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
-                attention_mask: Tensor | None = None, masked_positions: Tensor | None = None,
-                prediction_mask: Tensor | None = None, output_hidden_states: bool = False) -> PreTrainingOutput:
+    def forward(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None = None,
+        attention_mask: Tensor | None = None,
+        masked_positions: Tensor | None = None,
+        prediction_mask: Tensor | None = None,
+        output_hidden_states: bool = False,
+    ) -> PreTrainingOutput:
         if masked_positions is not None and self.bert.speed.pack and not output_hidden_states:
             return self._packed(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask)
         if masked_positions is None or not self.bert.speed.kernels:
-            return super().forward(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask,
-                                   output_hidden_states)
+            return super().forward(
+                input_ids,
+                token_type_ids,
+                attention_mask,
+                masked_positions,
+                prediction_mask,
+                output_hidden_states,
+            )
         positions = masked_positions
         if self.nsp is not None:
-            positions = torch.cat([torch.zeros_like(positions[:, :1]), positions], dim=1)  # (B, 1+P): [CLS] first
+            positions = torch.cat(
+                [torch.zeros_like(positions[:, :1]), positions], dim=1
+            )  # (B, 1+P): [CLS] first
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, positions)
         seq = out.last_hidden_state  # (B, [1+]P, H)
         predicted = seq[:, 1:] if self.nsp is not None else seq  # (B, P, H)
@@ -202,14 +247,25 @@ class FastBertForPreTraining(BertForPreTraining):
         nsp_logits = self.nsp(self.bert.pooler(seq)) if self.nsp is not None else None  # (B, 2)
         return PreTrainingOutput(mlm_logits, nsp_logits, seq, out.hidden_states)
 
-    def _packed(self, input_ids: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None,
-                masked_positions: Tensor, prediction_mask: Tensor | None) -> PreTrainingOutput:
+    def _packed(
+        self,
+        input_ids: Tensor,
+        token_type_ids: Tensor | None,
+        attention_mask: Tensor | None,
+        masked_positions: Tensor,
+        prediction_mask: Tensor | None,
+    ) -> PreTrainingOutput:
         """The batch's instances packed into fewer rows; the predictions and [CLS] read back per instance."""
         token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
         p = pack_rows(input_ids, token_type_ids, attention_mask)
-        out = self.bert(p.input_ids, p.token_type_ids, p.attention_mask, sequence_ids=p.sequence_ids,
-                        position_ids=p.position_ids)
+        out = self.bert(
+            p.input_ids,
+            p.token_type_ids,
+            p.attention_mask,
+            sequence_ids=p.sequence_ids,
+            position_ids=p.position_ids,
+        )
         seq = out.last_hidden_state.flatten(0, 1)  # (rows x T, H)
         # positions past an instance's end (the LTR objective's unreal ones) are dropped by prediction_mask
         predicted = seq[(p.start[:, None] + masked_positions).clamp(max=seq.shape[0] - 1)]  # (B, P, H)

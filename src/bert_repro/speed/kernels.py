@@ -45,13 +45,22 @@ class CpuDropout(nn.Dropout):
         return super().forward(x)
 
 
-def attention(q: Tensor, k: Tensor, v: Tensor, mask: Tensor | None, dropout_p: float, is_causal: bool,
-              cpu_dropout: bool = True) -> Tensor:
+def attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    mask: Tensor | None,
+    dropout_p: float,
+    is_causal: bool,
+    cpu_dropout: bool = True,
+) -> Tensor:
     """``F.scaled_dot_product_attention``. With dropout on CPU, where SDPA's fused kernels take none and it
     falls back to its math path, the same math runs here with ``dropout``'s cheaper mask.
     ``mask``: boolean, True = may attend."""
     if dropout_p == 0.0 or q.device.type != "cpu" or not cpu_dropout:
-        return F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal)
+        return F.scaled_dot_product_attention(
+            q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
+        )
     scores = (q * q.shape[-1] ** -0.5) @ k.transpose(-2, -1)  # (B, heads, T|P, T)
     if is_causal:
         mask = torch.ones(scores.shape[-2:], dtype=torch.bool, device=q.device).tril()
@@ -125,26 +134,46 @@ def varlen_backend(requested: str, q: Tensor, causal: bool) -> str:
     return "nested" if q.device.type == "cuda" else "padded"
 
 
-def varlen_attention(q: Tensor, k: Tensor, v: Tensor, packed: Packed, dropout_p: float, causal: bool,
-                     backend: str = "auto", cpu_dropout: bool = True) -> Tensor:
+def varlen_attention(
+    q: Tensor,
+    k: Tensor,
+    v: Tensor,
+    packed: Packed,
+    dropout_p: float,
+    causal: bool,
+    backend: str = "auto",
+    cpu_dropout: bool = True,
+) -> Tensor:
     """Attention within each packed sequence: q, k, v (N, heads, head_dim) -> (N, heads, head_dim)."""
     backend = varlen_backend(backend, q, causal)
     if backend == "flash":
         from flash_attn import flash_attn_varlen_func
 
-        return flash_attn_varlen_func(q, k, v, packed.cu_seqlens, packed.cu_seqlens, packed.max_len,
-                                      packed.max_len, dropout_p=dropout_p, causal=causal)
+        return flash_attn_varlen_func(
+            q,
+            k,
+            v,
+            packed.cu_seqlens,
+            packed.cu_seqlens,
+            packed.max_len,
+            packed.max_len,
+            dropout_p=dropout_p,
+            causal=causal,
+        )
     if backend == "nested":
         offsets = packed.cu_seqlens.long()
 
         def jagged(x: Tensor) -> Tensor:  # (N, heads, hd) -> (S, heads, j, hd), contiguous as SDPA wants
             return torch.nested.nested_tensor_from_jagged(x.contiguous(), offsets=offsets).transpose(1, 2)
 
-        out = F.scaled_dot_product_attention(jagged(q), jagged(k), jagged(v), dropout_p=dropout_p,
-                                             is_causal=causal)  # (S, heads, j, hd)
+        out = F.scaled_dot_product_attention(
+            jagged(q), jagged(k), jagged(v), dropout_p=dropout_p, is_causal=causal
+        )  # (S, heads, j, hd)
         return out.transpose(1, 2).values()  # (N, heads, hd)
     lengths = packed.cu_seqlens.diff()  # padded reference: each sequence in a row of (S, max_len)
-    mask = (torch.arange(packed.max_len, device=q.device) < lengths[:, None])[:, None, None, :]  # (S, 1, 1, j)
+    mask = (torch.arange(packed.max_len, device=q.device) < lengths[:, None])[
+        :, None, None, :
+    ]  # (S, 1, 1, j)
     if causal:
         keys = torch.arange(packed.max_len, device=q.device)
         mask = mask & (keys <= keys[:, None])

@@ -52,5 +52,11 @@ def pack_rows(input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor)
         out[dest] = values
         return out.view(rows, T)
 
-    return PackedRows(start, scatter(input_ids[b, j]), scatter(token_type_ids[b, j]),
-                      scatter(torch.ones_like(j)), scatter(b + 1), scatter(j))
+    return PackedRows(
+        start,
+        scatter(input_ids[b, j]),
+        scatter(token_type_ids[b, j]),
+        scatter(torch.ones_like(j)),
+        scatter(b + 1),
+        scatter(j),
+    )
