@@ -128,18 +128,10 @@ class FastBertModel(BertModel):
             packed = Packed.from_sequence_ids(sequence_ids)
         elif self.speed.unpad and attention_mask is not None and not bool(attention_mask.all()):
             packed = Packed.from_mask(attention_mask)
-        if packed is not None:  # nothing padded from here to the head
-            if position_ids is None:
-                position_ids = torch.arange(T, device=input_ids.device).expand(B, T)
-            e = self.embeddings
-            x = (
-                e.word_embeddings(packed.unpad(input_ids))
-                + e.token_type_embeddings(packed.unpad(token_type_ids))
-                + e.position_embeddings(packed.unpad(position_ids))
-            )  # (N, H)
-            x = e.dropout(e.LayerNorm(x))
-        else:
-            x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
+        # embeddings as model.py computes them (the same dropout draws), then only the real tokens go on
+        x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
+        if packed is not None:
+            x = packed.unpad(x)  # (N, H): nothing padded from here to the head
         if sequence_ids is not None and packed is None:
             mask = block_diagonal_mask(sequence_ids, self.config.causal)
         else:
