@@ -11,7 +11,7 @@ CONSTRAINTS ?= constraints.txt
 PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast demo demo-pretrain lint bench clean constraints
+.PHONY: install test test-fast demo demo-pretrain lint bench gpu-check clean constraints
 
 install: $(STAMP)
 
@@ -51,7 +51,12 @@ lint: install
 	$(BIN)/ruff check src tests
 
 bench: install
-	$(BIN)/python -m bert_repro.bench
+	$(BIN)/python -m bert_repro.benchmarks.train_step
+
+# The GPU path in one unattended command on one H100/H200-class GPU, <= 8 minutes (issue 17): prints the path of
+# experiments/results/gpu/<device>-<date>.json (+ .md). Exits at once where no CUDA GPU is visible.
+gpu-check: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m bert_repro.benchmarks.gpu_check
 
 clean:
 	rm -rf $(VENV) .cache outputs multirun

@@ -4,7 +4,7 @@ compute the same loss for every objective (timing itself is the script's busines
 import pytest
 import torch
 
-from bert_repro.bench import REFERENCE, make_batch, our_step, their_step
+from bert_repro.benchmarks.train_step import REFERENCE, make_batch, our_step, their_step
 from bert_repro.convert import hf_config, ours_to_hf
 from bert_repro.model import BertConfig, BertForPreTraining
 

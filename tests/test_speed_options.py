@@ -1,6 +1,8 @@
-"""Speed options change how fast a step runs, never what it computes (issue #8 §3): unpadding and
-activation checkpointing give the same loss and gradients as the plain padded pass; the MFU formula
-counts what the paper's encoder does."""
+"""Speed options change how fast a step runs, never what it computes (issue #8 §3, #15, #17): the fast
+kernels, unpadding (varlen attention, packed rows) and activation checkpointing give the same loss and
+gradients as model.py's readable padded pass; the MFU formula counts what the paper's encoder does."""
+
+import copy
 
 import pytest
 import torch
@@ -8,7 +10,10 @@ import torch.nn.functional as F
 
 from bert_repro.flops import encoder_parameters, training_flops
 from bert_repro.heads import SequenceClassifier
-from bert_repro.model import BertConfig, BertForPreTraining, BertModel, count_parameters
+from bert_repro.model import BertConfig, BertForPreTraining, BertModel, Layer, count_parameters
+from bert_repro.speed import SpeedOptions, accelerate
+from bert_repro.speed.encoder import FastBertModel
+from bert_repro.speed.kernels import CpuDropout
 
 
 def _batch(config: BertConfig, B: int = 4, T: int = 24, seed: int = 0):
@@ -40,42 +45,136 @@ def _pretrain_loss(model, ids, types, mask, positions, ltr: bool):
     return loss
 
 
-@pytest.mark.parametrize("option", ["unpad", "checkpointing"])
+def _fast(model, **options):
+    """A copy of ``model`` (same weights) on the speed path."""
+    return accelerate(copy.deepcopy(model), SpeedOptions(**options))
+
+
+OPTIONS = {"kernels": dict(kernels=True), "unpad": dict(unpad=True),
+           "checkpointing": dict(activation_checkpointing=True),
+           "all": dict(kernels=True, unpad=True, activation_checkpointing=True),
+           "pack": dict(pack=True), "pack+unpad": dict(pack=True, unpad=True, kernels=True)}
+# what the first feed-forward sees: the real tokens only (N, H) when unpadded; with packing, the batch's
+# rows of 24, 17, 11 and 5 real tokens fill 3 rows of 24 (24 | 17 + 5 | 11)
+FIRST_ROWS = {"unpad": (57, 32), "all": (57, 32), "pack+unpad": (57, 32), "pack": (3, 24, 32)}
+
+
+@pytest.mark.parametrize("option", list(OPTIONS))
 @pytest.mark.parametrize("ltr", [False, True])
 def test_pretraining_loss_and_gradients_unchanged(option, ltr):
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=3, num_heads=4, causal=ltr,
                         hidden_dropout=0.0, attention_dropout=0.0)
     torch.manual_seed(0)
     model = BertForPreTraining(config, nsp=not ltr).train()
+    fast = _fast(model, **OPTIONS[option])
+    assert type(fast.bert) is FastBertModel and fast.state_dict().keys() == model.state_dict().keys()
     batch = _batch(config)
     assert not bool(batch[2].all())  # padded: unpadding has something to remove
     reference = _pretrain_loss(model, *batch, ltr)
     reference.backward()
     expected = _grads(model)
-    model.zero_grad()
-    setattr(model.bert.encoder, option, True)
     rows = []  # what the first feed-forward sees: the real tokens only (N, H) when unpadded
-    hook = model.bert.encoder.layer[0].intermediate.register_forward_hook(lambda m, i, o: rows.append(i[0].shape))
-    loss = _pretrain_loss(model, *batch, ltr)
+    ffn = fast.bert.encoder.layer[0].intermediate
+    hook = ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].shape))
+    loss = _pretrain_loss(fast, *batch, ltr)
     loss.backward()
     hook.remove()
-    assert rows[0] == ((int(batch[2].sum()), 32) if option == "unpad" else (4, 24, 32))
+    assert rows[0] == FIRST_ROWS.get(option, (4, 24, 32))
     torch.testing.assert_close(loss, reference, atol=1e-5, rtol=1e-5)
-    got = _grads(model)
+    got = _grads(fast)
     assert got.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+def test_every_option_off_is_the_readable_model():
+    model = BertForPreTraining(BertConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=4))
+    assert accelerate(model, SpeedOptions()) is model and accelerate(model, None) is model
+    assert {type(m) for m in model.modules()}.isdisjoint({FastBertModel, CpuDropout})
+    fast = _fast(model, kernels=True)
+    assert type(fast.bert.embeddings.dropout) is CpuDropout and type(fast.mlm).__name__ == "FastMLMHead"
+    # each layer is still called as a module (its hooks fire), so FSDP's per-Layer units can wrap it
+    assert isinstance(fast.bert.encoder.layer[0], Layer)
+    calls = []
+    fast.bert.encoder.layer[0].register_forward_hook(lambda *_: calls.append(1))
+    fast.bert(torch.randint(5, 300, (2, 8)), attention_mask=torch.tensor([[1] * 8, [1] * 5 + [0] * 3]))
+    assert calls == [1]
+    with pytest.raises(ValueError, match="attention='cuda'"):
+        SpeedOptions(attention="cuda")
+
+
+@pytest.mark.parametrize("backend", ["nested", "padded"])
+@pytest.mark.parametrize("causal", [False, True])
+def test_varlen_attention_on_packed_tokens_matches_the_padded_model(backend, causal):
+    """Real unpadding: nothing padded from the embeddings to the head, attention per sequence with
+    torch's nested-jagged SDPA (its CPU math kernel; the CUDA path uses the same call) or the padded
+    reference; the classifier's loss and every gradient are the padded model's."""
+    if backend == "nested" and causal:
+        pytest.skip("torch 2.13's nested-jagged SDPA has no CPU kernel for is_causal (no viable backend)")
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, causal=causal,
+                        hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = SequenceClassifier(config, num_labels=3).train()
+    fast = _fast(model, unpad=True, attention=backend)
+    ids, types, mask, _ = _batch(config)
+    labels = torch.tensor([0, 1, 2, 1])
+    losses, grads = [], []
+    for m in (model, fast):
+        loss = F.cross_entropy(m(ids, types, mask), labels)
+        loss.backward()
+        losses.append(loss.detach())
+        grads.append(_grads(m))
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-5, rtol=1e-5)
+    for name in grads[0]:
+        torch.testing.assert_close(grads[1][name], grads[0][name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("unpad", [False, True])
+def test_packed_rows_equal_one_instance_per_row(unpad):
+    """Sequence packing: two short instances in one row (block-diagonal attention, positions restarting
+    at each instance) give each instance the hidden states it has alone in its own row: varlen attention
+    per instance (unpad), or a dense block-diagonal mask."""
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
+    torch.manual_seed(0)
+    bert = BertModel(config).eval()
+    fast = _fast(bert, unpad=unpad, pack=True)
+    ids, types, mask, _ = _batch(config)  # lengths 24, 17, 11, 5: pack rows 2 and 3 into one
+    a, b = int(mask[2].sum()), int(mask[3].sum())
+    row = lambda x: torch.cat([x[2, :a], x[3, :b], x.new_zeros(24 - a - b)])[None]  # noqa: E731
+    packed_ids, packed_types = row(ids), row(types)
+    sequence_ids = torch.tensor([[1] * a + [2] * b + [0] * (24 - a - b)])  # which instance; 0 = padding
+    pad = torch.zeros(24 - a - b, dtype=torch.long)
+    position_ids = torch.cat([torch.arange(a), torch.arange(b), pad])[None]  # restarting per instance
+    with torch.no_grad():
+        alone = bert(ids, types, mask).last_hidden_state
+        packed = fast(packed_ids, packed_types, (sequence_ids > 0).long(), sequence_ids=sequence_ids,
+                      position_ids=position_ids).last_hidden_state
+        naive = bert(packed_ids, packed_types, (sequence_ids > 0).long()).last_hidden_state
+    torch.testing.assert_close(packed[0, :a], alone[2, :a], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(packed[0, a:a + b], alone[3, :b], atol=1e-5, rtol=1e-5)
+    assert (naive[0, a:a + b] - alone[3, :b]).abs().max() > 1e-3  # without the block diagonal they differ
+
+
+def test_first_fit_packs_longest_first_into_the_first_row_with_room():
+    from bert_repro.speed.packing import first_fit, pack_rows
+
+    assert first_fit([24, 17, 11, 5], 24) == ([0, 1, 2, 1], [0, 0, 0, 17])
+    ids = torch.tensor([[5, 6, 7, 0], [8, 9, 0, 0], [3, 0, 0, 0]])
+    p = pack_rows(ids, torch.zeros_like(ids), (ids > 0).long())
+    assert p.input_ids.tolist() == [[5, 6, 7, 3], [8, 9, 0, 0]] and p.start.tolist() == [0, 4, 3]
+    assert p.position_ids.tolist() == [[0, 1, 2, 0], [0, 1, 0, 0]]
+    assert p.sequence_ids.tolist() == [[1, 1, 1, 3], [2, 2, 0, 0]]
 
 
 def test_unpadded_sequence_and_hidden_states_match_at_real_tokens():
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
     bert = BertModel(config).eval()
+    fast = _fast(bert, unpad=True, kernels=True)
     ids, types, mask, _ = _batch(config)
     with torch.no_grad():
         reference = bert(ids, types, mask, output_hidden_states=True)
-        bert.encoder.unpad = True
-        out = bert(ids, types, mask, output_hidden_states=True)
+        out = fast(ids, types, mask, output_hidden_states=True)
     real = mask.bool()
     torch.testing.assert_close(out.last_hidden_state[real], reference.last_hidden_state[real], atol=1e-5, rtol=1e-5)
     for got, expected in zip(out.hidden_states, reference.hidden_states, strict=True):
@@ -87,13 +186,24 @@ def test_unpadding_with_dropout_keeps_classifier_training_statistics():
     the same magnitude and the classifier's gradient flows (no position silently dropped)."""
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    model = SequenceClassifier(config, num_labels=3).train()
-    model.bert.encoder.unpad = True
+    model = SequenceClassifier(config, num_labels=3)
+    model = accelerate(model, SpeedOptions(unpad=True, kernels=True)).train()
     ids, types, mask, _ = _batch(config)
     loss = F.cross_entropy(model(ids, types, mask), torch.tensor([0, 1, 2, 1]))
     loss.backward()
     assert torch.isfinite(loss) and 0.5 < float(loss.detach()) < 2.5
     assert model.bert.encoder.layer[0].attention.qkv.weight.grad.abs().sum() > 0
+
+
+def test_task_modules_take_speed_options_as_hyper_parameters():
+    from bert_repro.tasks.pretrain import PretrainModule
+
+    model = dict(vocab_size=300, hidden_size=32, num_layers=1, num_heads=4)
+    optim = dict(lr=1e-4, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01)
+    module = PretrainModule(model, optim, speed={"unpad": True, "activation_checkpointing": True})
+    assert module.hparams.speed == {"unpad": True, "activation_checkpointing": True}
+    assert type(module.model.bert) is FastBertModel and module.model.bert.speed.activation_checkpointing
+    assert type(PretrainModule(model, optim).model.bert) is BertModel  # no options: the readable path
 
 
 def test_encoder_parameters_and_flops_formula():
@@ -115,7 +225,7 @@ def test_encoder_parameters_and_flops_formula():
 def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal, masked):
     """On CPU, attention dropout runs SDPA's math with model.dropout's mask: softmax(q k^T / sqrt(d)) with
     the boolean mask (or the causal one), each probability kept with 1 - p and scaled, then times v."""
-    from bert_repro.model import attention, dropout_mask
+    from bert_repro.speed.kernels import attention, dropout_mask
 
     g = torch.Generator().manual_seed(1)
     B, heads, T, d, p = 2, 3, 6, 4, 0.3
@@ -143,9 +253,7 @@ def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal
 
 
 def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
-    from bert_repro.model import Dropout
-
-    layer = Dropout(0.1)
+    layer = CpuDropout(0.1)
     x = torch.ones(400_001)  # not a multiple of the four draws per 64-bit word
     torch.manual_seed(0)
     y = layer.train()(x)
@@ -159,13 +267,13 @@ def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
     assert torch.equal(layer(x), y)  # the global seed decides the draw
     assert not torch.equal(layer(x), y)
     assert torch.equal(layer.eval()(x), x)
-    assert torch.equal(Dropout(0.0).train()(x), x)
+    assert torch.equal(CpuDropout(0.0).train()(x), x)
     assert layer.train()(x.bfloat16()).dtype == torch.bfloat16  # the input's dtype, as nn.Dropout
 
 
 @pytest.mark.parametrize("p", [0.05, 0.1, 0.5, 0.9])
 def test_dropout_mask_rate_scale_and_dtype(p):
-    from bert_repro.model import dropout_mask
+    from bert_repro.speed.kernels import dropout_mask
 
     torch.manual_seed(1)
     mask = dropout_mask(torch.empty(200, 1000), p)
@@ -183,12 +291,12 @@ def test_dropout_mask_rate_scale_and_dtype(p):
 def test_compiled_model_trains_like_the_eager_one_on_cpu():
     """trainer.compile on CPU: Inductor fuses the step, dropout included (ATen's random numbers, in the
     eager order), and the loss and gradients are the eager ones up to float tolerance."""
-    from bert_repro.model import compile_model
+    from bert_repro.speed import compile_model
 
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    eager = BertForPreTraining(config).train()
-    compiled = BertForPreTraining(config).train()
+    eager = accelerate(BertForPreTraining(config), SpeedOptions(kernels=True)).train()
+    compiled = accelerate(BertForPreTraining(config), SpeedOptions(kernels=True)).train()
     compiled.load_state_dict(eager.state_dict())
     compile_model(compiled, "cpu")
     batch = _batch(config)

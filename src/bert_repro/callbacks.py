@@ -8,19 +8,27 @@ import time
 import lightning as L
 import torch
 
-from bert_repro.flops import measured_peak_flops
+from bert_repro.flops import accelerator_peak_flops, batch_flops, measured_peak_flops
 
 log = logging.getLogger(__name__)
+
+
+def compute_dtype(precision: str) -> torch.dtype:
+    """The matmul dtype of a Lightning precision setting ("bf16-mixed", "16-mixed", "32-true" ...)."""
+    precision = str(precision)
+    if "bf16" in precision:
+        return torch.bfloat16
+    return torch.float16 if precision.startswith("16") else torch.float32
 
 
 class Throughput(L.Callback):
     """Real (non-padding) tokens/s, sequences/s and model FLOPs utilisation over the training steps, the
     first ``skip_steps`` excluded (they pay for warm-up, allocation and compilation).
 
-    MFU = the model FLOPs of the steps (the task module's ``batch_flops``, see flops.py) per second and
-    device, over ``peak_tflops`` (the accelerator's dense peak from trainer/, e.g. 989 for H100/H200 bf16).
-    Without a configured peak, a CPU run measures one with a matmul probe (``peak_source`` says which);
-    an accelerator without one reports no MFU rather than a guessed one.
+    MFU = the model FLOPs of the steps (flops.batch_flops of each batch and the module's BertConfig) per
+    second and device, over the accelerator's dense peak: ``peak_tflops`` when given (speed.peak_tflops),
+    else Lightning's table of known devices at the run's precision (flops.accelerator_peak_flops), else on
+    CPU a matmul probe; ``peak_source`` says which. An unknown accelerator reports no MFU, not a guess.
     """
 
     def __init__(self, skip_steps: int = 1, peak_tflops: float | None = None):
@@ -40,10 +48,15 @@ class Throughput(L.Callback):
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._reset()
-        if self.peak_flops is None and pl_module.device.type == "cpu":
+        device = pl_module.device
+        if self.peak_flops is None and device.type == "cpu":
             self.peak_flops, self.peak_source = measured_peak_flops("cpu"), "measured fp32 matmul"
-        elif self.peak_flops is None:
-            log.warning("no speed.peak_tflops for %s: MFU is not reported", pl_module.device)
+        elif self.peak_flops is None and device.type == "cuda":
+            dtype = compute_dtype(trainer.precision)
+            self.peak_flops, self.peak_source = accelerator_peak_flops(device, dtype)
+        if self.peak_flops is None:
+            log.warning("no known peak for %s and no speed.peak_tflops: MFU is not reported", device)
+            self.peak_source = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
         if self._start is None and self._batches >= self.skip_steps:
@@ -58,9 +71,12 @@ class Throughput(L.Callback):
         mask = batch["attention_mask"]
         self._tokens += int(mask.sum())
         self._sequences += int(mask.shape[0])
-        batch_flops = getattr(pl_module, "batch_flops", None)
-        if batch_flops is not None:
-            self._flops += batch_flops(batch)
+        config = getattr(pl_module, "config", None)  # the task modules' BertConfig
+        if config is not None:
+            encoder = getattr(getattr(pl_module, "model", None), "bert", None)
+            trained = encoder is None or any(p.requires_grad for p in encoder.parameters())
+            ltr = bool(getattr(pl_module, "ltr", False))  # the left-to-right LM predicts every next token
+            self._flops += batch_flops(config, batch, ltr=ltr, trained=trained)
         elapsed = time.perf_counter() - self._start
         if elapsed <= 0:
             return

@@ -16,11 +16,9 @@ import time
 from collections.abc import Callable
 
 import torch
+from lightning.fabric.utilities.throughput import _CUDA_FLOPS, get_available_flops
 
 from bert_repro.model import BertConfig
-
-# Dense peak FLOP/s by accelerator and precision (vendor datasheets), for speed.peak_tflops.
-PEAK_TFLOPS = {"h100-sxm/bf16": 989.0, "h200/bf16": 989.0, "a100/bf16": 312.0, "a100/tf32": 156.0}
 
 
 def encoder_parameters(config: BertConfig) -> int:
@@ -36,6 +34,45 @@ def training_flops(config: BertConfig, tokens: int, seq_len: int, predictions: i
     H, V = config.hidden_size, config.vocab_size
     per_token = 6 * encoder_parameters(config) + 12 * config.num_layers * seq_len * H
     return float(per_token * tokens + 6 * (H * H + H * V) * predictions)
+
+
+def batch_flops(config: BertConfig, batch: dict, ltr: bool = False, trained: bool = True) -> float:
+    """Model FLOPs of one training batch: its real tokens in sequences of its padded length, and the
+    masked-LM predictions it makes (``masked_lm_weights`` > 0, or every next real token for the left-to-right
+    LM); fine-tuning batches predict none. ``trained=False``: a frozen encoder runs forward only (1/3)."""
+    mask = batch["attention_mask"]
+    if ltr:
+        predictions = int(mask[:, 1:].sum())
+    else:
+        weights = batch.get("masked_lm_weights")
+        predictions = int((weights > 0).sum()) if weights is not None else 0
+    flops = training_flops(config, int(mask.sum()), mask.shape[-1], predictions)
+    return flops if trained else flops / 3
+
+
+# Dense bf16/tf32 peaks from the vendors' datasheets, for plans that name an accelerator before any device is
+# present (tables.plan); a run reads its device's peak from Lightning's table (accelerator_peak_flops).
+PEAK_TFLOPS = {"h100-sxm/bf16": 989.0, "h200/bf16": 989.0, "a100/bf16": 312.0, "a100/tf32": 156.0}
+
+
+def accelerator_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[float | None, str]:
+    """The accelerator's dense peak FLOP/s at ``dtype`` from Lightning's table of known devices
+    (``get_available_flops``), and where it came from. Lightning's H200 rows quote the datasheet's
+    with-sparsity tensor-core figures (SXM bf16: 2000 TFLOP/s for a dense 989) and it does not parse the
+    plain name "NVIDIA H200": an H200 SXM is read as the H100 SXM row (the same GH100 tensor cores and
+    clocks), an H200 NVL as half its sparse row."""
+    name = torch.cuda.get_device_name(device)
+    if "h200" not in name.lower():
+        peak = get_available_flops(device, dtype)
+        return (float(peak) if peak else None), f"lightning table: {name} ({dtype})"
+    if dtype is torch.float32 and torch.get_float32_matmul_precision() != "highest":
+        dtype = "tfloat32"
+    nvl = "nvl" in name.lower()
+    peak = _CUDA_FLOPS["h200 nvl1" if nvl else "h100 sxm"].get(dtype)
+    if peak and nvl and dtype not in (torch.float32, torch.float64):
+        peak /= 2  # the sparse tensor-core figure
+    row = "h200 nvl1 row, dense" if nvl else "h100 sxm row"
+    return (float(peak) if peak else None), f"lightning table: {row} for {name} ({dtype})"
 
 
 def matmul_probe(device: str | torch.device = "cpu", n: int = 1024, reps: int = 4,

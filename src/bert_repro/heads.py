@@ -7,7 +7,7 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from bert_repro.model import BertConfig, BertModel, Dropout, init_weights
+from bert_repro.model import BertConfig, BertModel, init_weights
 
 
 def aggregate_token(sequence: Tensor, attention_mask: Tensor, causal: bool) -> Tensor:
@@ -37,7 +37,7 @@ class SequenceClassifier(nn.Module):
             if bilstm else None
         if bilstm:  # the BiLSTM's final states replace the pooled C; DDP wants every trained parameter used
             self.bert.pooler.requires_grad_(False)
-        self.dropout = Dropout(config.hidden_dropout)  # §3.5: 0.1
+        self.dropout = nn.Dropout(config.hidden_dropout)  # §3.5: 0.1
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)  # N(0, 0.02), zero bias, as the released code
 
@@ -78,7 +78,7 @@ class TokenTagger(nn.Module):
         self.bert.pooler.requires_grad_(False)  # C is never read here; DDP wants every trained parameter used
         self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
             if bilstm else None
-        self.dropout = Dropout(config.hidden_dropout)
+        self.dropout = nn.Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)
 
@@ -118,7 +118,7 @@ class FeatureTagger(nn.Module):
         self.layer_weights = nn.Parameter(torch.zeros(len(self.layers))) if combine == "weighted_sum" else None
         width = config.hidden_size * (len(self.layers) if combine == "concat" else 1)
         self.lstm = nn.LSTM(width, lstm_hidden, num_layers=2, batch_first=True, bidirectional=True)
-        self.dropout = Dropout(config.hidden_dropout)
+        self.dropout = nn.Dropout(config.hidden_dropout)
         self.classifier = nn.Linear(2 * lstm_hidden, num_labels)
         init_weights(self.classifier, config.initializer_range)
 

@@ -26,10 +26,10 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.callbacks import Throughput
 from bert_repro.checks import SweepUsageError, UsageError, check_inputs, resolve_ckpt_path, split_batch
 from bert_repro.metrics import degenerate_reason
-from bert_repro.model import Encoder, compile_model
 from bert_repro.reliability import NonFiniteLoss, Preempted
 from bert_repro.results import failure_record, floats, git_revision, print_results, read_status, write_results
 from bert_repro.trainer import build_trainer
+from bert_repro.speed import compile_model
 
 log = logging.getLogger(__name__)
 
@@ -73,10 +73,7 @@ def build_data(cfg: DictConfig, vocab: list[str] | None, lowercase: bool,
 
 
 def apply_speed(cfg: DictConfig, module: L.LightningModule) -> None:
-    """speed/: the same function, faster (bert_repro.model's speed paths)."""
-    for encoder in (m for m in module.modules() if isinstance(m, Encoder)):
-        encoder.unpad = bool(cfg.speed.unpad)
-        encoder.checkpointing = bool(cfg.speed.activation_checkpointing)
+    """speed.compile: torch.compile the encoder (the other speed options are constructor arguments)."""
     if cfg.speed.compile:
         on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
         compile_model(module.model, "cpu" if on_cpu else "cuda")
@@ -130,8 +127,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     optim = _plain(cfg.optim)
     if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
         optim["resume_step"] = None
+    speed = {"kernels": bool(cfg.speed.fast_kernels), "unpad": bool(cfg.speed.unpad),
+             "activation_checkpointing": bool(cfg.speed.activation_checkpointing),
+             "pack": bool(cfg.speed.pack)}  # speed.SpeedOptions: how fast, never what is computed
     module = instantiate(cfg.module, model=model_cfg, optim=optim, vocab=vocab, lowercase=lowercase,
-                         _convert_="all")
+                         speed=speed, _convert_="all")
     missing_heads = module.load_pretrained(loaded) if loaded is not None else []
     apply_speed(cfg, module)
 

@@ -37,6 +37,8 @@ class SpeedConfig:
     per_device_batch_size: int | None = None
     compile: bool = False
     unpad: bool = False
+    fast_kernels: bool = True
+    pack: bool = False
     activation_checkpointing: bool = False
     peak_tflops: float | None = None
     num_workers: int = 0

@@ -11,8 +11,8 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 from torch import nn
 
-from bert_repro.flops import training_flops
 from bert_repro.model import BertConfig
+from bert_repro.speed import SpeedOptions
 
 if TYPE_CHECKING:
     from bert_repro.convert.loaders import LoadedCheckpoint
@@ -43,11 +43,14 @@ def decay_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]
 class BertTaskModule(L.LightningModule):
     """Base of the task modules. Subclasses build ``self.model`` in ``__init__`` from ``model`` (a plain
     dict of BertConfig fields), pass ``vocab`` and ``lowercase`` on, and call ``save_hyperparameters()`` so
-    ``load_from_checkpoint`` works."""
+    ``load_from_checkpoint`` works. ``speed``: SpeedOptions fields from speed/ (how fast, never what is
+    computed), applied through ``speed.accelerate``; None runs model.py's readable path."""
 
-    def __init__(self, model: dict, optim: dict, vocab: list[str] | None = None, lowercase: bool = True):
+    def __init__(self, model: dict, optim: dict, vocab: list[str] | None = None, lowercase: bool = True,
+                 speed: dict | None = None):
         super().__init__()
         self.config = BertConfig(**model)
+        self.speed = SpeedOptions(**(speed or {}))
         self.optim = dict(optim)
         # the run's vocabulary (run.resolve_vocab): in the hyper-parameters, and in every checkpoint for `init=`
         self.vocab = list(vocab) if vocab is not None else None
@@ -89,16 +92,6 @@ class BertTaskModule(L.LightningModule):
         if heads:
             log.warning("init=%s has no weights for %s: randomly initialised", path, ", ".join(heads))
         return heads
-
-    # -- model FLOPs, for the MFU every run reports (callbacks.Throughput) ---------------------------
-    def batch_predictions(self, batch: dict[str, Any]) -> int:
-        """Tokens that meet the masked-LM head's vocabulary projection; none when fine-tuning."""
-        return 0
-
-    def batch_flops(self, batch: dict[str, Any]) -> float:
-        """Model FLOPs of training on ``batch`` (flops.py): its real tokens in sequences of its padded length."""
-        mask = batch["attention_mask"]
-        return training_flops(self.config, int(mask.sum()), mask.shape[-1], self.batch_predictions(batch))
 
     # -- checkpoints carry the vocabulary --------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:

@@ -9,6 +9,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from bert_repro.heads import SequenceClassifier
+from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -19,13 +20,14 @@ class MultipleChoiceModule(BertTaskModule):
     Dev metrics: val/acc, val/loss; each epoch leaves a row in ``history``."""
 
     def __init__(self, model: dict, optim: dict, num_choices: int = 4, bilstm: bool = False,
-                 vocab: list[str] | None = None, lowercase: bool = True):
-        super().__init__(model, optim, vocab, lowercase)
+                 vocab: list[str] | None = None, lowercase: bool = True,
+                 speed: dict | None = None):
+        super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         if num_choices < 2:
             raise ValueError(f"num_choices={num_choices}: a choice needs at least two candidates")
         self.num_choices = num_choices
-        self.model = SequenceClassifier(self.config, 1, bilstm)  # (+ BiLSTM: its states replace the pooled C_i)
+        self.model = accelerate(SequenceClassifier(self.config, 1, bilstm), self.speed)  # (+ BiLSTM: its states replace the pooled C_i)
         self.val_acc = MulticlassAccuracy(num_classes=num_choices, average="micro")
         self.val_loss = MeanMetric()
         self.history: list[dict] = []

@@ -12,6 +12,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from bert_repro.data.glue import glue_task
 from bert_repro.heads import SequenceClassifier
 from bert_repro.metrics import glue_metrics
+from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -24,8 +25,9 @@ class SequenceClassificationModule(BertTaskModule):
     """
 
     def __init__(self, model: dict, optim: dict, task: str, num_labels: int, bilstm: bool = False,
-                 predict_majority: bool = False, vocab: list[str] | None = None, lowercase: bool = True):
-        super().__init__(model, optim, vocab, lowercase)
+                 predict_majority: bool = False, vocab: list[str] | None = None, lowercase: bool = True,
+                 speed: dict | None = None):
+        super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         self.spec = glue_task(task)
         if num_labels != self.spec.num_labels:
@@ -36,7 +38,7 @@ class SequenceClassificationModule(BertTaskModule):
         self.regression = num_labels == 1
         self.predict_majority = predict_majority
         self.majority: int | None = None  # set from the training labels in setup()
-        self.model = SequenceClassifier(self.config, num_labels, bilstm)
+        self.model = accelerate(SequenceClassifier(self.config, num_labels, bilstm), self.speed)
         self.val_metrics = nn.ModuleList(glue_metrics(self.spec.metrics, num_labels, f"val/{prefix}")
                                          for prefix in self.spec.dev.values())
         self.val_loss = nn.ModuleList(MeanMetric() for _ in self.spec.dev)  # example-weighted, synced across ranks

@@ -13,6 +13,7 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from bert_repro.model import BertForPreTraining
+from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -26,8 +27,9 @@ class PretrainModule(BertTaskModule):
     """
 
     def __init__(self, model: dict, optim: dict, nsp: bool = True, ltr: bool = False,
-                 checkpoint_every_n_steps: int | None = None, vocab: list[str] | None = None, lowercase: bool = True):
-        super().__init__(model, optim, vocab, lowercase)
+                 checkpoint_every_n_steps: int | None = None, vocab: list[str] | None = None, lowercase: bool = True,
+                 speed: dict | None = None):
+        super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         if ltr and (nsp or not self.config.causal):
             raise ValueError("ltr=True is the left-to-right LM: it needs model.causal=true and nsp=false "
@@ -36,7 +38,7 @@ class PretrainModule(BertTaskModule):
             raise ValueError(f"checkpoint_every_n_steps={checkpoint_every_n_steps}: expected a positive step count or null")
         self.nsp, self.ltr = nsp, ltr
         self.checkpoint_every_n_steps = checkpoint_every_n_steps
-        self.model = BertForPreTraining(self.config, nsp=nsp)
+        self.model = accelerate(BertForPreTraining(self.config, nsp=nsp), self.speed)
         for split in ("train", "val"):
             setattr(self, f"{split}_mlm_loss", MeanMetric())
             setattr(self, f"{split}_mlm_acc", MeanMetric())
@@ -64,9 +66,6 @@ class PretrainModule(BertTaskModule):
             positions = torch.arange(T - 1, device=self.device).expand(B, -1)  # (B, T-1)
             return positions, batch["attention_mask"][:, 1:].bool()
         return batch["masked_lm_positions"], batch["masked_lm_weights"] > 0
-
-    def batch_predictions(self, batch: dict[str, Tensor]) -> int:
-        return int(self._predictions(batch)[1].sum())
 
     def _step(self, batch: dict[str, Tensor], split: str) -> Tensor:
         positions, real = self._predictions(batch)

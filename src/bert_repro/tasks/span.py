@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from bert_repro import squad_eval
 from bert_repro.heads import bilstm_outputs
 from bert_repro.model import BertConfig, BertModel, init_weights
+from bert_repro.speed import accelerate
 from bert_repro.squad_eval import Prediction, Window, WindowLogits
 from bert_repro.tasks.base import BertTaskModule
 
@@ -59,15 +60,16 @@ class SpanExtractionModule(BertTaskModule):
     """
 
     def __init__(self, model: dict, optim: dict, version: int, bilstm: bool = False, n_best_size: int = 20,
-                 max_answer_length: int = 30, vocab: list[str] | None = None, lowercase: bool = True):
-        super().__init__(model, optim, vocab, lowercase)
+                 max_answer_length: int = 30, vocab: list[str] | None = None, lowercase: bool = True,
+                 speed: dict | None = None):
+        super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         if version not in (1, 2):
             raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")
         if n_best_size < 1 or max_answer_length < 1:
             raise ValueError(f"n_best_size={n_best_size}, max_answer_length={max_answer_length}: expected positive")
         self.version, self.n_best_size, self.max_answer_length = version, n_best_size, max_answer_length
-        self.model = SpanExtractor(self.config, bilstm)
+        self.model = accelerate(SpanExtractor(self.config, bilstm), self.speed)
         self.null_threshold: float | None = None  # v2.0: tau of the last validation
         self.history: list[dict] = []
         self._val_windows: list[dict[str, Any]] = []

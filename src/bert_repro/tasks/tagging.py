@@ -12,6 +12,7 @@ from torchmetrics.utilities import dim_zero_cat
 
 from bert_repro.data.conll import CONLL2003_LABELS, IGNORE
 from bert_repro.heads import FeatureTagger, TokenTagger
+from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -63,16 +64,17 @@ class TokenTaggingModule(BertTaskModule):
 
     def __init__(self, model: dict, optim: dict, features: dict | None = None, bilstm: bool = False,
                  labels: list[str] | None = None,  # the task's tag set (task.labels); null = CoNLL-2003's
-                 vocab: list[str] | None = None, lowercase: bool = True):
-        super().__init__(model, optim, vocab, lowercase)
+                 vocab: list[str] | None = None, lowercase: bool = True,
+                 speed: dict | None = None):
+        super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         if features is not None and bilstm:
             raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the feature-based "
                              "ablation (features=...) already reads the frozen encoder through its own BiLSTM")
         self.labels = tuple(labels) if labels else CONLL2003_LABELS
         K = len(self.labels)
-        self.model = FeatureTagger(self.config, K, **features) if features is not None \
-            else TokenTagger(self.config, K, bilstm)
+        self.model = accelerate(FeatureTagger(self.config, K, **features) if features is not None
+                                else TokenTagger(self.config, K, bilstm), self.speed)
         self.val_entities = EntityF1(self.labels)
         self.val_loss = MeanMetric()
         self.history: list[dict] = []
@@ -83,11 +85,6 @@ class TokenTaggingModule(BertTaskModule):
 
     def _loss(self, logits: Tensor, labels: Tensor) -> Tensor:
         return F.cross_entropy(logits.float().flatten(0, 1), labels.flatten(), ignore_index=IGNORE)
-
-    def batch_flops(self, batch: dict[str, Tensor]) -> float:
-        """A frozen encoder only runs forward: a third of its training FLOPs (the BiLSTM is not counted)."""
-        flops = super().batch_flops(batch)
-        return flops / 3 if self.hparams.features is not None else flops
 
     def training_step(self, batch: dict[str, Tensor], batch_idx: int) -> Tensor:
         loss = self._loss(self(batch), batch["labels"])

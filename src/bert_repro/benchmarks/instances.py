@@ -1,8 +1,8 @@
 """Instance creation on real text: documents/s, instances/s and peak memory, for 1 and 2 processes and two
 corpus sizes (a benchmark script, not a test: STYLE 12).
 
-    python -m bert_repro.data.bench_instances                  # ../shared/data/pretrain_text, sizes 1x and 3x
-    python -m bert_repro.data.bench_instances --num-proc 1 2 4 --copies 1 2 4 --dupe-factor 5
+    python -m bert_repro.benchmarks.instances                  # ../shared/data/pretrain_text, sizes 1x and 3x
+    python -m bert_repro.benchmarks.instances --num-proc 1 2 4 --copies 1 2 4 --dupe-factor 5
 
 The corpus is the real pre-training text of the shared data folder (WikiText-2 articles, text passages only,
 and the Gutenberg books, one document per chapter), written once in the original format; the larger sizes
@@ -28,7 +28,8 @@ import threading
 import time
 from pathlib import Path
 
-SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or Path(__file__).resolve().parents[4] / "shared" / "data")
+# run from the repository root, as the README does: the shared data sits beside it
+SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or "../shared/data")
 MB = 1 << 20
 
 
@@ -131,7 +132,7 @@ def child(args: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.data.bench_instances", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.instances", description=__doc__.split("\n")[0])
     parser.add_argument("--text", type=Path, default=SHARED / "pretrain_text", help="the shared pre-training text folder")
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
     parser.add_argument("--copies", type=int, nargs="+", default=[1, 3], help="corpus sizes, in copies of the text")
@@ -161,7 +162,7 @@ def main(argv: list[str] | None = None) -> None:
                 run = {"corpus": str(corpus), "vocab": vocab, "copies": copies, "num_proc": num_proc,
                        "dupe_factor": args.dupe_factor, "max_seq_length": args.max_seq_length,
                        "cache_dir": str(tmp / f"cache-{copies}-{num_proc}")}
-                proc = subprocess.run([sys.executable, "-m", "bert_repro.data.bench_instances", "--child", json.dumps(run)],
+                proc = subprocess.run([sys.executable, "-m", "bert_repro.benchmarks.instances", "--child", json.dumps(run)],
                                       capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
                 if proc.returncode != 0:
                     raise SystemExit(f"error: the run {run} failed:\n{proc.stderr[-3000:]}")

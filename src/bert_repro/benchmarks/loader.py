@@ -1,8 +1,8 @@
 """Is the pre-training input pipeline ever the bottleneck? Batches/s the DataLoader produces against
 batches/s the model trains on, same machine, same batches (issue #8 §4; a benchmark script, not a test).
 
-    python -m bert_repro.data.bench_loader                                   # model=base, batch 32, CPU
-    python -m bert_repro.data.bench_loader --model large --device cuda --precision bf16 --batch 64 --workers 0 4
+    python -m bert_repro.benchmarks.loader                                   # model=base, batch 32, CPU
+    python -m bert_repro.benchmarks.loader --model large --device cuda --precision bf16 --batch 64 --workers 0 4
 
 The corpus is the real text of ../shared/data/pretrain_text (WikiText-2 + Gutenberg books) with a fixed
 vocabulary; instances are created once (cached) before anything is timed. For each masking mode (static:
@@ -24,8 +24,8 @@ from pathlib import Path
 
 import torch
 
-from bert_repro.bench import model_config, timed
-from bert_repro.data.bench_instances import SHARED, write_corpus
+from bert_repro.benchmarks.instances import SHARED, write_corpus
+from bert_repro.benchmarks.train_step import model_config, timed
 from bert_repro.data.pretraining import PretrainDataModule
 from bert_repro.tasks.pretrain import PretrainModule
 
@@ -55,7 +55,7 @@ def model_rate(module: PretrainModule, loader, steps: int, device: torch.device,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.data.bench_loader", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.loader", description=__doc__.split("\n")[0])
     parser.add_argument("--text", type=Path, default=SHARED / "pretrain_text")
     parser.add_argument("--vocab", type=Path, help="vocab.txt (default: all-MiniLM-L6-v2's uncased 30,522 if installed)")
     parser.add_argument("--model", default="base")
@@ -98,7 +98,7 @@ def main(argv: list[str] | None = None) -> None:
                 loader_bps = loader_rate(loader, args.loader_batches, device)
                 if model_bps is None:  # the model's side does not depend on the workers
                     config = model_config(args.model).to_dict() | {"vocab_size": len(dm.vocab)}
-                    module = PretrainModule(config, optim={}).to(device).train()
+                    module = PretrainModule(config, optim={}, speed={"kernels": True}).to(device).train()
                     model_bps = model_rate(module, dm.train_dataloader(), args.model_steps, device, args.precision)
                 print(json.dumps({"masking": masking, "workers": workers, "model": args.model, "batch": args.batch,
                                   "seq": args.seq, "device": args.device, "precision": args.precision,

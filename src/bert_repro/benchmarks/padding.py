@@ -1,6 +1,6 @@
 """Padding benchmark on real MRPC (or SST-2, --task sst2): dynamic padding vs the released code's fixed 128 tokens (issue #4, §6).
 
-    python -m bert_repro.bench_padding --init /ckpt/bert-base-uncased --glue-dir ../shared/data/glue
+    python -m bert_repro.benchmarks.padding --init /ckpt/bert-base-uncased --glue-dir ../shared/data/glue
 
 Fine-tunes the same checkpoint once per padding mode, with the same seed and so the same batches in the
 same order, and prints per mode: the tokens the encoder processes per epoch (padding included), the
@@ -50,7 +50,7 @@ def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> d
                           max_train_examples=args.max_train_examples, **MODES[name], **extra)
     model = {**loaded.config.to_dict(), "vocab_size": len(loaded.vocab)}
     optim = dict(lr=args.lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=None, warmup_ratio=0.1)
-    module = SequenceClassificationModule(model, optim, task=args.task, num_labels=2)
+    module = SequenceClassificationModule(model, optim, task=args.task, num_labels=2, speed={"kernels": True})
     module.load_pretrained(loaded)
     timer = StepTimer()
     trainer = L.Trainer(accelerator=args.accelerator, devices=1, precision=args.precision, max_epochs=args.epochs,
@@ -68,7 +68,7 @@ def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> d
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.bench_padding", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.padding", description=__doc__.split("\n\n")[0])
     parser.add_argument("--init", required=True, help="checkpoint: our .ckpt, an HF directory or a TF checkpoint")
     parser.add_argument("--task", choices=("mrpc", "sst2"), default="mrpc")
     parser.add_argument("--glue-dir", type=Path, default=Path("../shared/data/glue"))

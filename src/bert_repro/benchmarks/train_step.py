@@ -1,11 +1,11 @@
 """Training-step throughput of our pre-training step against transformers', side by side in one process.
 
-    python -m bert_repro.bench                        # MLM + NSP at small and base, seq 128, batch 8, CPU
-    python -m bert_repro.bench --objective no_nsp --objective ltr --model small
-    python -m bert_repro.bench --model base --steps 20 --foreach
-    python -m bert_repro.bench --device cuda --precision bf16 --peak-tflops 989 --model base --model large \
+    python -m bert_repro.benchmarks.train_step                        # MLM + NSP at small and base, seq 128, batch 8, CPU
+    python -m bert_repro.benchmarks.train_step --objective no_nsp --objective ltr --model small
+    python -m bert_repro.benchmarks.train_step --model base --steps 20 --foreach
+    python -m bert_repro.benchmarks.train_step --device cuda --precision bf16 --peak-tflops 989 --model base --model large \
         --seq 128 --seq 512 --batch 64 --unpad           # the GPU path, MFU against the H100/H200 bf16 peak
-    python -m bert_repro.bench --device cuda --precision bf16 --model large --seq 128 --seq 512 --max-batch
+    python -m bert_repro.benchmarks.train_step --device cuda --precision bf16 --model large --seq 128 --seq 512 --max-batch
 
 Both sides do one full step (forward, backward, AdamW step, zero_grad) on the same batch, shapes, threads,
 optimizer and dropout (train mode), for each objective of the pre-training ablations (§5.1):
@@ -32,11 +32,12 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from bert_repro.convert.names import hf_config
-from bert_repro.flops import PEAK_TFLOPS, matmul_probe, training_flops
-from bert_repro.model import BertConfig, BertForPreTraining, compile_model
+from bert_repro.convert import hf_config
+from bert_repro.flops import matmul_probe, training_flops
+from bert_repro.model import BertConfig, BertForPreTraining
+from bert_repro.speed import SpeedOptions, accelerate, compile_model
 
-CONF_DIR = Path(__file__).resolve().parents[2] / "conf"
+CONF_DIR = Path("conf")  # run from the repository root, as src/train.py; --conf elsewhere
 VOCAB = 30522  # the released uncased vocabulary
 
 
@@ -44,17 +45,17 @@ OBJECTIVES = ("mlm_nsp", "no_nsp", "ltr")
 REFERENCE = {"mlm_nsp": "BertForPreTraining", "no_nsp": "BertForMaskedLM", "ltr": "BertLMHeadModel"}
 
 
-def model_config(name: str, causal: bool = False) -> BertConfig:
+def model_config(name: str, causal: bool = False, conf_dir: Path = CONF_DIR) -> BertConfig:
     """conf/model/<name>.yaml with the ablation's ``causal`` interpolation pinned (False: the paper's MLM)."""
     from omegaconf import OmegaConf
 
-    path = CONF_DIR / "model" / f"{name}.yaml"
+    path = conf_dir / "model" / f"{name}.yaml"
     if not path.is_file():
-        options = sorted(p.stem for p in (CONF_DIR / "model").glob("*.yaml"))
+        options = sorted(p.stem for p in (conf_dir / "model").glob("*.yaml"))
         raise SystemExit(f"error: no model config {path}; expected one of {options or 'conf/model/*.yaml'}")
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):  # model files compose on a base
+    with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):  # model files compose on a base
         model = OmegaConf.to_container(compose("train", overrides=[f"model={name}"]).model, resolve=True)
     return BertConfig(**{**model, "causal": causal, "vocab_size": VOCAB})
 
@@ -134,9 +135,11 @@ def peak_probe(device: str, precision: str) -> Callable[[], float]:
 
 
 def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = False, checkpointing: bool = False,
-               compile: bool = False) -> BertForPreTraining:
-    model = BertForPreTraining(config, nsp=objective == "mlm_nsp").to(device).train()
-    model.bert.encoder.unpad, model.bert.encoder.checkpointing = unpad, checkpointing
+               compile: bool = False, readable: bool = False, attention: str = "auto") -> BertForPreTraining:
+    """Our model as a training run builds it: the speed path (fast kernels on) unless ``readable``."""
+    speed = SpeedOptions(kernels=not readable, unpad=unpad, activation_checkpointing=checkpointing,
+                         attention=attention)
+    model = accelerate(BertForPreTraining(config, nsp=objective == "mlm_nsp"), speed).to(device).train()
     if compile:
         compile_model(model, torch.device(device).type)
     return model
@@ -144,14 +147,15 @@ def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = Fa
 
 def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmup: int, device: str, fused: bool,
           objective: str = "mlm_nsp", precision: str = "fp32", peak_tflops: float | None = None,
-          unpad: bool = False, checkpointing: bool = False, compile: bool = False) -> dict:
+          unpad: bool = False, checkpointing: bool = False, compile: bool = False, readable: bool = False,
+          attention: str = "auto", conf_dir: Path = CONF_DIR) -> dict:
     import transformers
 
     transformers.logging.set_verbosity_error()
     masked = masked or default_predictions(seq)
-    config = model_config(name, causal=objective == "ltr")
+    config = model_config(name, causal=objective == "ltr", conf_dir=conf_dir)
     torch.manual_seed(0)
-    ours = build_ours(config, objective, device, unpad, checkpointing, compile)
+    ours = build_ours(config, objective, device, unpad, checkpointing, compile, readable, attention)
     reference = REFERENCE[objective]
     hf_kwargs = {k: v for k, v in hf_config(config, reference).items() if not k.startswith("bert_repro")}
     if objective == "ltr":
@@ -188,7 +192,7 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
         "model": name, "objective": objective, "reference": reference, "seq": seq, "batch": batch,
         "masked_per_seq": seq - 1 if objective == "ltr" else masked, "device": device, "precision": precision,
         "threads": torch.get_num_threads(), "fused_adamw": fused, "unpad": unpad, "checkpointing": checkpointing,
-        "compile": compile, "steps": steps,
+        "compile": compile, "readable": readable, "attention": attention, "steps": steps,
         "ours_tokens_per_s": round(tokens / ours_s, 1), "ref_tokens_per_s": round(tokens / ref_s, 1),
         "ratio": round(ref_s / ours_s, 3), "paired_ratio": round(paired, 3),
         "ours_step_ms": round(1e3 * ours_s, 1), "ref_step_ms": round(1e3 * ref_s, 1),
@@ -198,12 +202,13 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
     }
 
 
-def largest_batch(name: str, seq: int, device: str, precision: str, checkpointing: bool, limit: int = 4096) -> int:
+def largest_batch(name: str, seq: int, device: str, precision: str, checkpointing: bool, limit: int = 4096,
+                  conf_dir: Path = CONF_DIR) -> int:
     """The largest per-device batch whose training step fits in the accelerator's memory (doubling, then
     bisection on out-of-memory), for activation checkpointing's trade (issue #8 §3)."""
     if not device.startswith("cuda"):
         raise SystemExit("error: --max-batch probes accelerator memory; it needs --device cuda")
-    config = model_config(name)
+    config = model_config(name, conf_dir=conf_dir)
 
     def step(batch: int) -> None:
         model = build_ours(config, "mlm_nsp", device, checkpointing=checkpointing)
@@ -230,7 +235,7 @@ def largest_batch(name: str, seq: int, device: str, precision: str, checkpointin
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.bench", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.train_step", description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append", help="conf/model/<name>.yaml; repeatable (default: small, base)")
     parser.add_argument("--objective", action="append", choices=OBJECTIVES,
                         help="pre-training objective; repeatable (default: mlm_nsp). " + ", ".join(
@@ -243,11 +248,14 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--device", default="cpu")
     parser.add_argument("--precision", choices=("fp32", "bf16"), default="fp32",
                         help="bf16: autocast on both sides, as trainer/gpu.yaml's bf16-mixed")
-    parser.add_argument("--peak-tflops", type=float, help="MFU denominator, e.g. " + ", ".join(
-        f"{k} {v:g}" for k, v in PEAK_TFLOPS.items()) + " (default: a measured matmul)")
+    parser.add_argument("--peak-tflops", type=float,
+                        help="MFU denominator, e.g. 989 (H100/H200 bf16) (default: a measured matmul)")
     parser.add_argument("--unpad", action="store_true", help="ours: projections and MLP on real tokens only")
     parser.add_argument("--checkpointing", action="store_true", help="ours: activation checkpointing")
     parser.add_argument("--compile", action="store_true", help="ours: torch.compile")
+    parser.add_argument("--readable", action="store_true", help="ours: model.py's readable path, no fast kernels")
+    parser.add_argument("--attention", default="auto", help="ours with --unpad: auto | flash | nested | padded")
+    parser.add_argument("--conf", type=Path, default=CONF_DIR, help="the conf/ folder (default: ./conf)")
     parser.add_argument("--max-batch", action="store_true",
                         help="instead of timing: the largest per-device batch that fits, with and without checkpointing")
     parser.add_argument("--foreach", dest="fused", action="store_false",
@@ -261,13 +269,15 @@ def main(argv: list[str] | None = None) -> None:
             if args.max_batch:
                 for checkpointing in (False, True):
                     print(json.dumps({"model": name, "seq": seq, "precision": args.precision, "checkpointing": checkpointing,
-                                      "largest_batch": largest_batch(name, seq, args.device, args.precision, checkpointing)}),
+                                      "largest_batch": largest_batch(name, seq, args.device, args.precision, checkpointing,
+                                                                    conf_dir=args.conf)}),
                           flush=True)
                 continue
             for objective in args.objective or ["mlm_nsp"]:
                 print(json.dumps(bench(name, args.batch, seq, args.masked, args.steps, args.warmup, args.device,
                                        args.fused, objective, args.precision, args.peak_tflops, args.unpad,
-                                       args.checkpointing, args.compile)), flush=True)
+                                       args.checkpointing, args.compile, args.readable, args.attention,
+                                       args.conf)), flush=True)
 
 
 if __name__ == "__main__":

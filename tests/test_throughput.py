@@ -1,0 +1,70 @@
+"""The MFU every run reports: the peak comes from Lightning's table of known accelerators (the device name
+mocked at its boundary, torch.cuda.get_device_name), speed.peak_tflops overrides it, CPU measures one;
+the FLOPs of a batch are counted by the Throughput callback from the batch and the module's config."""
+
+from types import SimpleNamespace
+
+import pytest
+import torch
+
+from bert_repro.callbacks import Throughput, compute_dtype
+from bert_repro.flops import accelerator_peak_flops, batch_flops, training_flops
+from bert_repro.model import BertConfig
+
+CUDA = torch.device("cuda", 0)
+
+
+@pytest.mark.parametrize(
+    ("name", "tflops"),
+    [
+        ("NVIDIA H100 80GB HBM3", 989.4),  # H100 SXM
+        ("NVIDIA H200", 989.4),  # Lightning's own H200 rows are with sparsity (2000); dense = the H100 SXM's
+        ("NVIDIA H200 NVL", 850.0),  # datasheet: 1671 with sparsity
+        ("NVIDIA A100-SXM4-80GB", 312.0),
+        ("NVIDIA H100 PCIe", 756.0),
+    ],
+)
+def test_peak_of_known_accelerators_from_lightnings_table(monkeypatch, name, tflops):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: name)
+    peak, source = accelerator_peak_flops(CUDA, torch.bfloat16)
+    assert peak == pytest.approx(tflops * 1e12) and "lightning table" in source
+
+
+def test_unknown_accelerator_has_no_peak(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    with pytest.warns(UserWarning, match="FLOPs not found"):
+        assert accelerator_peak_flops(CUDA, torch.bfloat16)[0] is None
+
+
+def _start(callback: Throughput, precision: str, device: torch.device = CUDA) -> Throughput:
+    callback.on_train_start(SimpleNamespace(precision=precision), SimpleNamespace(device=device))
+    return callback
+
+
+def test_throughput_takes_the_table_unless_peak_tflops_overrides(monkeypatch):
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "NVIDIA A100-SXM4-80GB")
+    table = _start(Throughput(), "bf16-mixed")
+    assert table.peak_flops == pytest.approx(312e12) and table.peak_source.startswith("lightning table")
+    given = _start(Throughput(peak_tflops=400.0), "bf16-mixed")
+    assert given.peak_flops == pytest.approx(400e12) and given.peak_source == "config"
+    monkeypatch.setattr(torch.cuda, "get_device_name", lambda device=None: "Some Future GPU")
+    with pytest.warns(UserWarning):
+        unknown = _start(Throughput(), "bf16-mixed")
+    assert unknown.peak_flops is None and unknown.summary()["mfu"] is None
+    assert (compute_dtype("bf16-mixed"), compute_dtype("16-mixed"), compute_dtype("32-true")) == (
+        torch.bfloat16,
+        torch.float16,
+        torch.float32,
+    )
+
+
+def test_batch_flops_counts_real_tokens_predictions_and_frozen_encoders():
+    config = BertConfig()
+    mask = torch.tensor([[1] * 10 + [0] * 6, [1] * 16])  # 26 real tokens in rows of 16
+    weights = torch.tensor([[1.0, 1.0, 0.0], [1.0, 0.0, 0.0]])  # 3 real predictions
+    pretrain = {"attention_mask": mask, "masked_lm_weights": weights}
+    assert batch_flops(config, pretrain) == training_flops(config, 26, 16, 3)
+    assert batch_flops(config, pretrain, ltr=True) == training_flops(config, 26, 16, 9 + 15)
+    finetune = {"attention_mask": mask}
+    assert batch_flops(config, finetune) == training_flops(config, 26, 16, 0)
+    assert batch_flops(config, finetune, trained=False) == training_flops(config, 26, 16, 0) / 3
