@@ -34,6 +34,7 @@ from bert_repro.reliability import (
     SameRun,
     slurm_plugins,
 )
+from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
 from bert_repro.results import git_revision, print_results, read_status, write_results
 
 log = logging.getLogger(__name__)
@@ -249,10 +250,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
 
     loaded = None
     data_overrides: dict[str, Any] = {}
-    if cfg.init:
+    init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
+    if init_path:
         from bert_repro.convert import load_checkpoint
 
-        loaded = load_checkpoint(cfg.init)
+        loaded = load_checkpoint(init_path)
         if loaded.vocab is not None and cfg.data.get("tokenizer", "absent") is None:
             from bert_repro.tokenization import save_vocab, tokenizer_from_vocab
 
@@ -267,6 +269,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     datamodule.prepare_tokenizer()
 
     model_cfg = {**_plain(cfg.model), "vocab_size": len(datamodule.vocab)}
+    model_explicit = model_on_command_line()
+    if loaded is not None:  # no model= on the command line: the checkpoint's shape
+        model_cfg = model_shape(model_cfg, loaded.config, model_explicit)
     optim = _plain(cfg.optim)
     if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
         optim["resume_step"] = None
@@ -313,12 +318,12 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     results = {
         "status": status,
         "task": cfg.task.name,
-        "model": HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None,
+        "model": model_name(_plain(cfg.model), model_cfg, model_explicit),
         "model_config": model_cfg,
         "ablation": cfg.ablation.name,
         "scale": cfg.scale.name,
         "seed": cfg.seed,
-        "init": cfg.init,
+        "init": init,
         "resumed_from": ckpt_path,
         "missing_heads": missing_heads,
         "predict_majority": majority,
