@@ -35,6 +35,7 @@ from bert_repro.reliability import (
     slurm_plugins,
 )
 from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
+from bert_repro.record import RunRecord
 from bert_repro.results import git_revision, print_results, read_status, write_results
 
 log = logging.getLogger(__name__)
@@ -113,7 +114,7 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
 
 
 def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
-                  resume_strict: bool = False) -> tuple[L.Trainer, ModelCheckpoint]:
+                  resume_strict: bool = False, start: float | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
     loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
     folder = output_dir / "checkpoints"
     keep = cfg.checkpoint.keep_recent
@@ -128,7 +129,7 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
         every_n_train_steps=cfg.checkpoint.every_n_steps, auto_insert_metric_name=False, enable_version_counter=False,
     )
     callbacks = [best, last, Throughput(peak_tflops=cfg.trainer.get("peak_tflops")), RNGState(), SameRun(run_settings(cfg), strict=resume_strict),
-                 NonFiniteLossGuard(), Preemption(folder / "last.ckpt")]
+                 NonFiniteLossGuard(), RunRecord(start), Preemption(folder / "last.ckpt")]  # record counts the saved batch
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     optim = cfg.optim
@@ -290,7 +291,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if "fsdp" in str(_plain(cfg.trainer.strategy)).lower() and cfg.trainer.accelerator == "cpu":
         raise UsageError("trainer=fsdp needs GPUs: Lightning's FSDPStrategy does not run on CPU; use trainer=cpu "
                          "or trainer=ddp_cpu here, trainer=fsdp on a GPU node")
-    trainer, checkpoint = build_trainer(cfg, accumulation, output_dir, resume_strict=found)
+    trainer, checkpoint = build_trainer(cfg, accumulation, output_dir, resume_strict=found, start=start)
     if ckpt_path is not None:
         log.info("resuming from %s", ckpt_path)
     status = "complete"
@@ -314,6 +315,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
                 logger.experiment.finish()  # W&B: close even when the run failed, so a sweep goes on
 
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
+    record = next(c for c in trainer.callbacks if isinstance(c, RunRecord)).totals()  # all attempts
     best_score = checkpoint.best_model_score
     results = {
         "status": status,
@@ -342,7 +344,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "tokens_per_s": throughput.tokens_per_s,
         "sequences_per_s": throughput.sequences_per_s,
         "perf": throughput.summary(),  # + model FLOP/s per device and MFU against the peak it names
-        "wall_time_s": round(time.time() - start, 2),
+        "wall_time_s": record["wall_time_s"],  # the whole run, over its attempts (record.py)
+        "wall_time_attempt_s": round(time.time() - start, 2),
+        "resumes": record["resumes"],
+        "tokens_trained": record["tokens"],
+        "flops_trained": record["flops"],
         "git": git_revision(),
         "config": _plain(cfg),
     }

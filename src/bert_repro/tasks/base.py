@@ -97,10 +97,14 @@ class BertTaskModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["vocab"] = self.vocab
         checkpoint["lowercase"] = self.lowercase
+        if hasattr(self, "history"):  # the per-epoch record, so a resumed run reports its whole history
+            checkpoint["history"] = list(self.history)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.vocab = checkpoint.get("vocab")
         self.lowercase = checkpoint.get("lowercase", True)
+        if "history" in checkpoint:
+            self.history = list(checkpoint["history"])
 
     # -- the paper's optimizer recipe ------------------------------------------------------------
     def configure_optimizers(self):
