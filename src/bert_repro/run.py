@@ -37,6 +37,7 @@ from bert_repro.reliability import (
 from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
 from bert_repro.record import RunRecord
 from bert_repro.results import git_revision, print_results, read_status, write_results
+from bert_repro.tracking import close_loggers, instantiate_logger
 
 log = logging.getLogger(__name__)
 
@@ -115,7 +116,7 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
 
 def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
                   resume_strict: bool = False, start: float | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+    loggers = [instantiate_logger(c, cfg) for c in (cfg.get("logger") or {}).values() if c is not None]
     folder = output_dir / "checkpoints"
     keep = cfg.checkpoint.keep_recent
     # best on Dev (the selection the paper does), and last.ckpt: at each validation, and every
@@ -309,10 +310,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             status = "interrupted"
         elif cfg.test and not trainer.fast_dev_run:
             test_files = predict_test(trainer, module, datamodule, output_dir / "test_predictions")
-    finally:
-        for logger in trainer.loggers:
-            if hasattr(logger, "experiment") and hasattr(logger.experiment, "finish"):
-                logger.experiment.finish()  # W&B: close even when the run failed, so a sweep goes on
+    except BaseException:
+        close_loggers(trainer.loggers)  # W&B: close a failed run too, so a sweep goes on
+        raise
 
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
     record = next(c for c in trainer.callbacks if isinstance(c, RunRecord)).totals()  # all attempts
@@ -355,6 +355,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if trainer.is_global_zero:
         write_results(output_dir / "results.json", results)
         print_results(results)
+    close_loggers(trainer.loggers, results, output_dir / "results.json")  # W&B: results.json as the summary
     return results
 
 
