@@ -19,7 +19,7 @@ from typing import Any
 
 import lightning as L
 from hydra.utils import instantiate
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 from bert_repro.convert import LoadedCheckpoint, load_checkpoint, safe_torch_load
 from bert_repro.metrics import degenerate_reason
@@ -51,9 +51,9 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
     check_task_built(cfg)
-    init, init_path = resolve_init(cfg)
-    if not init_path:
+    if OmegaConf.is_missing(cfg, "init") or not cfg.init:
         raise UsageError(f"task={cfg.task.name}: evaluate needs init=<our .ckpt | Hub id | HF directory | TF checkpoint>")
+    init, init_path = resolve_init(cfg)
     L.seed_everything(cfg.seed, workers=True)
     loaded = load_checkpoint(init_path)
     overrides: dict[str, Any] = {}
