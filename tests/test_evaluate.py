@@ -15,8 +15,8 @@ SMALL = ["task=mrpc", "model=tiny", "optim.limit_val_batches=2", "trainer.enable
 
 def evaluate_py(*args: str) -> subprocess.CompletedProcess:
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(REPO / "src" / "evaluate.py"), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env=env)
+    return subprocess.run([sys.executable, str(REPO / "src" / "evaluate.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=env)
 
 
 @pytest.mark.slow
@@ -31,7 +31,8 @@ def test_a_trained_checkpoint_evaluates_to_its_training_numbers_and_predicts_a_f
     pairs.write_text("id,first,second\n7,The cat sat on the mat.,A cat sat on the mat.\n"
                      "9,Stocks fell sharply.,\"The weather, today, is nice.\"\n")
     out = tmp_path / "eval"
-    proc = evaluate_py(*SMALL, f"init={trained / 'checkpoints' / 'last.ckpt'}", f"paths.cache_dir={tmp_path / 'cache'}",
+    proc = evaluate_py(*SMALL, f"init={trained / 'checkpoints' / 'last.ckpt'}",
+                       f"paths.cache_dir={tmp_path / 'cache'}",
                        f"predict={{path: {pairs}, columns: {{text_a: first, text_b: second, idx: id}}}}",
                        f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

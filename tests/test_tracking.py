@@ -14,7 +14,7 @@ from bert_repro.tracking import GROUP_ENV, logger_kwargs, wandb_group
 from .conftest import REPO
 
 DRIVER = """
-import json, runpy, sys
+import json, pathlib, runpy, sys
 import wandb
 
 record, real_init = [], wandb.init
@@ -25,9 +25,9 @@ def init(*args, **kwargs):
     real_finish = run.finish
 
     def finish(*a, **k):
+        files = sorted(p.name for p in pathlib.Path(run.dir).iterdir())
         record.append({"group": run.group, "offline": run.offline, "config": dict(run.config),
-                       "summary": run.summary._as_dict(), "files": sorted(p.name for p in __import__("pathlib")
-                                                                          .Path(run.dir).iterdir())})
+                       "summary": run.summary._as_dict(), "files": files})
         return real_finish(*a, **k)
 
     run.finish = finish
@@ -50,7 +50,8 @@ def test_a_sweep_run_carries_config_results_and_group(tmp_path, minilm_dir):
     sweep = tmp_path / "sweep"
     args = ["-m", "task=mrpc", "model=tiny", f"data.tokenizer={minilm_dir / 'vocab.txt'}", "seed=7",
             "data.max_train_examples=16", "optim.max_steps=2", "optim.limit_val_batches=1", "logger=wandb",
-            "trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.sweep.dir={sweep}"]
+            "trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}",
+            f"hydra.sweep.dir={sweep}"]
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     env.pop(GROUP_ENV, None)
     proc = subprocess.run([sys.executable, str(driver), str(record), str(REPO / "src" / "train.py"), *args],

@@ -1,8 +1,8 @@
-"""Evaluate a checkpoint on a task's Dev set, and predict a file, without training (what ``src/evaluate.py`` runs).
+"""Evaluate a checkpoint on a task's Dev set, and predict a file, without training (``src/evaluate.py``).
 
     python src/evaluate.py task=mrpc init=outputs/mrpc/default/checkpoints/best.ckpt
     python src/evaluate.py task=mrpc init=<ckpt> predict=my_pairs.tsv            # + predictions for a file
-    python src/evaluate.py task=sst2 init=<ckpt> 'predict={path: reviews.csv, format: csv, columns: {text_a: text}}'
+    python src/evaluate.py task=sst2 init=<ckpt> 'predict={path: a.csv, format: csv, columns: {text_a: text}}'
 
 ``init=`` is read as training reads it (pretrained.py). Our .ckpt of the same task brings its trained head;
 any other checkpoint brings the encoder only, and the head stays random (results.json lists it under
@@ -25,7 +25,15 @@ from bert_repro.convert import LoadedCheckpoint, load_checkpoint, safe_torch_loa
 from bert_repro.metrics import degenerate_reason
 from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
 from bert_repro.results import git_revision, print_results, write_results
-from bert_repro.run import NOT_TRAINER_ARGS, USER_ERRORS, UsageError, _floats, _plain, check_task_built, predict_test
+from bert_repro.run import (
+    NOT_TRAINER_ARGS,
+    USER_ERRORS,
+    UsageError,
+    _floats,
+    _plain,
+    check_task_built,
+    predict_test,
+)
 
 log = logging.getLogger(__name__)
 
@@ -39,7 +47,8 @@ def restore(module: L.LightningModule, path: str, loaded: LoadedCheckpoint) -> l
         if set(state) == set(own) and all(state[k].shape == own[k].shape for k in own):
             module.load_state_dict(state)
             return []
-        log.warning("init=%s is not a checkpoint of task=%s: its encoder only", path, module.hparams.get("task"))
+        log.warning("init=%s is not a checkpoint of task=%s: its encoder only", path,
+                    module.hparams.get("task"))
     heads = module.load_pretrained(loaded)
     if heads:
         log.warning("evaluating with untrained %s: the numbers are a random head's", ", ".join(heads))
@@ -52,7 +61,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     output_dir.mkdir(parents=True, exist_ok=True)
     check_task_built(cfg)
     if OmegaConf.is_missing(cfg, "init") or not cfg.init:
-        raise UsageError(f"task={cfg.task.name}: evaluate needs init=<our .ckpt | Hub id | HF directory | TF checkpoint>")
+        raise UsageError(f"task={cfg.task.name}: evaluate needs init=<our .ckpt | Hub id | HF directory | "
+                         "TF checkpoint>")
     init, init_path = resolve_init(cfg)
     L.seed_everything(cfg.seed, workers=True)
     loaded = load_checkpoint(init_path)
@@ -65,14 +75,15 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         overrides.update(tokenizer=str(vocab_path), lowercase=bool(loaded.lowercase))
     if cfg.predict is not None:  # the user's file as the test split, in the task's layout or column-mapped
         if "files" not in cfg.data:
-            raise UsageError(f"predict={cfg.predict}: task={cfg.task.name} takes no files to predict; GLUE-style "
-                             "tasks do")
+            raise UsageError(f"predict={cfg.predict}: task={cfg.task.name} takes no files to predict; "
+                             "GLUE-style tasks do")
         overrides["files"] = {**_plain(cfg.data.files), "test": _plain(cfg.predict)}
     datamodule = instantiate(cfg.data, _convert_="all", **overrides)
     datamodule.prepare_tokenizer()
 
     explicit = model_on_command_line()
-    model_cfg = model_shape({**_plain(cfg.model), "vocab_size": len(datamodule.vocab)}, loaded.config, explicit)
+    model_cfg = {**_plain(cfg.model), "vocab_size": len(datamodule.vocab)}
+    model_cfg = model_shape(model_cfg, loaded.config, explicit)
     module = instantiate(cfg.module, model=model_cfg, optim=_plain(cfg.optim), _convert_="all")
     module.vocab, module.lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
     missing_heads = restore(module, init_path, loaded)
@@ -81,7 +92,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     trainer_args.update(devices=1, num_nodes=1, strategy="auto", logger=False, enable_checkpointing=False,
                         limit_val_batches=cfg.optim.limit_val_batches, default_root_dir=str(output_dir))
     trainer = instantiate(trainer_args)
-    final = _floats({k: v for d in trainer.validate(module, datamodule=datamodule, verbose=False) for k, v in d.items()})
+    dev = trainer.validate(module, datamodule=datamodule, verbose=False)  # one dict per dev set (MNLI: two)
+    final = _floats({k: v for d in dev for k, v in d.items()})
     predictions = {}
     if cfg.predict is not None or cfg.test:
         if not hasattr(datamodule, "write_predictions"):
@@ -98,7 +110,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         "degenerate": degenerate_reason(final),
         "data_sizes": {split: len(d) for split, d in getattr(datamodule, "datasets", {}).items()} or None,
         "test_predictions": predictions or None,
-        "global_step": 0, "global_batch": int(cfg.data.batch_size), "per_device_batch": int(cfg.data.batch_size),
+        "global_step": 0, "global_batch": int(cfg.data.batch_size),
+        "per_device_batch": int(cfg.data.batch_size),
         "accumulation": 1, "world_size": 1, "tokens_per_s": None, "sequences_per_s": None, "perf": None,
         "wall_time_s": round(time.time() - start, 2), "wall_time_attempt_s": round(time.time() - start, 2),
         "resumes": 0, "tokens_trained": 0, "flops_trained": 0.0,

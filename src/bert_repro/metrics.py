@@ -9,7 +9,8 @@ from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import BinaryF1Score, MatthewsCorrCoef, MulticlassAccuracy
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
 
-from bert_repro.scores import COLLAPSE_SHARE, degenerate_reason, glue_score  # noqa: F401 (torch-free, for tables)
+# torch-free, so the table collector can import them without torch
+from bert_repro.scores import COLLAPSE_SHARE, degenerate_reason, glue_score  # noqa: F401
 
 # The GLUE metrics by the names the task table and the logged keys use (§4.1, Table 1). F1 and MCC are
 # of the positive class 1 (MRPC "equivalent", QQP "duplicate", CoLA "acceptable"), as GLUE scores them.

@@ -16,7 +16,7 @@ from typing import Any
 
 log = logging.getLogger(__name__)
 
-# Google's releases by shape (num_layers, hidden_size, num_heads) -> {lowercase: Hub id}. The paper's two sizes
+# Google's releases by shape (num_layers, hidden_size, num_heads) -> {lowercase: Hub id}. The paper's 2 sizes
 # come cased and uncased (§4.3 NER uses cased); the 24 compact models (Turc et al. 2019) only uncased.
 RELEASED: dict[tuple[int, int, int], dict[bool, str]] = {
     (12, 768, 12): {True: "google-bert/bert-base-uncased", False: "google-bert/bert-base-cased"},
@@ -35,14 +35,15 @@ HUB_ID = re.compile(r"^[A-Za-z0-9][\w.-]*(/[\w.-]+)?$")
 
 
 class InitError(ValueError):
-    """An ``init=`` that cannot be resolved (offline and not cached, unknown Hub id): the message says what to do."""
+    """An ``init=`` that cannot be resolved (offline and not cached, unknown Hub id): the message says what
+    to do."""
 
 
 def default_init(cfg: Any) -> str | None:
     """The released checkpoint a fine-tuning run starts from when nothing names its weights or vocabulary:
     pre-training, a user's own vocabulary and ablations that change pre-training get none."""
     data, ablation = cfg.data, cfg.ablation
-    if cfg.get("init") or cfg.task.get("family") in (None, "pretrain") or data.get("tokenizer", "absent") is not None:
+    if cfg.get("init") or cfg.task.name == "pretrain" or data.get("tokenizer", "absent") is not None:
         return None
     pretraining_default = (ablation.nsp and not ablation.ltr and not ablation.causal
                            and list(ablation.mask_shares) == [0.8, 0.1, 0.1] and not ablation.whole_word_mask)
@@ -54,9 +55,10 @@ def default_init(cfg: Any) -> str | None:
     hub_id = RELEASED.get(shape, {}).get(lowercase)
     if hub_id is None:
         casing = "uncased" if lowercase else "cased"
-        raise InitError(f"task={cfg.task.name} fine-tunes a pre-trained model, and Google released no {casing} "
-                        f"checkpoint of L={shape[0]} H={shape[1]} A={shape[2]}; give init=<Hub id | HF directory "
-                        "| TF checkpoint | our .ckpt> (or data.tokenizer=... to fine-tune from random weights)")
+        raise InitError(f"task={cfg.task.name} fine-tunes a pre-trained model, and Google released no "
+                        f"{casing} checkpoint of L={shape[0]} H={shape[1]} A={shape[2]}; give init=<Hub id | "
+                        "HF directory | TF checkpoint | our .ckpt> (or data.tokenizer=... to fine-tune from "
+                        "random weights)")
     return hub_id
 
 
@@ -92,11 +94,13 @@ def fetch(hub_id: str) -> Path:
                 return folder
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as err:
         raise InitError(f"init={hub_id}: no such Hugging Face Hub model, or it needs access rights "
-                        f"({type(err).__name__}); give a Hub id, an HF directory, a TF checkpoint or our .ckpt") from None
+                        f"({type(err).__name__}); give a Hub id, an HF directory, a TF checkpoint or our "
+                        ".ckpt") from None
     except (LocalEntryNotFoundError, HfHubHTTPError, OSError) as err:
         offline = os.environ.get("HF_HUB_OFFLINE", "").lower() in ("1", "true", "yes", "on")
         why = "HF_HUB_OFFLINE is set" if offline else f"the Hub cannot be reached ({type(err).__name__})"
-        raise InitError(f"init={hub_id} is not in the Hugging Face cache and {why}; {download_hint(hub_id)}") from None
+        raise InitError(f"init={hub_id} is not in the Hugging Face cache and {why}; "
+                        f"{download_hint(hub_id)}") from None
     raise InitError(f"init={hub_id}: the Hub repository has no model.safetensors or pytorch_model.bin")
 
 
@@ -122,8 +126,8 @@ def model_on_command_line() -> bool:
 
 
 def model_shape(model_cfg: dict[str, Any], checkpoint_config: Any, explicit: bool) -> dict[str, Any]:
-    """The run's encoder config: the checkpoint's shape unless ``model=`` was given, when a mismatch is refused
-    later (tasks.base.load_pretrained) with a message naming both."""
+    """The run's encoder config: the checkpoint's shape unless ``model=`` was given (a mismatch is refused
+    later, in tasks.base.load_pretrained, with a message naming both)."""
     if explicit:
         return model_cfg
     loaded = checkpoint_config.to_dict()

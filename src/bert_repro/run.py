@@ -24,6 +24,8 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.callbacks import Throughput
 from bert_repro.metrics import degenerate_reason
 from bert_repro.model import Encoder, compile_model
+from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
+from bert_repro.record import RunRecord
 from bert_repro.reliability import (
     AtomicCheckpointIO,
     NonFiniteLoss,
@@ -34,8 +36,6 @@ from bert_repro.reliability import (
     SameRun,
     slurm_plugins,
 )
-from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
-from bert_repro.record import RunRecord
 from bert_repro.results import git_revision, print_results, read_status, write_results
 from bert_repro.tracking import close_loggers, instantiate_logger
 
@@ -115,7 +115,8 @@ def run_settings(cfg: DictConfig) -> dict[str, Any]:
 
 
 def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
-                  resume_strict: bool = False, start: float | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
+                  resume_strict: bool = False,
+                  start: float | None = None) -> tuple[L.Trainer, ModelCheckpoint]:
     loggers = [instantiate_logger(c, cfg) for c in (cfg.get("logger") or {}).values() if c is not None]
     folder = output_dir / "checkpoints"
     keep = cfg.checkpoint.keep_recent
@@ -130,7 +131,8 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
         every_n_train_steps=cfg.checkpoint.every_n_steps, auto_insert_metric_name=False, enable_version_counter=False,
     )
     callbacks = [best, last, Throughput(peak_tflops=cfg.trainer.get("peak_tflops")), RNGState(), SameRun(run_settings(cfg), strict=resume_strict),
-                 NonFiniteLossGuard(), RunRecord(start), Preemption(folder / "last.ckpt")]  # record counts the saved batch
+                 NonFiniteLossGuard(), RunRecord(start),  # before Preemption: the saved batch is counted
+                 Preemption(folder / "last.ckpt")]
     if loggers:
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     optim = cfg.optim

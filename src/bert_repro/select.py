@@ -24,7 +24,11 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from bert_repro.scores import COLLAPSE_SHARE, degenerate_reason, glue_score  # torch-free: the collector uses this
+from bert_repro.scores import (  # torch-free: the collector uses this
+    COLLAPSE_SHARE,
+    degenerate_reason,
+    glue_score,
+)
 
 log = logging.getLogger(__name__)
 
@@ -148,7 +152,9 @@ def restart_spread(runs: list[dict], entry: dict, name: str) -> dict | None:
 
 def table1_scores(entries: list[dict]) -> list[dict]:
     """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE average."""
-    from bert_repro.data.glue import GLUE_TASKS  # here, not at the top: the table collector must not load torch
+    from bert_repro.data.glue import (
+        GLUE_TASKS,  # here, not at the top: the table collector must not load torch
+    )
 
     rows = []
     for members in _groups(entries, lambda e: {k: v for k, v in e["setting"].items() if k != "task"}).values():

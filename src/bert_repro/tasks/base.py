@@ -67,7 +67,8 @@ class BertTaskModule(L.LightningModule):
         if expected != self.config:
             raise ValueError(
                 f"init={path}: checkpoint shape {loaded.config} does not match the configured model "
-                f"{self.config}; choose the model= that matches the checkpoint, or leave model= out to take its shape"
+                f"{self.config}; choose the model= that matches the checkpoint, or leave model= out to take "
+                "its shape"
             )
         if loaded.config.causal and not self.config.causal:
             raise ValueError(f"init={path} was pre-trained left-to-right (causal); use ablation=ltr_no_nsp")
