@@ -18,9 +18,8 @@ register_resolvers()  # ${run_name:...}: run folders named by the command, not t
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    from bert_repro.run import (
-        main as run_main,  # torch and Lightning load only when a run starts (--help is fast)
-    )
+    # torch and Lightning load only when a run starts: --help and --cfg job stay fast
+    from bert_repro.run import main as run_main
 
     return run_main(cfg)  # the value a Hydra sweeper optimises: the task's monitored metric
 
