@@ -11,7 +11,6 @@ import hydra
 from omegaconf import DictConfig
 
 from bert_repro.cli import register_resolvers, unknown_key_hints
-from bert_repro.run import main as run_main
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 register_resolvers()  # ${run_name:...}: run folders named by the command, not the clock (conf/train.yaml)
@@ -19,6 +18,9 @@ register_resolvers()  # ${run_name:...}: run folders named by the command, not t
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
+    # torch and Lightning load only when a run starts: --help and --cfg job stay fast
+    from bert_repro.run import main as run_main
+
     return run_main(cfg)  # the value a Hydra sweeper optimises: the task's monitored metric
 
 

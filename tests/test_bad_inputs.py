@@ -95,7 +95,8 @@ CASES = [
     ("glue-file-wrong-columns", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.files.train=FILES/wrong_columns.tsv",
                                  "data.files.dev=FILES/wrong_columns.tsv"], None,
      ["wrong_columns.tsv: no column", "sentence1", "its columns are"]),
-    ("glue-without-vocabulary", [*GLUE], None, ["fine-tuning needs the pre-trained model's vocabulary", "data.tokenizer"]),
+    ("glue-released-checkpoint-offline", [*GLUE], None,  # no init=: the released one, not cached offline
+     ["is not in the Hugging Face cache", "hf download", "pass init="]),
     ("squad-answer-outside-context", ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_bad"],
      None, ["question q1: answer 'far away' at answer_start 500 lies outside its"]),
     ("conll-malformed-line", ["task=conll2003", "data.tokenizer=FILES/vocab.txt", "data.conll_dir=FILES/conll_bad"],

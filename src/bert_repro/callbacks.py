@@ -13,6 +13,17 @@ from bert_repro.flops import accelerator_peak_flops, batch_flops, measured_peak_
 log = logging.getLogger(__name__)
 
 
+def module_batch_flops(pl_module: L.LightningModule, batch: dict) -> float:
+    """The training FLOPs of ``batch`` through a task module (flops.batch_flops of its BertConfig); 0 without one."""
+    config = getattr(pl_module, "config", None)  # the task modules' BertConfig
+    if config is None:
+        return 0.0
+    encoder = getattr(getattr(pl_module, "model", None), "bert", None)
+    trained = encoder is None or any(p.requires_grad for p in encoder.parameters())
+    ltr = bool(getattr(pl_module, "ltr", False))  # the left-to-right LM predicts every next token
+    return batch_flops(config, batch, ltr=ltr, trained=trained)
+
+
 def compute_dtype(precision: str) -> torch.dtype:
     """The matmul dtype of a Lightning precision setting ("bf16-mixed", "16-mixed", "32-true" ...)."""
     precision = str(precision)
@@ -71,12 +82,7 @@ class Throughput(L.Callback):
         mask = batch["attention_mask"]
         self._tokens += int(mask.sum())
         self._sequences += int(mask.shape[0])
-        config = getattr(pl_module, "config", None)  # the task modules' BertConfig
-        if config is not None:
-            encoder = getattr(getattr(pl_module, "model", None), "bert", None)
-            trained = encoder is None or any(p.requires_grad for p in encoder.parameters())
-            ltr = bool(getattr(pl_module, "ltr", False))  # the left-to-right LM predicts every next token
-            self._flops += batch_flops(config, batch, ltr=ltr, trained=trained)
+        self._flops += module_batch_flops(pl_module, batch)
         elapsed = time.perf_counter() - self._start
         if elapsed <= 0:
             return

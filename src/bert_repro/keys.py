@@ -19,7 +19,7 @@ NOT_SCIENCE = (
 NOT_SCIENCE_GROUPS = ("trainer", "logger", "callbacks", "experiment", "hydra/launcher")
 # science, but path-valued (a "/" would nest folders): the run folder's name takes a hash of them instead
 SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus", "data.squad_dir",
-                 "data.conll_dir", "data.swag_dir")
+                 "data.conll_dir", "data.swag_dir", "predict")  # predict: src/evaluate.py's input file
 
 
 def is_science(key: str) -> bool:

@@ -30,6 +30,9 @@ from bert_repro.reliability import NonFiniteLoss, Preempted
 from bert_repro.results import failure_record, floats, git_revision, print_results, read_status, write_results
 from bert_repro.trainer import build_trainer
 from bert_repro.speed import compile_model
+from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
+from bert_repro.record import RunRecord
+from bert_repro.tracking import close_loggers
 
 log = logging.getLogger(__name__)
 
@@ -109,10 +112,11 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
 
     loaded = None
-    if cfg.init:
+    init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
+    if init_path:
         from bert_repro.convert.loaders import load_checkpoint
 
-        loaded = load_checkpoint(cfg.init)
+        loaded = load_checkpoint(init_path)
     vocab, lowercase = resolve_vocab(cfg, loaded)
     per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer,
                                            cfg.speed.per_device_batch_size)
@@ -124,6 +128,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         vocab, lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
 
     model_cfg = {**_plain(cfg.model), "vocab_size": len(vocab)}
+    model_explicit = model_on_command_line()
+    if loaded is not None:  # no model= on the command line: the checkpoint's shape
+        model_cfg = model_shape(model_cfg, loaded.config, model_explicit)
     optim = _plain(cfg.optim)
     if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
         optim["resume_step"] = None
@@ -135,7 +142,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     missing_heads = module.load_pretrained(loaded) if loaded is not None else []
     apply_speed(cfg, module)
 
-    trainer = build_trainer(cfg, accumulation, output_dir, resume_strict=found)
+    trainer = build_trainer(cfg, accumulation, output_dir, resume_strict=found, start=start)
     if ckpt_path is not None:
         log.info("resuming from %s", ckpt_path)
     status = "complete"
@@ -153,24 +160,24 @@ def train(cfg: DictConfig) -> dict[str, Any]:
             status = "interrupted"
         elif cfg.test and not trainer.fast_dev_run:
             test_files = predict_test(trainer, module, datamodule, output_dir / "test_predictions")
-    finally:
-        for logger in trainer.loggers:
-            if hasattr(logger, "experiment") and hasattr(logger.experiment, "finish"):
-                logger.experiment.finish()  # W&B: close even when the run failed, so a sweep goes on
+    except BaseException:
+        close_loggers(trainer.loggers)  # W&B: close a failed run too, so a sweep goes on
+        raise
 
     throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
+    record = next(c for c in trainer.callbacks if isinstance(c, RunRecord)).totals()  # all attempts
     checkpoint = trainer.checkpoint_callback  # callbacks.best: the first ModelCheckpoint
     best_score = checkpoint.best_model_score if checkpoint is not None else None
     best_path = (checkpoint.best_model_path if checkpoint is not None else None) or None
     results = {
         "status": status,
         "task": cfg.task.name,
-        "model": _model_choice(),
+        "model": model_name(_plain(cfg.model), model_cfg, model_explicit),
         "model_config": model_cfg,
         "ablation": cfg.ablation.name,
         "scale": cfg.scale.name,
         "seed": cfg.seed,
-        "init": cfg.init,
+        "init": init,
         "resumed_from": ckpt_path,
         "missing_heads": missing_heads,
         "predict_majority": majority,
@@ -190,13 +197,18 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         "tokens_per_s": throughput.tokens_per_s,
         "sequences_per_s": throughput.sequences_per_s,
         "perf": throughput.summary(),  # + model FLOP/s per device and MFU against the peak it names
-        "wall_time_s": round(time.time() - start, 2),
+        "wall_time_s": record["wall_time_s"],  # the whole run, over its attempts (record.py)
+        "wall_time_attempt_s": round(time.time() - start, 2),
+        "resumes": record["resumes"],
+        "tokens_trained": record["tokens"],
+        "flops_trained": record["flops"],
         "git": git_revision(),
         "config": _plain(cfg),
     }
     if trainer.is_global_zero:
         write_results(output_dir / "results.json", results)
         print_results(results)
+    close_loggers(trainer.loggers, results, output_dir / "results.json")  # W&B: results.json as the summary
     return results
 
 

@@ -23,9 +23,12 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from bert_repro.data.glue import GLUE_TASKS
 from bert_repro.keys import flatten, science
-from bert_repro.metrics import COLLAPSE_SHARE, degenerate_reason, glue_score
+from bert_repro.scores import (  # torch-free: the collector uses this
+    COLLAPSE_SHARE,
+    degenerate_reason,
+    glue_score,
+)
 
 log = logging.getLogger(__name__)
 
@@ -141,6 +144,10 @@ def restart_spread(runs: list[dict], entry: dict, name: str) -> dict | None:
 
 def table1_scores(entries: list[dict]) -> list[dict]:
     """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE average."""
+    from bert_repro.data.glue import (
+        GLUE_TASKS,  # here, not at the top: the table collector must not load torch
+    )
+
     rows = []
     for members in _groups(entries, lambda e: {k: v for k, v in e["setting"].items() if k != "task"}).values():
         scores: dict[str, float | None] = {}
@@ -223,6 +230,8 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
 def write_submission(entries: list[dict], runs: list[dict], out: Path) -> tuple[Path, list[str]]:
     """The selected runs' test predictions as the GLUE server takes them: one <TASK>.tsv each (AX from the
     MNLI model, WNLI from its majority-class run), zipped. Returns the zip and the server files missing."""
+    from bert_repro.data.glue import GLUE_TASKS
+
     by_dir = {r["dir"]: r for r in runs}
     tasks = [e["setting"]["task"] for e in entries]
     repeated = sorted({t for t in tasks if tasks.count(t) > 1})

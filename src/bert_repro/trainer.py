@@ -12,12 +12,18 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 
 from bert_repro.keys import science
-from bert_repro.reliability import AtomicCheckpointIO, SameRun, slurm_plugins
+from bert_repro.record import RunRecord
+from bert_repro.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
+from bert_repro.tracking import instantiate_logger
 
 
-def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list) -> list[L.Callback]:
+def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list,
+                    start: float | None = None) -> list[L.Callback]:
     """callbacks/ (a user's +callbacks.x=... among them), and the two that need the run itself."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
+    # the run's totals over its attempts, before Preemption so the batch saved at a signal is counted
+    preempt = next((i for i, c in enumerate(callbacks) if isinstance(c, Preemption)), len(callbacks))
+    callbacks.insert(preempt, RunRecord(start))
     # a checkpoint of this folder resumes only under the same science (keys.py), whatever the speed
     callbacks.append(SameRun(science(OmegaConf.to_container(cfg, resolve=True)), strict=resume_strict))
     if loggers:  # Lightning refuses a learning-rate monitor without a logger
@@ -26,8 +32,8 @@ def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list) -> list
 
 
 def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
-                  resume_strict: bool = False) -> L.Trainer:
-    loggers = [instantiate(c) for c in (cfg.get("logger") or {}).values() if c is not None]
+                  resume_strict: bool = False, start: float | None = None) -> L.Trainer:
+    loggers = [instantiate_logger(c, cfg) for c in (cfg.get("logger") or {}).values() if c is not None]
     optim = cfg.optim
     step_interval = isinstance(optim.val_check_interval, int) and optim.val_check_interval > 1
     every = optim.val_check_interval
@@ -42,7 +48,7 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
     return instantiate(
         cfg.trainer, **run_length,
         accumulate_grad_batches=accumulation,
-        callbacks=build_callbacks(cfg, resume_strict, loggers),
+        callbacks=build_callbacks(cfg, resume_strict, loggers, start),
         logger=loggers or False,
         default_root_dir=str(output_dir),
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],

@@ -77,7 +77,8 @@ class BertTaskModule(L.LightningModule):
         if expected != self.config:
             raise ValueError(
                 f"init={path}: checkpoint shape {loaded.config} does not match the configured model "
-                f"{self.config}; choose the model= that matches the checkpoint"
+                f"{self.config}; choose the model= that matches the checkpoint, or leave model= out to take "
+                "its shape"
             )
         if loaded.config.causal and not self.config.causal:
             raise ValueError(f"init={path} was pre-trained left-to-right (causal); use ablation=ltr_no_nsp")
@@ -97,10 +98,14 @@ class BertTaskModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["vocab"] = self.vocab
         checkpoint["lowercase"] = self.lowercase
+        if hasattr(self, "history"):  # the per-epoch record, so a resumed run reports its whole history
+            checkpoint["history"] = list(self.history)
 
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # also checkpoints without it in hparams
         self.vocab = checkpoint.get("vocab", self.vocab)
         self.lowercase = checkpoint.get("lowercase", self.lowercase)
+        if "history" in checkpoint:
+            self.history = list(checkpoint["history"])
 
     # -- the paper's optimizer recipe ------------------------------------------------------------
     def configure_optimizers(self):

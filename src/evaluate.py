@@ -1,0 +1,33 @@
+"""Evaluate a checkpoint on a task, and predict a file, without training:
+`python src/evaluate.py task=mrpc init=<our .ckpt | Hub id | HF dir> [predict=<file>]`.
+
+The work lives in `bert_repro.evaluate`; this file only hands Hydra's composed config (conf/evaluate.yaml) over.
+"""
+
+import sys
+from pathlib import Path
+
+import hydra
+from omegaconf import DictConfig
+
+from bert_repro.cli import register_resolvers, unknown_key_hints
+
+CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
+register_resolvers()
+
+
+@hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
+def main(cfg: DictConfig) -> float | None:
+    from bert_repro.evaluate import main as evaluate_main  # torch loads only when a run starts
+
+    return evaluate_main(cfg)
+
+
+if __name__ == "__main__":
+    try:
+        main()
+    except SystemExit as exit_:
+        if exit_.code not in (0, None):
+            for hint in unknown_key_hints(sys.argv[1:], CONFIG_DIR, "evaluate"):
+                print(hint, file=sys.stderr)
+        raise
