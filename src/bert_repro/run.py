@@ -26,13 +26,13 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.callbacks import Throughput
 from bert_repro.checks import SweepUsageError, UsageError, check_inputs, resolve_ckpt_path, split_batch
 from bert_repro.metrics import degenerate_reason
-from bert_repro.reliability import NonFiniteLoss, Preempted
-from bert_repro.results import failure_record, floats, git_revision, print_results, read_status, write_results
-from bert_repro.trainer import build_trainer
-from bert_repro.speed import compile_model
 from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
 from bert_repro.record import RunRecord
+from bert_repro.reliability import NonFiniteLoss, Preempted
+from bert_repro.results import failure_record, floats, git_revision, print_results, read_status, write_results
+from bert_repro.speed import compile_model
 from bert_repro.tracking import close_loggers
+from bert_repro.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 
