@@ -19,7 +19,7 @@ TINY = {"vocab_size": 100, "hidden_size": 32, "num_layers": 1, "num_heads": 2, "
 OPTIM = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01}
 
 
-def test_totals_carry_over_to_the_attempt_that_resumes():
+def test_totals_carry_over_to_the_attempt_that_resumes(monkeypatch):
     first = RunRecord(start=time.time() - 10.0)  # an attempt that ran 10 s
     trainer = SimpleNamespace(world_size=2)
     batch = {"attention_mask": torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])}
@@ -29,7 +29,8 @@ def test_totals_carry_over_to_the_attempt_that_resumes():
 
     second = RunRecord()
     second.load_state_dict(state)
-    second.on_train_batch_end(trainer, SimpleNamespace(batch_flops=lambda b: 100.0), None, batch, 0)
+    monkeypatch.setattr("bert_repro.record.module_batch_flops", lambda module, b: 100.0)  # a module's FLOPs
+    second.on_train_batch_end(trainer, SimpleNamespace(), None, batch, 0)
     totals = second.totals()
     assert totals["tokens"] == 20 and totals["flops"] == 200.0 and totals["resumes"] == 1
     assert totals["wall_time_s"] >= 10.0
