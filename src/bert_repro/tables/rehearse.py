@@ -97,7 +97,7 @@ def shrink(table: Table, runs_dir: Path, d: int, grid: str = "first") -> Table:
 def check_steps(table: Table, small: Table, d: int) -> list[str]:
     """Each fine-tuning's checkpoint holds the global step the plan gives it (real step / D), and records
     (its pre-training data's max_seq_length) the position length the plan says it was trained at."""
-    import torch
+    from bert_repro.convert.safe import safe_torch_load
 
     problems = []
     for name, sweep in small.sweeps.items():
@@ -106,7 +106,7 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
         real = table.sweeps[name]
         schedule = schedule_of(table.scale, real.needs.overrides)
         planned = schedule.checkpoint_step(real.checkpoint, name)
-        ckpt = torch.load(sweep.init_path(), map_location="cpu", weights_only=False)
+        ckpt = safe_torch_load(sweep.init_path(), what="a Lightning checkpoint")
         held, length = ckpt["global_step"], ckpt["datamodule_hyper_parameters"]["max_seq_length"]
         if held * d != planned:
             problems.append(f"{name}: {sweep.checkpoint} holds step {held} x {d}, the plan says {planned}")
