@@ -9,6 +9,7 @@ from __future__ import annotations
 import argparse
 import json
 import logging
+import os
 import sys
 import time
 from pathlib import Path
@@ -68,6 +69,7 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             print(f"plan: {len(plan['runs'])} runs, {plan['total_gpu_hours']:,.1f} GPU-hours on "
                   f"{args.accelerator} (`ACTION=plan` for each run)")
+        os.environ.setdefault("BERT_REPRO_WANDB_GROUP", table.name)  # the child runs join the table's W&B group
         if args.action == "rehearse":
             from bert_repro.tables.rehearse import rehearse
 
