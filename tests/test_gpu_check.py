@@ -3,7 +3,10 @@ its orchestration (steps mocked as tiny child processes) records a failing, a ha
 and still runs the others, writing the JSON and Markdown after every step."""
 
 import json
+import os
+import subprocess
 import sys
+from pathlib import Path
 
 import torch
 
@@ -64,3 +67,40 @@ def test_the_budget_caps_every_step(tmp_path):
     report = json.loads(check(tmp_path, budget_s=6, plan=plan, device="gpu").read_text())
     assert [s["status"] for s in report["steps"]] == ["timeout", "skipped"]
     assert report["steps"][0]["limit_s"] == 6
+
+
+def test_the_command_itself_refuses_without_cuda(tmp_path):
+    """The real entry point, as `make gpu-check` runs it, where no GPU is visible: status 2, the message,
+    no traceback, nothing measured or written."""
+    env = {**os.environ, "CUDA_VISIBLE_DEVICES": ""}  # no GPU, even on a GPU node
+    proc = subprocess.run([sys.executable, "-m", "bert_repro.benchmarks.gpu_check", "--out", str(tmp_path)],
+                          capture_output=True, text=True, env=env, timeout=300)
+    assert proc.returncode == 2
+    assert "needs a CUDA GPU" in proc.stderr and "Traceback" not in proc.stderr
+    assert proc.stdout == "" and not list(tmp_path.iterdir())
+
+
+def test_the_cpu_reference_says_how_it_was_made_and_the_mrpc_step_reads_it(monkeypatch, tmp_path):
+    """--cpu-reference-run (the training run mocked) writes the accuracy with its command, CPU, torch and
+    date; the MRPC step compares against that file, by default the committed one."""
+    def fake_run(command, **kwargs):
+        folder = Path(next(a for a in command if a.startswith("hydra.run.dir=")).split("=", 1)[1])
+        assert "trainer=cpu" in command and "trainer=gpu" not in command
+        folder.mkdir(parents=True, exist_ok=True)
+        final = {"val/acc": 0.8, "val/f1": 0.86}
+        results = {"status": "complete", "wall_time_s": 5.0, "metrics": {"final": final}}
+        (folder / "results.json").write_text(json.dumps(results))
+        return subprocess.CompletedProcess(command, 0)
+
+    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    out = tmp_path / "gpu" / "mrpc_cpu_reference.json"
+    assert gpu_check.main(["--cpu-reference-run", "--cpu-reference", str(out)]) == 0
+    reference = json.loads(out.read_text())
+    assert reference["acc"] == 0.8 and reference["precision"] == "fp32"
+    assert reference["torch"] == torch.__version__ and reference["device"] == "cpu"
+    assert reference["cpu_model"] and reference["date"] and "task=mrpc" in reference["train_command"]
+    assert gpu_check.compare_mrpc({"final": {"val/acc": 0.805}}, out)["within_1_point"]
+    assert not gpu_check.compare_mrpc({"final": {"val/acc": 0.78}}, out)["within_1_point"]
+    committed = Path(__file__).parent.parent / gpu_check.CPU_REFERENCE  # what `make gpu-check` reads
+    assert committed.is_file(), f"{committed}: run --cpu-reference-run and commit it"
+    assert {"acc", "command", "cpu_model", "torch", "date"} <= json.loads(committed.read_text()).keys()

@@ -136,7 +136,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         optim["resume_step"] = None
     speed = {"kernels": bool(cfg.speed.fast_kernels), "unpad": bool(cfg.speed.unpad),
              "activation_checkpointing": bool(cfg.speed.activation_checkpointing),
-             "pack": bool(cfg.speed.pack)}  # speed.SpeedOptions: how fast, never what is computed
+             "pack": bool(cfg.speed.pack),
+             "attention": str(cfg.speed.attention)}  # speed.SpeedOptions: how fast, never what is computed
     module = instantiate(cfg.module, model=model_cfg, optim=optim, vocab=vocab, lowercase=lowercase,
                          speed=speed, _convert_="all")
     missing_heads = module.load_pretrained(loaded) if loaded is not None else []

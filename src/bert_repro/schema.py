@@ -39,6 +39,7 @@ class SpeedConfig:
     unpad: bool = False
     fast_kernels: bool = True
     pack: bool = False
+    attention: str = "auto"
     activation_checkpointing: bool = False
     peak_tflops: float | None = None
     num_workers: int = 0

@@ -26,6 +26,7 @@ import argparse
 import csv
 import json
 import math
+import platform
 import re
 import subprocess
 import sys
@@ -320,18 +321,40 @@ def check(out_dir: Path, budget_s: float, plan: list[Step], device: str) -> Path
     return path
 
 
+def cpu_model() -> str:
+    """The CPU's name as lscpu shows it (/proc/cpuinfo), else what the platform module knows."""
+    cpuinfo = Path("/proc/cpuinfo")
+    if cpuinfo.is_file():
+        for line in cpuinfo.read_text().splitlines():
+            if line.startswith("model name"):
+                return line.split(":", 1)[1].strip()
+    return platform.processor() or platform.machine()
+
+
 def cpu_reference_run(data: Path, out: Path) -> None:
-    """The fp32 CPU run of the MRPC step (same command, trainer=cpu), for the bf16 comparison."""
+    """The fp32 CPU run of the MRPC step (same command, trainer=cpu), for the bf16 comparison; the file
+    says how it was made (command, CPU, torch, date), since it is committed and read on another machine."""
     plan = [s for s in steps(data, out) if s.name == "mrpc-bf16"][0]
     with tempfile.TemporaryDirectory(prefix="mrpc-cpu-") as tmp:
         command = [a.replace("trainer=gpu", "trainer=cpu") for a in plan.command(Path(tmp))]
         if subprocess.run(command).returncode != 0:
             raise SystemExit(f"error: the CPU reference run failed: {' '.join(command)}")
-        acc = read_results("", Path(tmp))["final"]["val/acc"]
+        results = read_results("", Path(tmp))
+    reference = {
+        "acc": results["final"]["val/acc"],
+        "final": results["final"],
+        "command": "python -m bert_repro.benchmarks.gpu_check " + " ".join(sys.argv[1:]),
+        "train_command": " ".join(command),
+        "device": "cpu",
+        "cpu_model": cpu_model(),
+        "threads": torch.get_num_threads(),
+        "precision": "fp32",
+        "torch": torch.__version__,
+        "date": datetime.now(timezone.utc).strftime("%Y-%m-%d %H:%M UTC"),
+        "wall_time_s": results["wall_time_s"],
+    }
     out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(
-        json.dumps({"acc": acc, "command": " ".join(command), "device": "cpu", "precision": "fp32"}) + "\n"
-    )
+    out.write_text(json.dumps(reference, indent=2) + "\n")
     print(out)
 
 

@@ -53,7 +53,8 @@ class SpeedOptions:
 class FastLayer(Layer):
     """model.Layer's computation on (..., H) rows, attention by ``attend``: (module, fused qkv (..., 3H)) ->
     context (..., H). With ``positions`` (B, P) only those rows leave: queries there, keys and values at
-    every position (``attend`` then maps (module, q, k, v) in (B, heads, ., head_dim) to the context).
+    every position (``attend`` then maps (module, q (B, heads, P, hd), k, v) to the context): of x (B, T, H)
+    in (B, heads, T, hd), or of the real tokens x (N, H) in (N, heads, hd), ``positions`` then their rows.
     The layer stays a module call, so FSDP's per-layer units and activation checkpointing wrap it."""
 
     def forward(self, x: Tensor, attend: Callable, positions: Tensor | None = None) -> Tensor:
@@ -61,14 +62,20 @@ class FastLayer(Layer):
         if positions is None:
             residual, context = x, attend(a, a.qkv(x))  # (..., H)
         else:
-            (B, T, H), P = x.shape, positions.shape[1]
-            residual = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
+            (B, P), H = positions.shape, x.shape[-1]
+            if x.dim() == 2:  # unpadded
+                residual = x[positions]  # (B, P, H)
+            else:
+                residual = x.gather(1, positions.unsqueeze(-1).expand(-1, -1, H))  # (B, P, H)
             (w_q, w_kv), (b_q, b_kv) = a.qkv.weight.split([H, 2 * H]), a.qkv.bias.split([H, 2 * H])
             q = (
                 F.linear(residual, w_q, b_q).view(B, P, a.num_heads, a.head_dim).transpose(1, 2)
             )  # (B, heads, P, hd)
-            kv = F.linear(x, w_kv, b_kv).view(B, T, 2, a.num_heads, a.head_dim)  # (B, T, 2, heads, hd)
-            k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, heads, T, hd)
+            kv = F.linear(x, w_kv, b_kv).view(*x.shape[:-1], 2, a.num_heads, a.head_dim)  # (.., 2, heads, hd)
+            if x.dim() == 2:
+                k, v = kv.unbind(1)  # 2 x (N, heads, hd)
+            else:
+                k, v = kv.permute(2, 0, 3, 1, 4).unbind(0)  # 2 x (B, heads, T, hd)
             context = attend(a, q, k, v).transpose(1, 2).reshape(B, P, H)  # (B, P, H)
         x = a.LayerNorm(residual + a.dropout(a.dense(context)))
         return self.LayerNorm(x + self.dropout(self.output(F.gelu(self.intermediate(x)))))
@@ -138,8 +145,14 @@ class FastBertModel(BertModel):
             mask = attention_mask_for_sdpa(attention_mask, self.config.causal, T)
         hidden_states = [x if packed is None else packed.pad(x)] if output_hidden_states else None
         for i, layer in enumerate(self.encoder.layer):
-            if output_positions is not None and i == len(self.encoder.layer) - 1:
-                if packed is not None:  # the sparse last layer reads keys and values in place
+            last = output_positions is not None and i == len(self.encoder.layer) - 1
+            if last and packed is not None and not self.config.causal and packed.num_sequences == B:
+                # the sparse last layer unpadded: keys and values of the N real tokens, queries at positions
+                rows = packed.rows(output_positions)  # (B, P)
+                x = self._checkpointed(layer, x, partial(self._varlen_queries, packed=packed), rows)
+                packed = None  # (B, P, H) from here
+            elif last:
+                if packed is not None:  # causal, or an empty row: the keys and values padded again
                     x, packed = packed.pad(x), None
                 last_mask = sparse_last_mask(attention_mask, self.config.causal, T, output_positions)
                 x = self._checkpointed(
@@ -187,6 +200,22 @@ class FastBertModel(BertModel):
             self.speed.kernels,
         )  # (N, heads, hd)
         return context.flatten(1)  # (N, H)
+
+    def _varlen_queries(self, a, q: Tensor, k: Tensor, v: Tensor, packed: Packed) -> Tensor:
+        """Queries (B, heads, P, hd) of row b over the keys and values (N, heads, hd) of row b's tokens."""
+        B, _, P, _ = q.shape
+        context = varlen_attention(
+            q.transpose(1, 2).flatten(0, 1),  # (B x P, heads, hd)
+            k,
+            v,
+            packed,
+            a.attention_dropout if self.training else 0.0,
+            False,
+            self.speed.attention,
+            self.speed.kernels,
+            queries=Packed.dense(B, P, q.device),
+        )  # (B x P, heads, hd)
+        return context.view(B, P, a.num_heads, a.head_dim).transpose(1, 2)  # (B, heads, P, hd)
 
 
 class FastMLMHead(MLMHead):

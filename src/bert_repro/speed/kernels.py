@@ -101,9 +101,24 @@ class Packed:
         offset = torch.arange(index.numel(), device=index.device) - cu_seqlens[sequence].long()
         return cls(tuple(sequence_ids.shape), index, cu_seqlens, max_len, sequence * max_len + offset)
 
+    @classmethod
+    def dense(cls, batch: int, length: int, device: torch.device) -> Packed:
+        """A full (B, T) grid, one sequence per row: the sparse last layer's queries (B, P)."""
+        index = torch.arange(batch * length, device=device)
+        cu_seqlens = torch.arange(0, batch * length + 1, length, device=device, dtype=torch.int32)
+        return cls((batch, length), index, cu_seqlens, length, index)
+
     @property
     def num_sequences(self) -> int:
         return self.cu_seqlens.numel() - 1
+
+    def rows(self, positions: Tensor) -> Tensor:
+        """(B, P) positions in the (B, T) batch -> their rows in the packed (N, ...) order. A position at
+        padding (a prediction the prediction mask drops) reads row 0."""
+        B, T = self.shape
+        where = torch.zeros(B * T, dtype=torch.long, device=positions.device)
+        where[self.index] = torch.arange(self.index.numel(), device=positions.device)
+        return where[positions + T * torch.arange(B, device=positions.device)[:, None]]  # (B, P)
 
     def unpad(self, x: Tensor) -> Tensor:
         return x.flatten(0, 1).index_select(0, self.index)  # (B, T, ...) -> (N, ...)
@@ -143,9 +158,15 @@ def varlen_attention(
     causal: bool,
     backend: str = "auto",
     cpu_dropout: bool = True,
+    queries: Packed | None = None,
 ) -> Tensor:
-    """Attention within each packed sequence: q, k, v (N, heads, head_dim) -> (N, heads, head_dim)."""
+    """Attention within each packed sequence: q, k, v (N, heads, head_dim) -> (N, heads, head_dim).
+    ``queries``: where q sits when it is packed apart from k and v (the sparse last layer's (B x P, ...)
+    queries, sequence s over the keys of sequence s; not causal), else ``packed`` as for k and v."""
+    if queries is not None and (causal or queries.num_sequences != packed.num_sequences):
+        raise ValueError("queries packed apart from the keys: one sequence per key sequence, and not causal")
     backend = varlen_backend(backend, q, causal)
+    queries = packed if queries is None else queries
     if backend == "flash":
         from flash_attn import flash_attn_varlen_func
 
@@ -153,21 +174,20 @@ def varlen_attention(
             q,
             k,
             v,
+            queries.cu_seqlens,
             packed.cu_seqlens,
-            packed.cu_seqlens,
-            packed.max_len,
+            queries.max_len,
             packed.max_len,
             dropout_p=dropout_p,
             causal=causal,
         )
     if backend == "nested":
-        offsets = packed.cu_seqlens.long()
-
-        def jagged(x: Tensor) -> Tensor:  # (N, heads, hd) -> (S, heads, j, hd), contiguous as SDPA wants
+        def jagged(x: Tensor, at: Packed) -> Tensor:  # (N, heads, hd) -> (S, heads, j, hd), contiguous
+            offsets = at.cu_seqlens.long()
             return torch.nested.nested_tensor_from_jagged(x.contiguous(), offsets=offsets).transpose(1, 2)
 
         out = F.scaled_dot_product_attention(
-            jagged(q), jagged(k), jagged(v), dropout_p=dropout_p, is_causal=causal
+            jagged(q, queries), jagged(k, packed), jagged(v, packed), dropout_p=dropout_p, is_causal=causal
         )  # (S, heads, j, hd)
         return out.transpose(1, 2).values()  # (N, heads, hd)
     lengths = packed.cu_seqlens.diff()  # padded reference: each sequence in a row of (S, max_len)
@@ -177,6 +197,7 @@ def varlen_attention(
     if causal:
         keys = torch.arange(packed.max_len, device=q.device)
         mask = mask & (keys <= keys[:, None])
-    q, k, v = (packed.grid(x).transpose(1, 2) for x in (q, k, v))  # (S, heads, max_len, hd)
-    out = attention(q, k, v, mask, dropout_p, False, cpu_dropout)  # (S, heads, max_len, hd)
-    return out.transpose(1, 2).flatten(0, 1).index_select(0, packed.slot)  # (N, heads, hd)
+    q = queries.grid(q).transpose(1, 2)  # (S, heads, max query len, hd)
+    k, v = (packed.grid(x).transpose(1, 2) for x in (k, v))  # (S, heads, max_len, hd)
+    out = attention(q, k, v, mask, dropout_p, False, cpu_dropout)  # (S, heads, max query len, hd)
+    return out.transpose(1, 2).flatten(0, 1).index_select(0, queries.slot)  # (N, heads, hd)
