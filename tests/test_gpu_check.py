@@ -8,6 +8,7 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
 import torch
 
 from bert_repro.benchmarks import gpu_check
@@ -80,19 +81,24 @@ def test_the_command_itself_refuses_without_cuda(tmp_path):
     assert proc.stdout == "" and not list(tmp_path.iterdir())
 
 
-def test_the_cpu_reference_says_how_it_was_made_and_the_mrpc_step_reads_it(monkeypatch, tmp_path):
-    """--cpu-reference-run (the training run mocked) writes the accuracy with its command, CPU, torch and
-    date; the MRPC step compares against that file, by default the committed one."""
-    def fake_run(command, **kwargs):
+def _fake_training(final: dict):
+    """subprocess.run for the reference's training run: a results.json with ``final`` in its folder."""
+    def run(command, **kwargs):
         folder = Path(next(a for a in command if a.startswith("hydra.run.dir=")).split("=", 1)[1])
         assert "trainer=cpu" in command and "trainer=gpu" not in command
         folder.mkdir(parents=True, exist_ok=True)
-        final = {"val/acc": 0.8, "val/f1": 0.86}
         results = {"status": "complete", "wall_time_s": 5.0, "metrics": {"final": final}}
         (folder / "results.json").write_text(json.dumps(results))
         return subprocess.CompletedProcess(command, 0)
 
-    monkeypatch.setattr(gpu_check.subprocess, "run", fake_run)
+    return run
+
+
+def test_the_cpu_reference_says_how_it_was_made_and_the_mrpc_step_reads_it(monkeypatch, tmp_path):
+    """--cpu-reference-run (the training run mocked) writes the accuracy with its command, CPU, torch and
+    date; the MRPC step compares against that file, by default the committed one."""
+    final = {"val/acc": 0.8, "val/f1": 0.86, "val/top_class_share": 0.6}
+    monkeypatch.setattr(gpu_check.subprocess, "run", _fake_training(final))
     out = tmp_path / "gpu" / "mrpc_cpu_reference.json"
     assert gpu_check.main(["--cpu-reference-run", "--cpu-reference", str(out)]) == 0
     reference = json.loads(out.read_text())
@@ -104,3 +110,14 @@ def test_the_cpu_reference_says_how_it_was_made_and_the_mrpc_step_reads_it(monke
     committed = Path(__file__).parent.parent / gpu_check.CPU_REFERENCE  # what `make gpu-check` reads
     assert committed.is_file(), f"{committed}: run --cpu-reference-run and commit it"
     assert {"acc", "command", "cpu_model", "torch", "date"} <= json.loads(committed.read_text()).keys()
+
+
+def test_a_cpu_reference_stuck_on_one_class_is_refused(monkeypatch, tmp_path):
+    """A reference that predicts the majority class everywhere (MRPC: 68.4 %) would pass any bf16 run that
+    is stuck too: refused with a message, nothing written."""
+    final = {"val/acc": 0.6838, "val/f1": 0.81, "val/top_class_share": 1.0}
+    monkeypatch.setattr(gpu_check.subprocess, "run", _fake_training(final))
+    out = tmp_path / "mrpc_cpu_reference.json"
+    with pytest.raises(SystemExit, match="predicts one class for every Dev example"):
+        gpu_check.main(["--cpu-reference-run", "--cpu-reference", str(out)])
+    assert not out.exists()
