@@ -1,5 +1,5 @@
-"""src/train.py on CoNLL-2003 end to end (CPU, offline, real eng.* data): fine-tuned with test predictions, and
-feature-based (Table 7), where only the BiLSTM and the classifier may move."""
+"""src/train.py on CoNLL-2003 end to end (CPU, offline, real eng.* data): fine-tuned with test predictions,
+and feature-based (Table 7), where only the BiLSTM and the classifier may move."""
 
 import json
 import sys
@@ -10,8 +10,8 @@ import torch
 
 from .test_glue_e2e import run
 
-COMMON = ["task=conll2003", "model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
-          "data.max_train_examples=48", "optim.max_steps=3"]
+COMMON = ["task=conll2003", "model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false",
+          "data.batch_size=16", "data.max_train_examples=48", "optim.max_steps=3"]
 
 
 def sentences(path, start, count):
@@ -41,23 +41,29 @@ def test_fine_tuned_ner_writes_metrics_and_test_predictions(tmp_path, minilm_dir
     assert {"val/precision", "val/recall", "val/f1", "val/token_acc", "val/loss"} <= set(final)
     assert 0.0 <= final["val/f1"] <= 1.0 and final["val/token_acc"] > 0.3  # O alone is ~83% of words
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 3
-    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
-    assert checkpoint["lowercase"] is True and "uncased vocabulary" in out  # run.py: MiniLM's own casing, with a warning
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu",
+                            weights_only=False)
+    # run.py: MiniLM's own casing, with a warning
+    assert checkpoint["lowercase"] is True and "uncased vocabulary" in out
     lines = (tmp_path / "run" / "test_predictions" / "test.conll").read_text().split("\n")
     gold = [line.split() for line in (conll_dir / "eng.testb").read_text().splitlines()[2:] if line]
     words = [line.split() for line in lines if line]
-    assert len(words) == len(gold) and sum(not line for line in lines) >= 39  # every test word, sentence by sentence
-    assert [w[:2] for w in words] == [[g[0], g[3].replace("I-", "B-") if g[3] != "O" and (i == 0 or gold[i - 1][3][2:]
-                                      != g[3][2:]) else g[3]] for i, g in enumerate(gold)]  # word, gold as IOB2
-    assert {w[2] for w in words} <= {"O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC", "I-MISC"}
+    # every test word, sentence by sentence
+    assert len(words) == len(gold) and sum(not line for line in lines) >= 39
+    assert [w[:2] for w in words] == [[g[0],
+                                       g[3].replace("I-", "B-") if g[3] != "O" and (i == 0 or gold[i - 1][3][2:]
+                                      # word, gold as IOB2
+                                      != g[3][2:]) else g[3]] for i, g in enumerate(gold)]
+    assert {w[2] for w in words} <= {"O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC",
+                                     "I-MISC"}
 
 
 def test_feature_based_ner_trains_only_the_bilstm_and_classifier(tmp_path, minilm_dir, conll_dir):
     from bert_repro.convert import load_checkpoint
 
-    proc, out = run(*COMMON, "ablation=feature_concat_last_four", "ablation.features.lstm_hidden=32", "optim.lr=1e-3",
-                    f"init={minilm_dir}", f"data.conll_dir={conll_dir}", f"paths.cache_dir={tmp_path / 'cache'}",
-                    f"hydra.run.dir={tmp_path / 'run'}")
+    proc, out = run(*COMMON, "ablation=feature_concat_last_four", "ablation.features.lstm_hidden=32",
+                    "optim.lr=1e-3", f"init={minilm_dir}", f"data.conll_dir={conll_dir}",
+                    f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 0, out[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["ablation"] == "feature_concat_last_four" and "val/f1" in results["metrics"]["final"]
@@ -78,12 +84,14 @@ def validate_on_two_ranks(minilm_dir: str, conll_dir: str, out: str) -> None:
     from bert_repro.data.conll import ConllDataModule
     from bert_repro.tasks.tagging import TokenTaggingModule
 
-    shape = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)  # varied tags
+    # varied tags
+    shape = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)
     torch.manual_seed(0)
     state = TokenTaggingModule(shape, {}).state_dict()
     metrics = []
     for devices, strategy in ((1, "auto"), (2, "ddp_fork")):
-        data = ConllDataModule(conll_dir, tokenizer=minilm_dir, lowercase=True, batch_size=4, cache_dir=f"{out}.cache")
+        data = ConllDataModule(conll_dir, tokenizer=minilm_dir, lowercase=True, batch_size=4,
+                               cache_dir=f"{out}.cache")
         module = TokenTaggingModule(shape, {})
         module.load_state_dict(state)
         trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,

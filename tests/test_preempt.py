@@ -32,7 +32,8 @@ def test_signal_saves_exits_cleanly_and_the_rerun_finishes_the_same(uninterrupte
     code, output = start_and_signal(cmd, out, at_step=5, signum=signum)
     assert code == 128 + signum, output[-3000:]
     assert "Traceback" not in output and not (out / "results.json").exists()
-    said = re.search(rf"{signum.name} received: saved (\S+) at step (\d+) and stopped; run the same command again",
+    said = re.search(rf"{signum.name} received: saved (\S+) at step (\d+) and stopped; run the same command "
+                     r"again",
                      output)
     assert said, output[-3000:]
     step = int(said.group(2))

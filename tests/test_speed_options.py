@@ -176,7 +176,8 @@ def test_unpadded_sequence_and_hidden_states_match_at_real_tokens():
         reference = bert(ids, types, mask, output_hidden_states=True)
         out = fast(ids, types, mask, output_hidden_states=True)
     real = mask.bool()
-    torch.testing.assert_close(out.last_hidden_state[real], reference.last_hidden_state[real], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(out.last_hidden_state[real], reference.last_hidden_state[real], atol=1e-5,
+                               rtol=1e-5)
     for got, expected in zip(out.hidden_states, reference.hidden_states, strict=True):
         torch.testing.assert_close(got[real], expected[real], atol=1e-5, rtol=1e-5)
 
@@ -248,7 +249,8 @@ def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal
     assert 0 < int((~keep).sum()) < keep.numel()  # both kept and dropped probabilities were exercised
     torch.testing.assert_close(attention(q, k, v, mask, 0.0, is_causal),  # no dropout: SDPA itself
                                F.scaled_dot_product_attention(q, k, v, attn_mask=mask, is_causal=is_causal))
-    half = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, p, is_causal)  # a bf16 model, no autocast
+    # a bf16 model, no autocast
+    half = attention(q.bfloat16(), k.bfloat16(), v.bfloat16(), mask, p, is_causal)
     assert half.dtype == torch.bfloat16 and torch.isfinite(half.float()).all()
 
 
@@ -284,8 +286,10 @@ def test_dropout_mask_rate_scale_and_dtype(p):
     assert float(mask.mean()) == pytest.approx(1.0, abs=0.02)
     assert float(mask.max()) * (1 - p) == pytest.approx(1.0, abs=1e-4)
     half = dropout_mask(torch.empty(10_000, dtype=torch.bfloat16), p)
-    assert half.dtype == torch.float32 and float(half.max()) == float(mask.max())  # bf16 cannot hold the scale
-    assert float(dropout_mask(torch.empty(5), 0.999999).max()) < float("inf")  # p rounding to 1 still leaves a level
+    # bf16 cannot hold the scale
+    assert half.dtype == torch.float32 and float(half.max()) == float(mask.max())
+    # p rounding to 1 still leaves a level
+    assert float(dropout_mask(torch.empty(5), 0.999999).max()) < float("inf")
 
 
 def test_compiled_model_trains_like_the_eager_one_on_cpu():

@@ -1,5 +1,5 @@
-"""src/train.py on SQuAD v1.1 and v2.0 end to end (CPU, offline, the real fixtures, all-MiniLM-L6-v2 as init=),
-a malformed file through the command line, and Dev scored once per window under DDP."""
+"""src/train.py on SQuAD v1.1 and v2.0 end to end (CPU, offline, the real fixtures, all-MiniLM-L6-v2 as
+init=), a malformed file through the command line, and Dev scored once per window under DDP."""
 
 import json
 import os
@@ -13,14 +13,15 @@ import torch
 from .conftest import REPO
 
 SMALL = ["model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false", "data.max_seq_length=128",
-         "data.doc_stride=32", "data.max_query_length=32", "data.max_train_examples=16", "data.max_dev_examples=16",
-         "data.batch_size=16", "optim.epochs=1"]
+         "data.doc_stride=32", "data.max_query_length=32", "data.max_train_examples=16",
+         "data.max_dev_examples=16", "data.batch_size=16", "optim.epochs=1"]
 
 
 def run(*args, command=None, timeout=600):
     command = command or [sys.executable, str(REPO / "src" / "train.py")]
     env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small runs on a shared 2-core machine
-    proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env)
     return proc, proc.stdout + proc.stderr
 
 
@@ -57,8 +58,8 @@ def test_squad_v1_end_to_end(tmp_path, minilm_dir, shared_data):
 def test_squad_v2_end_to_end(tmp_path, minilm_dir, shared_data):
     run_dir, results = train("squad_v2", tmp_path, minilm_dir, shared_data)
     final = results["metrics"]["final"]
-    assert {"val/exact_match", "val/f1", "val/has_ans_exact", "val/has_ans_f1", "val/no_ans_exact", "val/no_ans_f1",
-            "val/best_f1", "val/best_f1_thresh", "val/null_threshold"} <= set(final)
+    assert {"val/exact_match", "val/f1", "val/has_ans_exact", "val/has_ans_f1", "val/no_ans_exact",
+            "val/no_ans_f1", "val/best_f1", "val/best_f1_thresh", "val/null_threshold"} <= set(final)
     assert final["val/f1"] == pytest.approx(final["val/best_f1"])  # the answers use the tau tuned for F1
     tau = final["val/null_threshold"]
     predictions = json.loads((run_dir / "predictions.json").read_text())
@@ -99,15 +100,15 @@ def validate_on_two_ranks(minilm_dir: str, squad_dir: str, out: str) -> None:
     state = SpanExtractionModule(shape, {}, version=2).state_dict()
     results = []
     for devices, strategy in ((1, "auto"), (2, "ddp_fork")):
-        data = SquadDataModule(2, squad_dir=squad_dir, tokenizer=minilm_dir, cache_dir=f"{out}.cache", batch_size=4,
-                               max_seq_length=64, doc_stride=16, max_query_length=16, max_dev_examples=7,
-                               max_train_examples=1)
+        data = SquadDataModule(2, squad_dir=squad_dir, tokenizer=minilm_dir, cache_dir=f"{out}.cache",
+                               batch_size=4, max_seq_length=64, doc_stride=16, max_query_length=16,
+                               max_dev_examples=7, max_train_examples=1)
         data.setup()  # here, so the parent process knows the windows too (ddp_fork's ranks are its children)
         module = SpanExtractionModule(shape, {}, version=2)
         module.load_state_dict(state)
         root = f"{out}.{devices}"
-        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False, default_root_dir=root,
-                            enable_progress_bar=False, enable_model_summary=False)
+        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
+                            default_root_dir=root, enable_progress_bar=False, enable_model_summary=False)
         metrics = trainer.validate(module, datamodule=data, verbose=False)[0]
         results.append({"metrics": metrics, "windows": len(data.datasets["dev"]),
                         "predictions": json.loads(Path(root, "nbest_predictions.json").read_text())})
@@ -118,7 +119,8 @@ def test_dev_windows_are_scored_once_under_ddp(tmp_path, minilm_dir, shared_data
     """An odd number of Dev windows on 2 ranks: Lightning's sampler repeats one; the module drops the repeat."""
     out = tmp_path / "metrics.json"
     code = "import sys; from tests.test_squad_e2e import validate_on_two_ranks as v; v(*sys.argv[1:])"
-    proc, log = run("-c", code, str(minilm_dir), str(shared_data / "squad_v2"), str(out), command=[sys.executable])
+    proc, log = run("-c", code, str(minilm_dir), str(shared_data / "squad_v2"), str(out),
+                    command=[sys.executable])
     assert proc.returncode == 0, log[-3000:]
     single, ddp = json.loads(out.read_text())
     assert single["windows"] % 2 == 1 and single["windows"] > 7  # several windows per question, one repeated
