@@ -2,12 +2,12 @@
 and feature-based (Table 7), where only the BiLSTM and the classifier may move."""
 
 import json
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
+from .helpers import VARIED, call_in_new_process, validate_on_one_and_two_ranks
 from .test_glue_e2e import run
 
 COMMON = ["task=conll2003", "model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false",
@@ -79,34 +79,22 @@ def test_feature_based_ner_trains_only_the_bilstm_and_classifier(tmp_path, minil
 
 def validate_on_two_ranks(minilm_dir: str, conll_dir: str, out: str) -> None:
     """Dev metrics of one set of weights on 1 process and on 2 DDP ranks (CPU, gloo), written to ``out``."""
-    import lightning as L
-
     from bert_repro.data.conll import ConllDataModule
     from bert_repro.tasks.tagging import TokenTaggingModule
 
-    # varied tags
-    shape = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)
-    torch.manual_seed(0)
-    state = TokenTaggingModule(shape, {}).state_dict()
-    metrics = []
-    for devices, strategy in ((1, "auto"), (2, "ddp_fork")):
-        data = ConllDataModule(conll_dir, tokenizer=minilm_dir, lowercase=True, batch_size=4,
-                               cache_dir=f"{out}.cache")
-        module = TokenTaggingModule(shape, {})
-        module.load_state_dict(state)
-        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        metrics.append(trainer.validate(module, datamodule=data, verbose=False)[0])
-    Path(out).write_text(json.dumps(metrics))
+    runs = validate_on_one_and_two_ranks(
+        lambda: TokenTaggingModule(VARIED, {}),
+        lambda: ConllDataModule(conll_dir, tokenizer=minilm_dir, lowercase=True, batch_size=4,
+                                cache_dir=f"{out}.cache"), out)
+    Path(out).write_text(json.dumps([metrics for metrics, _, _ in runs]))
 
 
 def test_dev_metrics_under_ddp_count_each_sentence_once(tmp_path, minilm_dir, conll_dir):
     """121 dev sentences (an odd number of windows) on two ranks score exactly as on one process."""
     (conll_dir / "eng.testa").write_text(sentences(conll_dir / "eng.train", 0, 121))
     out = tmp_path / "metrics.json"
-    code = "import sys; from tests.test_conll_e2e import validate_on_two_ranks as v; v(*sys.argv[1:])"
-    proc, log = run("-c", code, str(minilm_dir), str(conll_dir), str(out), command=[sys.executable])
-    assert proc.returncode == 0, log[-3000:]
+    call_in_new_process("tests.test_conll_e2e.validate_on_two_ranks", str(minilm_dir), str(conll_dir),
+                        str(out))
     single, ddp = json.loads(out.read_text())
     assert 0.0 < single["val/f1"] < 1.0 and single["val/token_acc"] < 0.9  # predictions vary
     for name in ("val/f1", "val/precision", "val/recall", "val/token_acc", "val/loss"):

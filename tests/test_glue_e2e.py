@@ -14,14 +14,14 @@ import torch
 from bert_repro import select
 
 from .conftest import REPO
+from .helpers import VARIED, call_in_new_process, validate_on_one_and_two_ranks
 
 TINY = ["model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
         "data.max_train_examples=64", "optim.epochs=1"]
 
 
-def run(*args, module=None, command=None, timeout=600):
-    command = command or ([sys.executable, "-m", module] if module else [sys.executable,
-                                                                         str(REPO / "src" / "train.py")])
+def run(*args, module=None, timeout=600):
+    command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
     # small models; a busy 2-core machine oversubscribes two threads
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
@@ -109,34 +109,21 @@ def test_mnli_two_dev_sets_and_ax(tmp_path, minilm_dir, shared_data):
 
 def validate_on_two_ranks(minilm_dir: str, glue_dir: str, out: str) -> None:
     """Dev metrics of one set of weights on 1 process and on 2 DDP ranks (CPU, gloo), written to ``out``."""
-    import lightning as L
-
     from bert_repro.data.glue import GlueDataModule
     from bert_repro.tasks.classification import SequenceClassificationModule
 
-    # varied predictions
-    shape = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)
-    torch.manual_seed(0)
-    state = SequenceClassificationModule(shape, {}, "rte", 2).state_dict()
-    metrics = []
-    for devices, strategy in ((1, "auto"), (2, "ddp_fork")):
-        data = GlueDataModule("rte", glue_dir=glue_dir, tokenizer=minilm_dir, cache_dir=f"{out}.cache",
-                              batch_size=16)
-        module = SequenceClassificationModule(shape, {}, "rte", 2)
-        module.load_state_dict(state)
-        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        metrics.append(trainer.validate(module, datamodule=data, verbose=False)[0])
-    Path(out).write_text(json.dumps(metrics))
+    runs = validate_on_one_and_two_ranks(
+        lambda: SequenceClassificationModule(VARIED, {}, "rte", 2),
+        lambda: GlueDataModule("rte", glue_dir=glue_dir, tokenizer=minilm_dir, cache_dir=f"{out}.cache",
+                               batch_size=16), out)
+    Path(out).write_text(json.dumps([metrics for metrics, _, _ in runs]))
 
 
 def test_dev_metrics_under_ddp_count_each_example_once(tmp_path, minilm_dir, shared_data):
     """RTE dev has 277 rows: a sampler that evens out the ranks would score one twice; ours scores each once."""
     out = tmp_path / "metrics.json"
-    code = "import sys; from tests.test_glue_e2e import validate_on_two_ranks as v; v(*sys.argv[1:])"
-    proc, log = run("-c", code, str(minilm_dir), str(shared_data / "glue"), str(out),
-                    command=[sys.executable])
-    assert proc.returncode == 0, log[-3000:]
+    call_in_new_process("tests.test_glue_e2e.validate_on_two_ranks", str(minilm_dir),
+                        str(shared_data / "glue"), str(out))
     single, ddp = json.loads(out.read_text())
     # predictions vary, so a repeated example would move the numbers
     assert single["val/top_class_share"] < 0.9

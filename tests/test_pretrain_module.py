@@ -6,6 +6,8 @@ import torch
 from bert_repro.tasks.base import decay_groups, linear_warmup_decay
 from bert_repro.tasks.pretrain import PretrainModule
 
+from .helpers import pretrain_losses
+
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
             attention_dropout=0.0)
 OPTIM = dict(lr=1e-3, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=2, warmup_ratio=None)
@@ -28,15 +30,7 @@ def batch(B=4, T=16, P=3, vocab=64, pad_last=4, seed=0):
 
 
 def overfit(module, b, steps=60):
-    opt = torch.optim.AdamW(module.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(steps):
-        loss = module._step(b, "train")
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return pretrain_losses(module, [b] * steps, lr=3e-3)
 
 
 @pytest.fixture(autouse=True)

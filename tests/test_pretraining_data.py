@@ -1,5 +1,6 @@
 """Pre-training data: documents, NSP pairing, masked-LM corruption and the DataModule, on real text."""
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from bert_repro.data.pretraining import PretrainDataModule
 from bert_repro.tokenization import save_vocab, train_wordpiece, vocab_list
 
 from .conftest import SHARED
+from .helpers import pretrain_losses
 
 TEXT = SHARED / "pretrain_text"
 MAX_SEQ = 128
@@ -358,15 +360,7 @@ def test_same_seed_same_first_losses(small_corpus, tmp_path, monkeypatch):
         module = PretrainModule(model=dict(vocab_size=len(dm.vocab), hidden_size=32, num_layers=2,
                                            num_heads=2),
                                 optim={})
-        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
-        losses = []
-        for _, batch in zip(range(3), dm.train_dataloader()):
-            loss = module._step(batch, "train")
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-        return losses
+        return pretrain_losses(module, itertools.islice(dm.train_dataloader(), 3), lr=1e-3)
 
     first = first_losses("a", 5)
     assert first == first_losses("b", 5)  # a fresh cache: everything rebuilt

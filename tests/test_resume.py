@@ -67,12 +67,16 @@ def final(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("resume")
-    proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN))
+def full_run(tmp: Path, overrides: list[str]) -> tuple[Path, dict]:
+    """The uninterrupted run to compare with, in ``tmp``/full: ``tmp`` and its results.json."""
+    proc = run(command(tmp / "full", tmp / "cache", *overrides))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp, final(tmp / "full")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return full_run(tmp_path_factory.mktemp("resume"), PRETRAIN)
 
 
 def test_sigkill_mid_epoch_then_same_command_gives_the_same_result(uninterrupted):

@@ -28,6 +28,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
+from bert_repro.keys import flatten
 
 log = logging.getLogger(__name__)
 
@@ -146,8 +147,8 @@ class SameRun(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.strict:
             return
-        saved = _flatten(state_dict.get("settings") or {})
-        now = _flatten(self.settings)
+        saved = flatten(state_dict.get("settings") or {})
+        now = flatten(self.settings)
         differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
         if differ:
             shown = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in differ[:6])
@@ -159,16 +160,6 @@ class SameRun(L.Callback):
 
 class ResumeMismatch(ValueError):
     pass
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 # -- numerical guard ---------------------------------------------------------------------------------

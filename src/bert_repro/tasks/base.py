@@ -97,6 +97,12 @@ class BertTaskModule(L.LightningModule):
             log.warning("init=%s has no weights for %s: randomly initialised", path, ", ".join(heads))
         return heads
 
+    def record_epoch(self, extra: dict[str, Any] | None = None) -> None:
+        """Appends this epoch's row to ``history``: the step, the dev metrics logged (``val/``) and
+        ``extra``."""
+        dev = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
+        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **dev, **(extra or {})})
+
     # -- checkpoints carry the vocabulary --------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["vocab"] = self.vocab

@@ -86,10 +86,8 @@ class SequenceClassificationModule(BertTaskModule):
         self.train_real_tokens.reset()
         self.train_padded_tokens.reset()
         self.log("train/padding_waste", waste, sync_dist=True)  # from synced sums: the same on every rank
-        dev = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
-        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **dev,
-                             "train/padding_waste": waste, "train/real_tokens": int(real),
-                             "train/padded_tokens": int(padded)})
+        self.record_epoch({"train/padding_waste": waste, "train/real_tokens": int(real),
+                           "train/padded_tokens": int(padded)})
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         logits = self(batch)

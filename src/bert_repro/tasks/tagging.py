@@ -94,8 +94,7 @@ class TokenTaggingModule(BertTaskModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        dev = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
-        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **dev})
+        self.record_epoch()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits, labels = self(batch), batch["labels"]
