@@ -22,7 +22,8 @@ def sentences(path, start, count):
 
 @pytest.fixture
 def conll_dir(tmp_path, shared_data):
-    """Train, dev and test cut from the real eng.train and eng.testa (eng.testb is held out of shared/data)."""
+    """Train, dev and test cut from the real eng.train and eng.testa (eng.testb is held out of
+    shared/data)."""
     folder = tmp_path / "conll"
     folder.mkdir()
     (folder / "eng.train").write_text(sentences(shared_data / "conll2003" / "eng.train", 0, 300))

@@ -141,7 +141,8 @@ def test_none_ablation_fine_tunes_and_bad_settings_are_refused():
 
 
 def test_table5_heads_causal_and_bilstm():
-    """LTR & No NSP keeps its left-only attention when tagging; + BiLSTM adds a BiLSTM over the token outputs."""
+    """LTR & No NSP keeps its left-only attention when tagging; + BiLSTM adds a BiLSTM over the token
+    outputs."""
     torch.manual_seed(0)
     causal = TokenTaggingModule({**SHAPE, "causal": True}, OPTIM).eval()
     batch = batch_of()

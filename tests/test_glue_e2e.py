@@ -120,7 +120,8 @@ def validate_on_two_ranks(minilm_dir: str, glue_dir: str, out: str) -> None:
 
 
 def test_dev_metrics_under_ddp_count_each_example_once(tmp_path, minilm_dir, shared_data):
-    """RTE dev has 277 rows: a sampler that evens out the ranks would score one twice; ours scores each once."""
+    """RTE dev has 277 rows: a sampler that evens out the ranks would score one twice; ours scores each
+    once."""
     out = tmp_path / "metrics.json"
     call_in_new_process("tests.test_glue_e2e.validate_on_two_ranks", str(minilm_dir),
                         str(shared_data / "glue"), str(out))

@@ -44,7 +44,8 @@ def saved_step(out: Path) -> int:
 
 
 def start_and_signal(cmd: list[str], out: Path, at_step: int, signum: int, timeout: float = 400):
-    """Start ``cmd``, send ``signum`` once a checkpoint of step >= ``at_step`` exists; the finished process."""
+    """Start ``cmd``, send ``signum`` once a checkpoint of step >= ``at_step`` exists; the finished
+    process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
     proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
                             env=env)
@@ -112,7 +113,8 @@ def test_rerunning_a_finished_command_changes_nothing(uninterrupted):
 
 
 def test_other_settings_do_not_resume_a_folders_checkpoint(uninterrupted):
-    """The folder's last.ckpt belongs to its command: a different one landing there is refused, not mixed in."""
+    """The folder's last.ckpt belongs to its command: a different one landing there is refused, not mixed
+    in."""
     tmp, full = uninterrupted
     before = (tmp / "full" / "results.json").read_bytes()
     proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN, "optim.lr=1e-3"))

@@ -108,7 +108,8 @@ def validate_on_two_ranks(minilm_dir: str, squad_dir: str, out: str) -> None:
 
 
 def test_dev_windows_are_scored_once_under_ddp(tmp_path, minilm_dir, shared_data):
-    """An odd number of Dev windows on 2 ranks: Lightning's sampler repeats one; the module drops the repeat."""
+    """An odd number of Dev windows on 2 ranks: Lightning's sampler repeats one; the module drops the
+    repeat."""
     out = tmp_path / "metrics.json"
     call_in_new_process("tests.test_squad_e2e.validate_on_two_ranks", str(minilm_dir),
                         str(shared_data / "squad_v2"), str(out))

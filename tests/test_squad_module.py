@@ -44,7 +44,8 @@ def changed_logits(module):
 
 
 def test_ltr_stays_left_to_right_and_bilstm_reads_right_context():
-    """Table 5: "LTR & No NSP" keeps the left-only constraint at fine-tuning; "+ BiLSTM" adds right context."""
+    """Table 5: "LTR & No NSP" keeps the left-only constraint at fine-tuning; "+ BiLSTM" adds right
+    context."""
     torch.manual_seed(0)
     assert changed_logits(SpanExtractionModule(TINY, {}, version=1).eval())  # bidirectional
     assert not changed_logits(SpanExtractionModule({**TINY, "causal": True}, {}, version=1).eval())
@@ -79,7 +80,8 @@ def test_null_threshold_travels_in_the_checkpoint():
 
 @pytest.mark.parametrize("task, version, epochs, batch", [("squad_v1", 1, 3, 32), ("squad_v2", 2, 2, 48)])
 def test_task_configs_build_the_module_with_the_paper_defaults(task, version, epochs, batch):
-    """conf/task/squad_*.yaml: §4.2 / v2 §4.3 hyper-parameters; ablation=ltr_no_nsp_bilstm reaches the module."""
+    """conf/task/squad_*.yaml: §4.2 / v2 §4.3 hyper-parameters; ablation=ltr_no_nsp_bilstm reaches the
+    module."""
     from hydra.utils import instantiate
 
     from .test_config import compose_cfg, resolved

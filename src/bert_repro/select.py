@@ -149,7 +149,8 @@ def restart_spread(runs: list[dict], entry: dict, name: str) -> dict | None:
 
 
 def table1_scores(entries: list[dict]) -> list[dict]:
-    """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE average."""
+    """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE
+    average."""
     from bert_repro.data.glue import (
         GLUE_TASKS,  # here, not at the top: the table collector must not load torch
     )
@@ -209,7 +210,8 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
 
 
 def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
-    """Test predictions of a finished run's final weights (checkpoints/last.ckpt), in its test_predictions/."""
+    """Test predictions of a finished run's final weights (checkpoints/last.ckpt), in its
+    test_predictions/."""
     import lightning as L
     from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf

@@ -161,7 +161,8 @@ def _windows(batch: dict, tokenizer: Tokenizer, max_seq_length: int, document_co
 
 
 class TagCollator:
-    """Pads a batch of windows to its longest: input ids with [PAD], labels with -100, word indices with -1."""
+    """Pads a batch of windows to its longest: input ids with [PAD], labels with -100, word indices with
+    -1."""
 
     def __call__(self, rows: list[dict]) -> dict:
         inputs = pad_inputs([r["input_ids"] for r in rows])  # one segment: token types all 0

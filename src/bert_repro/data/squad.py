@@ -110,7 +110,8 @@ def read_squad_json(path: str | Path, version: int) -> list[dict]:
 
 # -- windows -----------------------------------------------------------------------------------------
 def window_starts(num_tokens: int, budget: int, doc_stride: int) -> list[int]:
-    """First passage token of each window: every doc_stride tokens until one reaches the end (run_squad.py)."""
+    """First passage token of each window: every doc_stride tokens until one reaches the end
+    (run_squad.py)."""
     starts, start = [0], 0
     while start + budget < num_tokens:
         start += min(budget, doc_stride)

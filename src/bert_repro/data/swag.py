@@ -37,7 +37,8 @@ def _key(*parts) -> str:
 
 
 def _examples(batch: dict, indices: list[int], where: str, labelled: bool) -> dict:
-    """CSV / Hub rows -> context, the four endings (sent2 + " " + ending_i), label (-1 unlabelled), id, row."""
+    """CSV / Hub rows -> context, the four endings (sent2 + " " + ending_i), label (-1 unlabelled), id,
+    row."""
     out: dict[str, list] = {"context": [], "endings": [], "label": [], "idx": [], "row": []}
     for r, i in enumerate(indices):
         out["context"].append(batch["sent1"][r])

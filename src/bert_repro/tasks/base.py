@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int):
-    """lr factor: linear warm-up to 1 over ``warmup_steps``, then linear decay to 0 at ``total_steps`` (§3.4)."""
+    """lr factor: linear warm-up to 1 over ``warmup_steps``, then linear decay to 0 at ``total_steps``
+    (§3.4)."""
 
     def factor(step: int) -> float:
         if step < warmup_steps:
