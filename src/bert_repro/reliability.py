@@ -43,7 +43,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     safe to read (``weights_only=True``). Lightning's own save goes through a temporary file in /tmp that
     is moved, which is a copy, not a rename, when /tmp is another file system."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path,
+                        storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -63,7 +64,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             os.close(folder)
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+    def load_checkpoint(self, path: str | Path, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict:
         if not Path(path).is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         return safe_load(path, map_location=map_location or "cpu")
@@ -241,5 +243,6 @@ class Preemption(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
         self._restore()

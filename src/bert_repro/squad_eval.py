@@ -201,7 +201,8 @@ def apply_threshold(predictions: dict[str, Prediction], tau: float) -> dict[str,
     return {q: p.text if p.null_odds is None or p.null_odds <= tau else "" for q, p in predictions.items()}
 
 
-def score(answers: dict[str, list[str]], predictions: dict[str, Prediction], version: int) -> tuple[dict, dict, float | None]:
+def score(answers: dict[str, list[str]], predictions: dict[str, Prediction],
+          version: int) -> tuple[dict, dict, float | None]:
     """Metrics (val/ names without the prefix), the final answers and, for v2.0, the tuned threshold tau."""
     if version == 1:
         final = {q: p.text for q, p in predictions.items()}
@@ -224,7 +225,8 @@ def score(answers: dict[str, list[str]], predictions: dict[str, Prediction], ver
     return metrics, final, tau
 
 
-def write_prediction_files(out_dir: str | Path, final: dict[str, str], predictions: dict[str, Prediction]) -> list[Path]:
+def write_prediction_files(out_dir: str | Path, final: dict[str, str],
+                           predictions: dict[str, Prediction]) -> list[Path]:
     """predictions.json, nbest_predictions.json and (v2.0) null_odds.json, as the released run_squad.py."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)

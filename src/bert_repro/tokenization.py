@@ -155,7 +155,8 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
         raise ValueError(f"{path}: {err}") from err
 
 
-def fine_tuning_tokenizer(path: str | Path | list[str] | None, lowercase: bool, task: str, pad_id: int = 0) -> tuple[Tokenizer, list[str]]:
+def fine_tuning_tokenizer(path: str | Path | list[str] | None, lowercase: bool, task: str,
+                          pad_id: int = 0) -> tuple[Tokenizer, list[str]]:
     """The pre-trained model's tokenizer for fine-tuning ``task``, and its vocabulary: it must exist (init=
     brings it, or data.tokenizer names it) and hold [PAD] at ``pad_id``, [CLS] and [SEP], which every task's
     inputs use."""

@@ -81,7 +81,8 @@ def make_batch(config: BertConfig, batch: int, seq: int, masked: int, device: st
     return {k: v.to(device) for k, v in tensors.items()}
 
 
-def our_step(model: BertForPreTraining, b: dict[str, torch.Tensor], objective: str = "mlm_nsp") -> torch.Tensor:
+def our_step(model: BertForPreTraining, b: dict[str, torch.Tensor],
+             objective: str = "mlm_nsp") -> torch.Tensor:
     """The call PretrainModule makes: ([CLS] and) the predicted positions leave the last layer, real ones are
     scored."""
     if objective == "ltr":  # position t predicts token t + 1 (PretrainModule._predictions)

@@ -133,7 +133,8 @@ def max_context(starts: list[int], num_tokens: int, budget: int) -> np.ndarray:
     return best[None, :] == np.arange(len(starts))[:, None]
 
 
-def char_to_token_span(offsets: list[tuple[int, int]], start_char: int, end_char: int) -> tuple[int, int] | None:
+def char_to_token_span(offsets: list[tuple[int, int]], start_char: int,
+                       end_char: int) -> tuple[int, int] | None:
     """The smallest run of tokens covering characters [start_char, end_char), from the tokens' (start, end)
     character offsets; None when no token overlaps them (an answer of whitespace or dropped characters)."""
     ends = [end for _, end in offsets]

@@ -123,7 +123,8 @@ class BertTaskModule(L.LightningModule):
         o = self.optim
         groups = decay_groups(self, o["weight_decay"])
         # the fused kernel is the same AdamW update in one pass over the parameters (speed, not science)
-        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                    for g in groups for p in g["params"])
         optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
                                       fused=fused or None)
         # The schedule's length: this run's optimizer steps, or `schedule_steps` when the run is one part of a

@@ -37,7 +37,8 @@ class MultipleChoiceModule(BertTaskModule):
         """Scores (B, N) of the N candidate sequences of each example, from input_ids (B, N, T)."""
         B, N, T = batch["input_ids"].shape
         if N != self.num_choices:
-            raise ValueError(f"batch has {N} choices per example; the module was built for {self.num_choices}")
+            raise ValueError(f"batch has {N} choices per example; the module was built for "
+                             f"{self.num_choices}")
         flat = {k: batch[k].reshape(B * N, T) for k in ("input_ids", "token_type_ids", "attention_mask")}
         return self.model(flat["input_ids"], flat["token_type_ids"], flat["attention_mask"]).view(B, N)
 

@@ -71,8 +71,9 @@ class TokenTaggingModule(BertTaskModule):
         super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         if features is not None and bilstm:
-            raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the feature-based "
-                             "ablation (features=...) already reads the frozen encoder through its own BiLSTM")
+            raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the "
+                             "feature-based ablation (features=...) already reads the frozen encoder through "
+                             "its own BiLSTM")
         self.labels = tuple(labels) if labels else CONLL2003_LABELS
         K = len(self.labels)
         self.model = accelerate(FeatureTagger(self.config, K, **features) if features is not None
