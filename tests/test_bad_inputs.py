@@ -17,8 +17,8 @@ from bert_repro.convert import load_checkpoint
 
 from .conftest import REPO
 
-COMMON = ["model=tiny", "scale=smoke", "logger=none", "trainer.enable_progress_bar=false", "data.batch_size=8",
-          "scale.pretrain.vocab_size=2000"]
+COMMON = ["model=tiny", "scale=smoke", "logger=none", "trainer.enable_progress_bar=false",
+          "data.batch_size=8", "scale.pretrain.vocab_size=2000"]
 FAST = [*COMMON, "optim.max_steps=4", "optim.val_check_interval=2", "optim.limit_val_batches=1",
         "data.corpus=builtin:pydoc"]
 
@@ -74,13 +74,15 @@ def good(tmp_path_factory):
     (files / "corpus.txt.gz").write_bytes(gzip.compress(b"A sentence.\nAnother one.\n"))
     sweep = tmp / "collect"
     (sweep / "run0").mkdir(parents=True)
-    (sweep / "run0" / "results.json").write_text('{"status": "complete", "task": "rte", "metrics": {')  # cut short
+    # cut short
+    (sweep / "run0" / "results.json").write_text('{"status": "complete", "task": "rte", "metrics": {')
     return tmp, out, cache, files
 
 
 GLUE = ["task=rte", "optim.epochs=1", "data.max_train_examples=16"]
 
-# (id, arguments (FILES/ROOT/... substituted), module or None for src/train.py, parts the message must contain)
+# (id, arguments (FILES/ROOT/... substituted), module or None for src/train.py, parts the message must
+# contain)
 CASES = [
     ("unknown-task", ["task=nope"], None, ["task/nope", "Available options"]),
     ("unknown-model", ["model=huge"], None, ["model/huge", "Available options"]),
@@ -90,17 +92,20 @@ CASES = [
     ("heads-do-not-divide-hidden", ["model.num_heads=3"], None, ["hidden_size", "num_heads"]),
     ("max-seq-length-above-max-position", ["scale.pretrain.max_seq_length=1024"], None,
      ["data.max_seq_length=1024 exceeds model.max_position=512"]),
-    ("missing-glue-folder", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.glue_dir=/nonexistent/glue"], None,
-     ["/nonexistent/glue/RTE/train.tsv does not exist"]),
-    ("glue-file-wrong-columns", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.files.train=FILES/wrong_columns.tsv",
+    ("missing-glue-folder", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.glue_dir=/nonexistent/glue"],
+     None, ["/nonexistent/glue/RTE/train.tsv does not exist"]),
+    ("glue-file-wrong-columns", [*GLUE, "data.tokenizer=FILES/vocab.txt",
+                                 "data.files.train=FILES/wrong_columns.tsv",
                                  "data.files.dev=FILES/wrong_columns.tsv"], None,
      ["wrong_columns.tsv: no column", "sentence1", "its columns are"]),
     ("glue-released-checkpoint-offline", [*GLUE], None,  # no init=: the released one, not cached offline
      ["is not in the Hugging Face cache", "hf download", "pass init="]),
-    ("squad-answer-outside-context", ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_bad"],
-     None, ["question q1: answer 'far away' at answer_start 500 lies outside its"]),
-    ("conll-malformed-line", ["task=conll2003", "data.tokenizer=FILES/vocab.txt", "data.conll_dir=FILES/conll_bad"],
-     None, ["eng.train line 4: 2 column(s), expected 4"]),
+    ("squad-answer-outside-context",
+     ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_bad"], None,
+     ["question q1: answer 'far away' at answer_start 500 lies outside its"]),
+    ("conll-malformed-line",
+     ["task=conll2003", "data.tokenizer=FILES/vocab.txt", "data.conll_dir=FILES/conll_bad"], None,
+     ["eng.train line 4: 2 column(s), expected 4"]),
     ("glue-file-not-utf8", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.files.train=FILES/latin1.tsv",
                             "data.files.dev=FILES/latin1.tsv"], None,
      ["latin1.tsv line 3: byte 0xe9 is not UTF-8", "iconv"]),
@@ -108,9 +113,11 @@ CASES = [
      ["corpus.txt.gz is gzip-compressed, not text; decompress it first"]),
     ("missing-corpus", ["data.corpus=/nonexistent/corpus.txt"], None, ["/nonexistent/corpus.txt"]),
     ("empty-corpus", ["data.corpus=FILES/empty.txt"], None, ["empty.txt"]),
-    ("vocabulary-checkpoint-mismatch", ["init=ROOT/good/checkpoints/last.ckpt", "data.tokenizer=FILES/small_vocab.txt"],
-     None, ["last.ckpt has a vocabulary of", "the run's tokenizer has 500"]),
-    ("truncated-checkpoint", ["init=FILES/truncated.ckpt"], None, ["truncated.ckpt: not a readable bert_repro Lightning checkpoint with torch.load(weights_only=True)"]),
+    ("vocabulary-checkpoint-mismatch",
+     ["init=ROOT/good/checkpoints/last.ckpt", "data.tokenizer=FILES/small_vocab.txt"], None,
+     ["last.ckpt has a vocabulary of", "the run's tokenizer has 500"]),
+    ("truncated-checkpoint", ["init=FILES/truncated.ckpt"], None,
+     ["truncated.ckpt: not a readable bert_repro Lightning checkpoint with torch.load(weights_only=True)"]),
     ("garbage-checkpoint", ["init=FILES/garbage.ckpt"], None, ["garbage.ckpt"]),
     ("hf-directory-without-weights", ["init=FILES/hf_no_weights"], None,
      ["hf_no_weights: no weights; expected model.safetensors or pytorch_model.bin"]),
@@ -120,7 +127,8 @@ CASES = [
     ("zero-batch-size", ["data.batch_size=0"], None, ["data.batch_size=0: expected a positive number"]),
     ("zero-epochs", [*GLUE, "data.tokenizer=FILES/vocab.txt", "optim.epochs=0"], None,
      ["optim.epochs=0: expected a positive whole number of epochs"]),
-    ("negative-max-steps", ["optim.max_steps=-5"], None, ["optim.max_steps=-5: expected a positive number of steps"]),
+    ("negative-max-steps", ["optim.max_steps=-5"], None,
+     ["optim.max_steps=-5: expected a positive number of steps"]),
     ("resume-checkpoint-does-not-exist", ["ckpt_path=/nonexistent/last.ckpt"], None,
      ["ckpt_path=/nonexistent/last.ckpt does not exist"]),
     ("folder-checkpoint-of-other-settings", ["optim.lr=1e-3"], None,
@@ -130,11 +138,14 @@ CASES = [
     ("fsdp-on-cpu", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true"], None,
      ["trainer=fsdp needs GPUs"]),
     ("collect-malformed-results", ["ROOT/collect"], "bert_repro.select",
-     ["ROOT/collect/run0/results.json is not a results.json as src/train.py writes it", "expected JSON with"]),
-    ("collect-folder-does-not-exist", ["ROOT/nowhere"], "bert_repro.select", ["ROOT/nowhere is not a folder of runs"]),
-    # what `make table5 SCALE=galactic` runs (make would first reinstall the package when pyproject.toml changed)
-    ("table-at-unknown-scale", ["run", "table5", "--scale", "galactic", "--runs-dir", "ROOT/tables"], "bert_repro.tables",
-     ["unknown SCALE 'galactic'; expected one of smoke, budget, paper"]),
+     ["ROOT/collect/run0/results.json is not a results.json as src/train.py writes it",
+      "expected JSON with"]),
+    ("collect-folder-does-not-exist", ["ROOT/nowhere"], "bert_repro.select",
+     ["ROOT/nowhere is not a folder of runs"]),
+    # what `make table5 SCALE=galactic` runs (make would first reinstall the package when pyproject.toml
+    # changed)
+    ("table-at-unknown-scale", ["run", "table5", "--scale", "galactic", "--runs-dir", "ROOT/tables"],
+     "bert_repro.tables", ["unknown SCALE 'galactic'; expected one of smoke, budget, paper"]),
 ]
 
 

@@ -17,7 +17,8 @@ def test_both_sides_compute_the_same_loss(objective):
     torch.manual_seed(0)
     ours = BertForPreTraining(config, nsp=objective == "mlm_nsp").eval()
     hf_kwargs = {k: v for k, v in hf_config(config, REFERENCE[objective]).items() if not k.startswith("bert_repro")}
-    theirs = getattr(transformers, REFERENCE[objective])(transformers.BertConfig(**hf_kwargs, attn_implementation="sdpa"))
+    theirs = getattr(transformers, REFERENCE[objective])(transformers.BertConfig(**hf_kwargs,
+                                                                                 attn_implementation="sdpa"))
     missing, unexpected = theirs.load_state_dict(ours_to_hf(ours.state_dict()), strict=False)
     assert not [k for k in missing if "predictions.decoder." not in k]  # only the tied decoder is not stored
     assert all(k.startswith("bert.pooler") for k in unexpected)  # MaskedLM/LMHead models have no pooler

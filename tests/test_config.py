@@ -35,8 +35,8 @@ def resolved(cfg):
     return OmegaConf.to_container(cfg, resolve=True)
 
 
-@pytest.mark.parametrize("group", ["model", "task", "ablation", "scale", "trainer", "logger", "callbacks", "debug",
-                                   "experiment"])
+@pytest.mark.parametrize("group", ["model", "task", "ablation", "scale", "trainer", "logger", "callbacks",
+                                   "debug", "experiment"])
 def test_every_option_composes(group):
     for name in options(group):
         overrides = [f"{group}={name}"]
@@ -61,7 +61,8 @@ def test_model_configs_build_bert_config(name):
 def test_every_task_of_the_paper_has_a_config():
     paper_tasks = {"pretrain", "mnli", "qqp", "qnli", "sst2", "cola", "stsb", "mrpc", "rte", "wnli",
                    "squad_v1", "squad_v2", "conll2003", "swag"}
-    demo_tasks = {"pydoc_order", "pydoc_next", "pydoc_punct"}  # make demo's offline stand-ins for GLUE (data/pydoc_tasks.py)
+    # make demo's offline stand-ins for GLUE (data/pydoc_tasks.py)
+    demo_tasks = {"pydoc_order", "pydoc_next", "pydoc_punct"}
     assert paper_tasks | demo_tasks == set(options("task"))
 
 
@@ -69,9 +70,12 @@ def test_paper_hyper_parameters_in_task_configs():
     squad2 = resolved(compose_cfg(["task=squad_v2"]))
     assert (squad2["optim"]["lr"], squad2["optim"]["epochs"], squad2["data"]["batch_size"]) == (5e-5, 2, 48)
     mrpc = resolved(compose_cfg(["task=mrpc"]))
-    assert (mrpc["optim"]["epochs"], mrpc["data"]["batch_size"], mrpc["data"]["max_seq_length"]) == (3, 32, 128)
+    assert (mrpc["optim"]["epochs"], mrpc["data"]["batch_size"], mrpc["data"]["max_seq_length"]) == (3, 32,
+                                                                                                     128)
     paper = resolved(compose_cfg(["scale=paper", "data.corpus=/c"]))
-    assert (paper["optim"]["max_steps"], paper["optim"]["warmup_steps"], paper["optim"]["lr"]) == (1_000_000, 10_000, 1e-4)
+    assert (paper["optim"]["max_steps"], paper["optim"]["warmup_steps"], paper["optim"]["lr"]) == (1_000_000,
+                                                                                                   10_000,
+                                                                                                   1e-4)
     assert (paper["data"]["batch_size"], paper["data"]["max_seq_length"]) == (256, 512)
 
 
@@ -110,7 +114,8 @@ def test_misspelled_key_lists_valid_keys():
 
 
 @pytest.mark.e2e
-@pytest.mark.parametrize("target", ["bert_repro.tasks.ranking.RankingModule", "bert_repro_plugins.tasks.Mine"])
+@pytest.mark.parametrize("target",
+                         ["bert_repro.tasks.ranking.RankingModule", "bert_repro_plugins.tasks.Mine"])
 def test_unknown_task_module_fails_clearly(tmp_path, target, minilm_dir):
     out = run_train("task=mrpc", f"module._target_={target}", f"data.tokenizer={minilm_dir}",
                     f"hydra.run.dir={tmp_path}", "logger=none")
@@ -141,12 +146,14 @@ def test_speed_and_place_keys_are_one_declaration():
     kept = science(cfg)
     assert {"trainer", "speed", "paths", "logger", "callbacks", "checkpoint", "ckpt_path", "test"}.isdisjoint(kept)
     assert {"model", "task", "module", "data", "optim", "ablation", "scale", "seed", "init"} <= kept.keys()
-    assert "cache_dir" not in kept["data"] and kept["data"]["group_by_length"] is False  # science: batch makeup
+    # science: batch makeup
+    assert "cache_dir" not in kept["data"] and kept["data"]["group_by_length"] is False
     assert all(is_science(k) for k in flatten(kept))
-    old_layout = {**cfg, "data": {**cfg["data"], "num_workers": 4, "padding": "max_length"}}  # results.json before
+    # results.json before
+    old_layout = {**cfg, "data": {**cfg["data"], "num_workers": 4, "padding": "max_length"}}
     assert _science(old_layout) == _science({**cfg, "seed": 7, "speed": {"unpad": True}})
-    assert run_name(["task=mrpc", "trainer=gpu", "speed.unpad=true", "trainer.devices=2", "+trainer.max_time=9",
-                     "optim.lr=1e-5", "seed=2"]) == "optim.lr=1e-5,seed=2,task=mrpc"
+    assert run_name(["task=mrpc", "trainer=gpu", "speed.unpad=true", "trainer.devices=2",
+                     "+trainer.max_time=9", "optim.lr=1e-5", "seed=2"]) == "optim.lr=1e-5,seed=2,task=mrpc"
     assert run_name(["init=/a", "optim.lr=1e-5"]) != run_name(["init=/b", "optim.lr=1e-5"])
 
 
@@ -170,8 +177,10 @@ def test_vocabulary_is_resolved_once_from_init_or_tokenizer(minilm_dir, tmp_path
 
     base = resolved(compose_cfg(["task=mrpc"]))
     from_init, lower = resolve_vocab(OmegaConf.create({**base, "init": str(minilm_dir)}))
-    from_file, _ = resolve_vocab(OmegaConf.create({**base, "data": {**base["data"], "tokenizer": str(minilm_dir)}}))
-    assert from_init == from_file and len(from_init) == 30522 and from_init[101:104] == ["[CLS]", "[SEP]", "[MASK]"]
+    from_file, _ = resolve_vocab(OmegaConf.create({**base,
+                                                   "data": {**base["data"], "tokenizer": str(minilm_dir)}}))
+    assert from_init == from_file and len(from_init) == 30522 and from_init[101:104] == ["[CLS]", "[SEP]",
+                                                                                         "[MASK]"]
     assert lower is True
     assert resolve_vocab(OmegaConf.create(base)) == (None, True)  # pre-training trains one on its corpus
 
@@ -180,7 +189,8 @@ def test_glue_tasks_compose_on_one_base():
     for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"):
         cfg = resolved(compose_cfg([f"task={name}"]))
         assert cfg["data"]["task"] == name and cfg["task"]["hub"] == {"path": "nyu-mll/glue", "name": name}
-        assert (cfg["optim"]["lr"], cfg["optim"]["epochs"], cfg["data"]["batch_size"]) == (2e-5, 3, 32)  # §4.1
+        # §4.1
+        assert (cfg["optim"]["lr"], cfg["optim"]["epochs"], cfg["data"]["batch_size"]) == (2e-5, 3, 32)
     assert resolved(compose_cfg(["model=L24_H1024_A16"]))["model"] == resolved(compose_cfg(["model=large"]))["model"]
 
 

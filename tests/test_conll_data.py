@@ -45,7 +45,8 @@ def test_read_conll_sentences_documents_and_tags(tmp_path):
     s = read_conll(path)
     assert s["tokens"] == [["EU", "rejects", "German", "call", "."], ["Peter", "Blackburn"],
                            ["Werner", "Zwingmann", "Dutch", "French"]]
-    assert s["tags"][0] == ["B-ORG", "O", "B-MISC", "O", "O"] and s["tags"][2] == ["B-PER", "I-PER", "B-MISC", "B-MISC"]
+    assert s["tags"][0] == ["B-ORG", "O", "B-MISC", "O", "O"] and s["tags"][2] == ["B-PER", "I-PER", "B-MISC",
+                                                                                   "B-MISC"]
     assert s["document"] == [0, 0, 1] and s["line"] == [3, 9, 14]
 
 
@@ -109,7 +110,8 @@ def test_long_sentences_become_windows_each_word_once(tmp_path, minilm_dir, shar
 
 def test_document_context_fills_windows_from_neighbouring_sentences(tmp_path, minilm_dir):
     folder = write_dir(tmp_path)
-    plain = ConllDataModule(str(folder), tokenizer=str(minilm_dir), lowercase=True, cache_dir=str(tmp_path / "c1"))
+    plain = ConllDataModule(str(folder), tokenizer=str(minilm_dir), lowercase=True,
+                            cache_dir=str(tmp_path / "c1"))
     context = ConllDataModule(str(folder), tokenizer=str(minilm_dir), lowercase=True, document_context=True,
                               cache_dir=str(tmp_path / "c2"))
     plain.setup()
@@ -123,7 +125,8 @@ def test_document_context_fills_windows_from_neighbouring_sentences(tmp_path, mi
 
 
 def test_hub_layout_with_class_label_ids(tmp_path, minilm_dir):
-    """The Hub code path (load_dataset), offline: a folder in eriktks/conll2003's layout (IOB2 ids, no documents)."""
+    """The Hub code path (load_dataset), offline: a folder in eriktks/conll2003's layout (IOB2 ids, no
+    documents)."""
     import json
 
     s = read_conll(write_dir(tmp_path) / "eng.train")

@@ -25,18 +25,21 @@ def test_iob1_and_iob2_score_alike_with_conlleval_semantics():
     pred_iob1 = [["I-PER", "I-PER", "I-PER", "O", "I-LOC"], ["I-ORG", "O", "I-MISC", "I-MISC"]]
     raw = entity_scores(gold_iob1, pred_iob1)
     converted = entity_scores([iob1_to_iob2(s) for s in gold_iob1], [iob1_to_iob2(s) for s in pred_iob1])
-    # gold: PER, PER, LOC, ORG, MISC, MISC (6); predicted: PER(3 words), LOC, ORG, MISC(2 words) (4); right: LOC, ORG
+    # gold: PER, PER, LOC, ORG, MISC, MISC (6); predicted: PER(3 words), LOC, ORG, MISC(2 words) (4); right:
+    # LOC, ORG
     assert raw["precision"] == converted["precision"] == pytest.approx(2 / 4)
     assert raw["recall"] == converted["recall"] == pytest.approx(2 / 6)
     assert raw["f1"] == pytest.approx(2 * 0.5 * (1 / 3) / (0.5 + 1 / 3))
-    assert raw["f1"] == pytest.approx(f1_score(gold_iob1, pred_iob1, mode="strict", scheme=IOB1))  # seqeval's IOB1
+    # seqeval's IOB1
+    assert raw["f1"] == pytest.approx(f1_score(gold_iob1, pred_iob1, mode="strict", scheme=IOB1))
     # the mistake this guards against: IOB1 tags read as strict IOB2 lose every entity that opens with I-
     assert f1_score(gold_iob1, pred_iob1, mode="strict", scheme=IOB2) == 0.0
     assert raw["token_acc"] == pytest.approx(7 / 9)
 
 
 def test_entity_metric_counts_each_word_once_and_rebuilds_sentences():
-    """Windows of a sentence arrive in any order, and a repeated window (a distributed sampler's padding) twice."""
+    """Windows of a sentence arrive in any order, and a repeated window (a distributed sampler's padding)
+    twice."""
     per, i_per, o = (CONLL2003_LABELS.index(t) for t in ("B-PER", "I-PER", "O"))
     metric = EntityF1(CONLL2003_LABELS)
     t = torch.tensor
@@ -59,8 +62,8 @@ def batch_of(B=4, T=7, K=None):
     labels[:, 0] = labels[:, -1] = IGNORE
     labels[mask == 0] = IGNORE
     word = torch.where(labels != IGNORE, torch.arange(T).expand(B, T), -1)
-    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask, "labels": labels,
-            "word": word, "sentence": torch.arange(B)}
+    return {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": mask,
+            "labels": labels, "word": word, "sentence": torch.arange(B)}
 
 
 def fit_steps(module, steps=3):
@@ -78,7 +81,8 @@ def test_feature_mode_trains_only_the_bilstm_and_classifier():
     encoder = {k: v.clone() for k, v in module.model.bert.state_dict().items()}
     heads = {k: v.clone() for k, v in module.model.state_dict().items() if not k.startswith("bert.")}
     modes = []
-    module.model.lstm.register_forward_hook(lambda m, i, o: modes.append((module.model.bert.training, m.training)))
+    module.model.lstm.register_forward_hook(lambda m, i, o: modes.append((module.model.bert.training,
+                                                                          m.training)))
     fit_steps(module)
     assert modes == [(False, True)] * 3  # frozen features come without dropout; the BiLSTM trains
     for k, v in module.model.bert.state_dict().items():
@@ -104,7 +108,8 @@ def test_every_table7_row_exists():
 @pytest.mark.parametrize("ablation", FEATURE_ABLATIONS)
 def test_feature_ablation_composes_and_runs(ablation):
     cfg = compose_cfg(["task=conll2003", f"ablation={ablation}", "model=tiny"])
-    assert cfg.ablation.name == ablation and not cfg.ablation.bilstm and cfg.ablation.nsp  # pre-training as none
+    # pre-training as none
+    assert cfg.ablation.name == ablation and not cfg.ablation.bilstm and cfg.ablation.nsp
     assert cfg.ablation.features.lstm_hidden == 768  # §5.4
     features = {**OmegaConf.to_container(cfg.module.features), "lstm_hidden": 8}
     module = TokenTaggingModule(SHAPE, OPTIM, features=features)
@@ -136,7 +141,8 @@ def test_none_ablation_fine_tunes_and_bad_settings_are_refused():
 
 
 def test_table5_heads_causal_and_bilstm():
-    """LTR & No NSP keeps its left-only attention when tagging; + BiLSTM adds a BiLSTM over the token outputs."""
+    """LTR & No NSP keeps its left-only attention when tagging; + BiLSTM adds a BiLSTM over the token
+    outputs."""
     torch.manual_seed(0)
     causal = TokenTaggingModule({**SHAPE, "causal": True}, OPTIM).eval()
     batch = batch_of()

@@ -21,7 +21,8 @@ transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
 
-TINY_HF = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4, intermediate_size=37)
+TINY_HF = dict(vocab_size=99, hidden_size=32, num_hidden_layers=2, num_attention_heads=4,
+               intermediate_size=37)
 VOCAB = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"] + [f"tok{i}" for i in range(94)]
 SENTENCES = [
     ("The cat sat on the mat.", "It was a sunny afternoon in the garden."),
@@ -65,9 +66,11 @@ def assert_same_outputs(ours: BertForPreTraining, theirs, batch, atol=1e-5, head
     mine = ours(**batch, output_hidden_states=True)
     ref = theirs(**batch, output_hidden_states=True)
     assert len(mine.hidden_states) == len(ref.hidden_states)
-    # HF lets padded queries attend to the real keys, as we do, so every position agrees, not just the real ones.
+    # HF lets padded queries attend to the real keys, as we do, so every position agrees, not just the real
+    # ones.
     for layer, (a, b) in enumerate(zip(mine.hidden_states, ref.hidden_states)):
-        torch.testing.assert_close(a, b, atol=atol, rtol=1e-5, msg=lambda m, layer=layer: f"layer {layer}: {m}")
+        torch.testing.assert_close(a, b, atol=atol, rtol=1e-5, msg=lambda m, layer=layer: f"layer {layer}: "
+                                                                                          f"{m}")
     base = getattr(theirs, "bert", theirs)
     torch.testing.assert_close(ours.bert.pooler(mine.last_hidden_state), base.pooler(ref.hidden_states[-1]),
                                atol=atol, rtol=1e-5)
@@ -233,7 +236,8 @@ def test_tf_variable_names_map_to_ours(hf_pretraining, tmp_path, monkeypatch):
     folder.mkdir()
     hf_config = json.loads((path / "config.json").read_text())
     (folder / "bert_config.json").write_text(json.dumps({k: hf_config[k] for k in (
-        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size", "hidden_act",
+        "vocab_size", "hidden_size", "num_hidden_layers", "num_attention_heads", "intermediate_size",
+        "hidden_act",
         "hidden_dropout_prob", "attention_probs_dropout_prob", "max_position_embeddings", "type_vocab_size",
         "initializer_range")}))
     (folder / "bert_model.ckpt.index").write_bytes(b"")
@@ -250,7 +254,8 @@ def test_tf_variable_names_map_to_ours(hf_pretraining, tmp_path, monkeypatch):
 def test_tf_checkpoint_without_tensorflow_says_what_to_install(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "tensorflow", None)  # import tensorflow -> ImportError
     (tmp_path / "bert_config.json").write_text(json.dumps({"vocab_size": 99, "hidden_size": 32,
-                                                            "num_hidden_layers": 1, "num_attention_heads": 4}))
+                                                            "num_hidden_layers": 1,
+                                                           "num_attention_heads": 4}))
     (tmp_path / "bert_model.ckpt.index").write_bytes(b"")
     with pytest.raises(ImportError, match="pip install tensorflow-cpu"):
         load_checkpoint(tmp_path)
@@ -260,7 +265,8 @@ def test_tf_checkpoint_without_tensorflow_says_what_to_install(tmp_path, monkeyp
 
 def test_lightning_checkpoint(tmp_path):
     torch.manual_seed(3)
-    model = BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4), nsp=False)
+    model = BertForPreTraining(BertConfig(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4),
+                               nsp=False)
     ckpt = {"state_dict": {**{f"model.{k}": v for k, v in model.state_dict().items()},
                            "model.classifier.weight": torch.zeros(3, 32)},
             "hyper_parameters": {"model": model.config.to_dict(), "optim": {"lr": 1e-4}},
@@ -309,14 +315,16 @@ def test_corrupt_and_mismatched_checkpoints_name_the_path(hf_pretraining, tmp_pa
         (folder("empty", with_config=False), "not a checkpoint directory"),
         (folder("no_weights"), "no weights; expected model.safetensors or pytorch_model.bin"),
         (folder("wrong_shape", wrong), r"layer\.1\.output\.weight: \(32, 36\) != expected \(32, 37\)"),
-        (folder("missing_layer", no_layer), r"encoder weights missing: \['bert\.encoder\.layer\.1\.output\.bias'"),
+        (folder("missing_layer", no_layer),
+         r"encoder weights missing: \['bert\.encoder\.layer\.1\.output\.bias'"),
         (folder("half_head", half_head), "the mlm head is incomplete"),
         (tmp_path / "nowhere", "no such file or directory"),
     ]
     (tmp_path / "bad.ckpt").write_bytes(b"not a checkpoint")
     cases.append((tmp_path / "bad.ckpt", "not a readable bert_repro Lightning checkpoint"))
     (tmp_path / "gelu_new").mkdir()
-    (tmp_path / "gelu_new" / "config.json").write_text(json.dumps({**json.loads(config), "hidden_act": "gelu_new"}))
+    (tmp_path / "gelu_new" / "config.json").write_text(json.dumps({**json.loads(config),
+                                                                   "hidden_act": "gelu_new"}))
     cases.append((tmp_path / "gelu_new", "the encoder computes only 'gelu'"))
     for bad, message in cases:
         with pytest.raises(CheckpointError, match=message) as err:
@@ -350,7 +358,8 @@ def test_cli_to_hf_and_a_tolerance_that_fails(tmp_path, capsys):
     out = tmp_path / "exported"
     assert main(["to-hf", str(minilm_dir()), str(out)]) == 0
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertModel"]
-    assert not (out / "model.safetensors").read_bytes().count(b"cls.")  # no random heads passed off as weights
+    # no random heads passed off as weights
+    assert not (out / "model.safetensors").read_bytes().count(b"cls.")
     theirs, info = transformers.BertModel.from_pretrained(out, output_loading_info=True)
     assert not any(info[k] for k in ("missing_keys", "unexpected_keys", "mismatched_keys")), info
     assert_same_state(load_checkpoint(out).state_dict, load_checkpoint(minilm_dir()).state_dict)

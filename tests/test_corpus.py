@@ -33,10 +33,12 @@ def _need(path: Path) -> Path:
 
 
 def test_original_format_crlf_and_document_breaks(tmp_path):
-    (tmp_path / "a.txt").write_bytes(b"First one.\r\nSecond one.\r\n\r\n\r\nNext doc.\r\n   \r\nThird doc.\r\n")
+    (tmp_path / "a.txt").write_bytes(b"First one.\r\nSecond one.\r\n\r\n\r\nNext doc.\r\n   \r\nThird "
+                                     b"doc.\r\n")
     (tmp_path / "b.txt").write_text("Only line of b.\n")
     docs = load_documents(str(tmp_path), cache_dir=tmp_path / "cache")
-    assert docs["sentences"] == [["First one.", "Second one."], ["Next doc."], ["Third doc."], ["Only line of b."]]
+    assert docs["sentences"] == [["First one.", "Second one."], ["Next doc."], ["Third doc."],
+                                 ["Only line of b."]]
 
 
 def test_sample_text_reads_as_three_documents(tmp_path):
@@ -148,11 +150,13 @@ Libertarianism is a related philosophy that the article links to at the end."""
 def test_wiki_passages_keep_running_text_only():
     kept = list(wiki_passages(ARTICLE.split("\n")))
     assert kept == [
-        "Anarchism is a political philosophy and movement that is skeptical of all justifications for authority.",
+        "Anarchism is a political philosophy and movement that is skeptical of all justifications for "
+        "authority.",
         "Humans lived in societies without formal hierarchies long before the establishment of states.",
         "During the Neolithic period, people began to settle in villages and form the first states.",
     ]  # headings, list items, table rows and cells, discographies, and everything after "See also" dropped
-    assert is_passage('He was described as " horribly menacing " in the role . " ')  # WikiText's spaced quotes
+    # WikiText's spaced quotes
+    assert is_passage('He was described as " horribly menacing " in the role . " ')
     assert is_passage("In his later poems, he wrote :")  # a passage leading into a quotation
     assert not is_passage("Kid Bass ( Kurt Blankenship ) — bass ( 2015 – current )")
 
@@ -166,7 +170,8 @@ def test_wikitext_articles_are_text_passages_only(tmp_path):
     text = "\n".join(sentences)
     assert "Robert Boulter is an English film , television and theatre actor ." in text
     # lists of the source that must not survive: a discography, a band line-up, a taxonomy
-    for listed in ("Church of Realities ( 1995 )", "Kristoffer Fogelmark — background vocals", "Family Edopidae"):
+    for listed in ("Church of Realities ( 1995 )", "Kristoffer Fogelmark — background vocals",
+                   "Family Edopidae"):
         assert listed not in text
 
 
@@ -191,7 +196,8 @@ def hub_dirs(tmp_path):
     return wiki, books
 
 
-WIKI_FIRST = ["Topic0 is a political philosophy and movement that is skeptical of all justifications for authority.",
+WIKI_FIRST = ["Topic0 is a political philosophy and movement that is skeptical of all justifications for "
+              "authority.",
               "Humans lived in societies without formal hierarchies long before the establishment of states.",
               "During the Neolithic period, people began to settle in villages and form the first states."]
 
@@ -232,9 +238,11 @@ def test_hub_calls_load_dataset_with_the_configured_names(hub_dirs, tmp_path, mo
 def test_sentence_rows_without_ids_group_by_count_or_blank_rows(tmp_path):
     rows = [{"text": t} for t in ["a one .", "a two .", "", "b one .", "b two .", "b three ."]]
     spec = hub.hub_spec({"path": "x", "format": "sentences"})
-    assert list(hub._sentence_documents(rows, spec)) == [["a one .", "a two ."], ["b one .", "b two .", "b three ."]]
+    assert list(hub._sentence_documents(rows, spec)) == [["a one .", "a two ."],
+                                                         ["b one .", "b two .", "b three ."]]
     spec = hub.hub_spec({"path": "x", "format": "sentences", "rows_per_document": 2})
-    assert list(hub._sentence_documents(rows, spec)) == [["a one .", "a two ."], ["b one ."], ["b two .", "b three ."]]
+    assert list(hub._sentence_documents(rows, spec)) == [["a one .", "a two ."], ["b one ."],
+                                                         ["b two .", "b three ."]]
 
 
 def test_hub_entry_mistakes_are_named(hub_dirs, tmp_path):
@@ -245,7 +253,8 @@ def test_hub_entry_mistakes_are_named(hub_dirs, tmp_path):
         hub.hub_spec({"path": str(wiki), "format": "html"})
     for streaming in (False, True):
         with pytest.raises(ValueError, match="no column 'body'.*'title', 'text'"):
-            load_hub_documents([{"path": str(wiki), "text_column": "body", "streaming": streaming}], cache_dir=tmp_path)
+            load_hub_documents([{"path": str(wiki), "text_column": "body", "streaming": streaming}],
+                               cache_dir=tmp_path)
     with pytest.raises(ValueError, match="data.source=hub needs data.hub"):
         PretrainDataModule(source="hub")
     with pytest.raises(ValueError, match="data.source='web'"):
@@ -254,10 +263,13 @@ def test_hub_entry_mistakes_are_named(hub_dirs, tmp_path):
 
 def test_datamodule_reads_hub_source(hub_dirs, tmp_path):
     wiki, books = hub_dirs
-    entries = [{"path": str(wiki), "format": "wiki"}, {"path": str(books), "format": "sentences", "document_column": "book"}]
-    dm = PretrainDataModule(source="hub", hub=entries, vocab_size=300, max_seq_length=32, max_predictions_per_seq=5,
-                            val_fraction=0.2, cache_dir=str(tmp_path / "cache"), nsp=False)
+    entries = [{"path": str(wiki), "format": "wiki"},
+               {"path": str(books), "format": "sentences", "document_column": "book"}]
+    dm = PretrainDataModule(source="hub", hub=entries, vocab_size=300, max_seq_length=32,
+                            max_predictions_per_seq=5, val_fraction=0.2, cache_dir=str(tmp_path / "cache"),
+                            nsp=False)
     dm.setup()
     assert dm.corpus_name == f"hub:{wiki}+{books}"
-    assert len(set(dm.train_set["doc_index"])) + len(set(dm.val_set["doc_index"])) == 9  # every document, split
+    # every document, split
+    assert len(set(dm.train_set["doc_index"])) + len(set(dm.val_set["doc_index"])) == 9
     assert dm.instance_stats["train"]["instances"] == len(dm.train_set) > 0

@@ -22,9 +22,9 @@ def rte(tmp_path_factory, shared_data, minilm_dir):
     shared = shared_data
     tmp = tmp_path_factory.mktemp("ddp")
     # dropout off: each rank draws its own masks, so only then is the arithmetic the same
-    common = ["task=rte", "model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
-              "data.max_train_examples=64", "optim.epochs=2", "optim.lr=1e-3", "model.hidden_dropout=0",
-              "model.attention_dropout=0", f"data.tokenizer={minilm_dir}",
+    common = ["task=rte", "model=tiny", "logger=csv", "trainer.enable_progress_bar=false",
+              "data.batch_size=16", "data.max_train_examples=64", "optim.epochs=2", "optim.lr=1e-3",
+              "model.hidden_dropout=0", "model.attention_dropout=0", f"data.tokenizer={minilm_dir}",
               f"paths.shared_data={shared}", f"paths.cache_dir={tmp / 'cache'}"]
     runs = {}
     for name, trainer in (("one", "trainer=cpu"), ("two", "trainer=ddp_cpu")):
@@ -57,13 +57,16 @@ def test_dev_examples_counted_once_and_results_written_once(rte):
     assert two["metrics"]["final"]["val/acc"] == one["metrics"]["final"]["val/acc"]
     assert two["metrics"]["final"]["val/top_class_share"] == one["metrics"]["final"]["val/top_class_share"]
     assert two["metrics"]["final"]["val/loss"] == pytest.approx(one["metrics"]["final"]["val/loss"], abs=1e-5)
-    assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("results.json")) == ["one/results.json", "two/results.json"]
-    assert (tmp / "two" / "train_ddp_process_1.log").is_file()  # rank 1 ran in the same folder, and wrote no results
+    assert sorted(str(p.relative_to(tmp)) for p in tmp.rglob("results.json")) == ["one/results.json",
+                                                                                  "two/results.json"]
+    # rank 1 ran in the same folder, and wrote no results
+    assert (tmp / "two" / "train_ddp_process_1.log").is_file()
 
 
 def test_local_multirun_over_several_devices_is_refused(tmp_path):
     proc, output = train("-m", "model=tiny", "trainer=ddp_cpu", "seed=1,2", "data.corpus=builtin:pydoc",
-                         f"hydra.sweep.dir={tmp_path / 'sweep'}", f"paths.cache_dir={tmp_path / 'cache'}", timeout=300)
+                         f"hydra.sweep.dir={tmp_path / 'sweep'}", f"paths.cache_dir={tmp_path / 'cache'}",
+                         timeout=300)
     assert proc.returncode != 0
     assert "a local multirun (-m) with 2 devices" in output and "hydra/launcher=submitit_slurm" in output
     assert not list(tmp_path.rglob("results.json")) and not list(tmp_path.rglob("*.ckpt"))
@@ -71,7 +74,8 @@ def test_local_multirun_over_several_devices_is_refused(tmp_path):
 
 def test_fsdp_on_cpu_says_it_needs_gpus(tmp_path):
     proc, output = train("model=tiny", "trainer=fsdp", "trainer.accelerator=cpu", "trainer.devices=2",
-                         "trainer.precision=32-true", "data.corpus=builtin:pydoc", f"hydra.run.dir={tmp_path / 'run'}",
-                         f"paths.cache_dir={tmp_path / 'cache'}", timeout=300)
+                         "trainer.precision=32-true", "data.corpus=builtin:pydoc",
+                         f"hydra.run.dir={tmp_path / 'run'}", f"paths.cache_dir={tmp_path / 'cache'}",
+                         timeout=300)
     assert proc.returncode == 2 and "trainer=fsdp needs GPUs" in output and "Traceback" not in output
     assert not (tmp_path / "run" / "results.json").exists()

@@ -22,7 +22,8 @@ def cache(tmp_path_factory):
 
 
 def datamodule(task, cache, tokenizer=None, **kwargs):
-    return GlueDataModule(task, tokenizer=str(tokenizer) if tokenizer else None, cache_dir=str(cache), **kwargs)
+    return GlueDataModule(task, tokenizer=str(tokenizer) if tokenizer else None, cache_dir=str(cache),
+                          **kwargs)
 
 
 def tsv(path, rows):
@@ -44,24 +45,31 @@ def test_truncation_lengths_match_the_released_code():
     for budget in (1, 2, 7, 8, 125):
         for len_a in range(0, 140, 3):
             for len_b in range(0, 140, 5):
-                assert truncated_lengths(len_a, len_b, budget) == released_truncate_seq_pair(len_a, len_b, budget)
+                assert truncated_lengths(len_a, len_b, budget) == released_truncate_seq_pair(len_a, len_b,
+                                                                                             budget)
 
 
 # (task, files override, expected rows per split, a row to check: split, index, text_a, text_b, label)
 LAYOUTS = [
     ("cola", {}, {"train": 8551, "dev": 1043, "test": 1063},
      ("train", 0, "Our friends won't buy this analysis, let alone the next one we propose.", None, 1)),
-    ("mrpc", {}, {"train": 3668, "dev": 408, "test": 1725},  # BOM; quotes literal (csv's default quoting: 3,570 rows)
-     ("train", 0, 'Amrozi accused his brother, whom he called "the witness", of deliberately distorting his evidence.',
-      'Referring to him as only "the witness", Amrozi accused his brother of deliberately distorting his evidence.', 1)),
+    # BOM; quotes literal (csv's default quoting: 3,570 rows)
+    ("mrpc", {}, {"train": 3668, "dev": 408, "test": 1725},
+     ("train", 0,
+      'Amrozi accused his brother, whom he called "the witness", of deliberately distorting his evidence.',
+      'Referring to him as only "the witness", Amrozi accused his brother of deliberately distorting his '
+      'evidence.', 1)),
     ("stsb", {}, {"train": 5749, "dev": 1500, "test": 1379},
      ("train", 1, "A man is playing a large flute.", "A man is playing a flute.", 3.8)),
     ("rte", {}, {"train": 2490, "dev": 277, "test": 3000},
-     ("train", 0, "No Weapons of Mass Destruction Found in Iraq Yet.", "Weapons of Mass Destruction Found in Iraq.", 1)),
+     ("train", 0, "No Weapons of Mass Destruction Found in Iraq Yet.",
+      "Weapons of Mass Destruction Found in Iraq.", 1)),
     ("wnli", {}, {"train": 635, "dev": 71, "test": 146}, ("dev", 0, None, None, None)),
     ("qnli", {"train": "QNLI/dev.tsv"}, {"train": 2461, "dev": 2461}, ("dev", 0, None, None, 1)),
-    ("qqp", {"dev": "QQP_sample/dev.tsv", "test": "QQP_sample/test.tsv"}, {"train": 23496, "dev": 2, "test": 1},
-     ("train", 0, "What causes stool color to change to yellow?", "What can cause stool to come out as little balls?", 0)),
+    ("qqp", {"dev": "QQP_sample/dev.tsv", "test": "QQP_sample/test.tsv"}, {"train": 23496, "dev": 2,
+                                                                           "test": 1},
+     ("train", 0, "What causes stool color to change to yellow?",
+      "What can cause stool to come out as little balls?", 0)),
     ("mnli", {s: f"MNLI_sample/{s}.tsv" for s in ("train", "dev_matched", "dev_mismatched", "test_matched",
                                                   "test_mismatched")},
      {"train": 3, "dev_matched": 2, "dev_mismatched": 2, "test_matched": 1, "test_mismatched": 1},
@@ -92,22 +100,24 @@ def test_sst2_dev_carved_from_train_and_train_subset(shared_data, cache):
     assert not set(splits["train"]["idx"]) & set(splits["dev"]["idx"])  # idx: the row's line in train.tsv
     again = datamodule("sst2", cache, glue_dir=str(shared_data / "glue"), dev_from_train=872, seed=7).raw_splits()
     assert again["dev"]["idx"] == splits["dev"]["idx"]  # the carve does not move with the restart seed
-    sub = datamodule("sst2", cache, glue_dir=str(shared_data / "glue"), dev_from_train=872, max_train_examples=300,
-                     seed=7).raw_splits()["train"]
+    sub = datamodule("sst2", cache, glue_dir=str(shared_data / "glue"), dev_from_train=872,
+                     max_train_examples=300, seed=7).raw_splits()["train"]
     assert len(sub) == 300 and set(sub["idx"]) <= set(splits["train"]["idx"])
 
 
 def test_pairs_packed_truncated_and_cached(tmp_path, minilm_dir):
     long_a, long_b = " ".join(["alpha"] * 90), " ".join(["beta"] * 70)
-    rows = [["index", "sentence1", "sentence2", "label"], [0, "The cat sat.", "A cat is sitting.", "entailment"],
-            [1, long_a, long_b, "not_entailment"], [2, "Short one.", long_b, "entailment"]]
+    rows = [["index", "sentence1", "sentence2", "label"],
+            [0, "The cat sat.", "A cat is sitting.", "entailment"], [1, long_a, long_b, "not_entailment"],
+            [2, "Short one.", long_b, "entailment"]]
     files = {"train": tsv(tmp_path / "train.tsv", rows), "dev": tsv(tmp_path / "dev.tsv", rows)}
     dm = datamodule("rte", tmp_path / "cache", minilm_dir, files=files)
     dm.setup()
     train = dm.datasets["train"]
     tok = dm._tokenizer
     cls, sep = tok.token_to_id("[CLS]"), tok.token_to_id("[SEP]")
-    a, b = tok.encode("The cat sat.", add_special_tokens=False).ids, tok.encode("A cat is sitting.", add_special_tokens=False).ids
+    a, b = tok.encode("The cat sat.", add_special_tokens=False).ids, tok.encode("A cat is sitting.",
+                                                                                add_special_tokens=False).ids
     assert train[0]["input_ids"] == [cls, *a, sep, *b, sep]
     assert train[0]["token_type_ids"] == [0] * (len(a) + 2) + [1] * (len(b) + 1)
     assert train["label"] == [0, 1, 0]
@@ -119,10 +129,11 @@ def test_pairs_packed_truncated_and_cached(tmp_path, minilm_dir):
     cached = {split: (d.cache_files[0]["filename"], os.path.getmtime(d.cache_files[0]["filename"]))
               for split, d in dm.datasets.items()}
     respelled = {split: str(tmp_path / ".." / tmp_path.name / Path(path).name) for split, path in files.items()}
-    code = ("import json, sys; from bert_repro.data.glue import GlueDataModule as G; "
-            "dm = G('rte', tokenizer=sys.argv[1], cache_dir=sys.argv[2], files=json.loads(sys.argv[3])); dm.setup(); "
+    code = ("import json, sys; from bert_repro.data.glue import GlueDataModule as G; dm = G('rte', "
+            "tokenizer=sys.argv[1], cache_dir=sys.argv[2], files=json.loads(sys.argv[3])); dm.setup(); "
             "print(json.dumps({s: d.cache_files[0]['filename'] for s, d in dm.datasets.items()}))")
-    proc = subprocess.run([sys.executable, "-c", code, str(minilm_dir), str(tmp_path / "cache"), json.dumps(respelled)],
+    proc = subprocess.run([sys.executable, "-c", code, str(minilm_dir), str(tmp_path / "cache"),
+                           json.dumps(respelled)],
                           capture_output=True, text=True, timeout=300)
     assert proc.returncode == 0, proc.stderr[-2000:]
     again = json.loads(proc.stdout.strip().splitlines()[-1])
@@ -132,7 +143,8 @@ def test_pairs_packed_truncated_and_cached(tmp_path, minilm_dir):
 
 def test_dynamic_and_fixed_padding():
     rows = [{"input_ids": [2, 5, 3], "token_type_ids": [0, 0, 0], "label": 1, "row": 0, "idx": "a"},
-            {"input_ids": [2, 5, 6, 7, 3], "token_type_ids": [0, 0, 0, 1, 1], "label": 0, "row": 1, "idx": "b"}]
+            {"input_ids": [2, 5, 6, 7, 3], "token_type_ids": [0, 0, 0, 1, 1], "label": 0, "row": 1,
+             "idx": "b"}]
     batch = PadCollator()(rows)
     assert batch["input_ids"].tolist() == [[2, 5, 3, 0, 0], [2, 5, 6, 7, 3]]
     assert batch["attention_mask"].sum().item() == 8 and batch["labels"].tolist() == [1, 0]
@@ -147,7 +159,8 @@ def test_length_grouping_cuts_padding(shared_data, minilm_dir, cache):
     lengths = np.array(dm.datasets["train"]["length"])
     sampler = LengthGroupedSampler(lengths, batch_size=32, seed=1)
     first, second = list(sampler), list(sampler)
-    assert sorted(first) == list(range(len(lengths))) and first != second  # every example once; a new order each epoch
+    # every example once; a new order each epoch
+    assert sorted(first) == list(range(len(lengths))) and first != second
 
     def padded(order):
         batches = [lengths[order[i:i + 32]] for i in range(0, len(order), 32)]
@@ -178,18 +191,21 @@ def test_column_mapping_for_other_layouts(shared_data, cache, tmp_path):
     mnli = shared_data / "glue" / "MNLI"
     files = {"train": {"path": str(mnli / "tp823_HW2-NLP" / "mnli_train.tsv"), "columns": {"label": "label"}},
              "dev_matched": {"path": str(mnli / "chaosnli" / "chaosNLI_mnli_m.jsonl"),
-                             "columns": {"text_a": "example.premise", "text_b": "example.hypothesis", "label": "old_label"},
+                             "columns": {"text_a": "example.premise", "text_b": "example.hypothesis",
+                                         "label": "old_label"},
                              "label_map": {"e": "entailment", "n": "neutral", "c": "contradiction"}},
              "dev_mismatched": {"path": str(mnli / "textfooler" / "mnli_mismatched"), "header": False,
                                 "names": ["gold", "premise", "hypothesis"],
                                 "columns": {"text_a": "premise", "text_b": "hypothesis", "label": "gold"}}}
     splits = datamodule("mnli", cache, files=files).raw_splits()
-    assert {s: len(d) for s, d in splits.items()} == {"train": 20000, "dev_matched": 1599, "dev_mismatched": 1000}
+    assert {s: len(d) for s, d in splits.items()} == {"train": 20000, "dev_matched": 1599,
+                                                      "dev_mismatched": 1000}
     assert set(splits["dev_matched"]["label"]) == {0, 1, 2} and splits["dev_mismatched"][0]["label"] == 0
     assert splits["dev_mismatched"][0]["text_a"].startswith("You ca n't take it with you")
     # a user's comma-separated file with standard quoting, its own column names
     csv_file = tmp_path / "mine.csv"
-    csv_file.write_text('premise,hypothesis,gold\n"A man, smiling.",A man smiles.,entailment\nA dog.,"No ""cat"".",not_entailment\n')
+    csv_file.write_text('premise,hypothesis,gold\n"A man, smiling.",A man smiles.,entailment\nA dog.,"No '
+                        '""cat"".",not_entailment\n')
     spec = {"path": str(csv_file), "columns": {"text_a": "premise", "text_b": "hypothesis", "label": "gold"}}
     rows = datamodule("rte", cache, files={"train": spec, "dev": spec}).raw_splits()["dev"]
     assert rows["text_a"] == ["A man, smiling.", "A dog."] and rows["text_b"][1] == 'No "cat".' and rows["label"] == [0, 1]
@@ -202,8 +218,8 @@ def test_hub_path_maps_nyu_mll_glue_columns(monkeypatch, cache):
 
     def fake_load_dataset(path, name, split, cache_dir):
         calls.append((path, name, split))
-        return Dataset.from_dict({"premise": ["p"], "hypothesis": ["h"], "label": [2 if "test" not in split else -1],
-                                  "idx": [7]})
+        return Dataset.from_dict({"premise": ["p"], "hypothesis": ["h"],
+                                  "label": [2 if "test" not in split else -1], "idx": [7]})
 
     monkeypatch.setattr(glue, "load_dataset", fake_load_dataset)
     splits = datamodule("mnli", cache, glue_dir=None).raw_splits()
@@ -212,15 +228,19 @@ def test_hub_path_maps_nyu_mll_glue_columns(monkeypatch, cache):
 
 
 BAD_FILES = [  # (rows, message parts)
-    ([["index", "sentence1", "sentence2", "label"], [0, "a", "b", "entailment"], [1, "a", "b", "entailment", "extra"]],
+    ([["index", "sentence1", "sentence2", "label"], [0, "a", "b", "entailment"],
+      [1, "a", "b", "entailment", "extra"]],
      ["line 3", "5 fields, expected 4"]),
-    ([["index", "sentence1", "sentence2", "label"], [0, "a", "b", "entailment"], [1, "a"]], ["line 3", "2 fields"]),
-    ([["index", "sentence1", "sentence2", "label"], [0, "a", "b", "maybe"]], ["line 2", "'maybe'", "not_entailment"]),
+    ([["index", "sentence1", "sentence2", "label"], [0, "a", "b", "entailment"], [1, "a"]],
+     ["line 3", "2 fields"]),
+    ([["index", "sentence1", "sentence2", "label"], [0, "a", "b", "maybe"]],
+     ["line 2", "'maybe'", "not_entailment"]),
     ([["index", "premise", "hypothesis", "label"], [0, "a", "b", "entailment"]], ["no column", "premise"]),
 ]
 
 
-@pytest.mark.parametrize("rows,parts", BAD_FILES, ids=["extra-field", "missing-field", "bad-label", "bad-column"])
+@pytest.mark.parametrize("rows,parts", BAD_FILES,
+                         ids=["extra-field", "missing-field", "bad-label", "bad-column"])
 def test_malformed_files_fail_naming_file_and_line(rows, parts, tmp_path):
     path = tsv(tmp_path / "bad.tsv", rows)
     with pytest.raises(ValueError) as err:

@@ -14,15 +14,18 @@ import torch
 from bert_repro import select
 
 from .conftest import REPO
+from .helpers import VARIED, call_in_new_process, validate_on_one_and_two_ranks
 
 TINY = ["model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
         "data.max_train_examples=64", "optim.epochs=1"]
 
 
-def run(*args, module=None, command=None, timeout=600):
-    command = command or ([sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")])
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models; a busy 2-core machine oversubscribes two threads
-    proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+def run(*args, module=None, timeout=600):
+    command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
+    # small models; a busy 2-core machine oversubscribes two threads
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
+                          env=env)
     return proc, proc.stdout + proc.stderr
 
 
@@ -30,8 +33,10 @@ def run(*args, module=None, command=None, timeout=600):
 def sweep(tmp_path_factory, shared_data, minilm_dir):
     """MRPC lr x seed as a Hydra multirun; WNLI (the majority class) beside it."""
     tmp = tmp_path_factory.mktemp("glue_e2e")
-    common = [*TINY, f"data.tokenizer={minilm_dir}", f"paths.cache_dir={tmp / 'cache'}", f"paths.shared_data={shared_data}"]
-    proc, out = run("-m", "task=mrpc", *common, "optim.lr=1e-3,1e-5", "seed=1,2", f"hydra.sweep.dir={tmp}/sweep")
+    common = [*TINY, f"data.tokenizer={minilm_dir}", f"paths.cache_dir={tmp / 'cache'}",
+              f"paths.shared_data={shared_data}"]
+    proc, out = run("-m", "task=mrpc", *common, "optim.lr=1e-3,1e-5", "seed=1,2",
+                    f"hydra.sweep.dir={tmp}/sweep")
     assert proc.returncode == 0, out[-3000:]
     proc, out = run("task=wnli", *common, f"hydra.run.dir={tmp}/sweep/wnli")
     assert proc.returncode == 0, out[-3000:]
@@ -45,13 +50,15 @@ def results_of(sweep, task):
 
 def test_sweep_runs_each_combination_in_its_own_folder(sweep):
     mrpc = results_of(sweep, "mrpc").values()
-    assert sorted((r["config"]["optim"]["lr"], r["seed"]) for r in mrpc) == [(1e-5, 1), (1e-5, 2), (1e-3, 1), (1e-3, 2)]
+    assert sorted((r["config"]["optim"]["lr"], r["seed"]) for r in mrpc) == [(1e-5, 1), (1e-5, 2), (1e-3, 1),
+                                                                             (1e-3, 2)]
     for r in mrpc:
         final = r["metrics"]["final"]
         assert {"val/acc", "val/f1", "val/top_class_share"} <= set(final) and r["data_sizes"]["dev"] == 408
         epoch = r["metrics"]["per_epoch"][-1]
         assert epoch["train/padding_waste"] > 0 and epoch["train/real_tokens"] > 0 and "val/f1" in epoch
-    assert len(list((sweep.parent / "cache" / "glue").glob("tokens-mrpc-train-*.arrow"))) == 1  # four runs, one tokenization
+    # four runs, one tokenization
+    assert len(list((sweep.parent / "cache" / "glue").glob("tokens-mrpc-train-*.arrow"))) == 1
     for wnli in results_of(sweep, "wnli").values():
         assert wnli["predict_majority"] and wnli["global_step"] == 0 and wnli["degenerate"] is None
         assert wnli["metrics"]["final"]["val/acc"] == pytest.approx(40 / 71)  # dev's majority "0": 40 of 71
@@ -81,7 +88,8 @@ def test_select_then_submit(sweep, tmp_path, capsys):
 
 
 def test_mnli_two_dev_sets_and_ax(tmp_path, minilm_dir, shared_data):
-    """MNLI in its original layout (the format sample), with an AX file: matched/mismatched metrics, three server files."""
+    """MNLI in its original layout (the format sample), with an AX file: matched/mismatched metrics, three
+    server files."""
     sample = shared_data / "glue" / "MNLI_sample"
     ax = tmp_path / "diagnostic.tsv"
     rows = [line.split("\t") for line in (sample / "test_matched.tsv").read_text().splitlines()[1:]]
@@ -101,44 +109,38 @@ def test_mnli_two_dev_sets_and_ax(tmp_path, minilm_dir, shared_data):
 
 def validate_on_two_ranks(minilm_dir: str, glue_dir: str, out: str) -> None:
     """Dev metrics of one set of weights on 1 process and on 2 DDP ranks (CPU, gloo), written to ``out``."""
-    import lightning as L
-
     from bert_repro.data.glue import GlueDataModule
     from bert_repro.tasks.classification import SequenceClassificationModule
 
-    shape = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)  # varied predictions
-    torch.manual_seed(0)
-    state = SequenceClassificationModule(shape, {}, "rte", 2).state_dict()
-    metrics = []
-    for devices, strategy in ((1, "auto"), (2, "ddp_fork")):
-        data = GlueDataModule("rte", glue_dir=glue_dir, tokenizer=minilm_dir, cache_dir=f"{out}.cache", batch_size=16)
-        module = SequenceClassificationModule(shape, {}, "rte", 2)
-        module.load_state_dict(state)
-        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
-                            enable_progress_bar=False, enable_model_summary=False)
-        metrics.append(trainer.validate(module, datamodule=data, verbose=False)[0])
-    Path(out).write_text(json.dumps(metrics))
+    runs = validate_on_one_and_two_ranks(
+        lambda: SequenceClassificationModule(VARIED, {}, "rte", 2),
+        lambda: GlueDataModule("rte", glue_dir=glue_dir, tokenizer=minilm_dir, cache_dir=f"{out}.cache",
+                               batch_size=16), out)
+    Path(out).write_text(json.dumps([metrics for metrics, _, _ in runs]))
 
 
 def test_dev_metrics_under_ddp_count_each_example_once(tmp_path, minilm_dir, shared_data):
-    """RTE dev has 277 rows: a sampler that evens out the ranks would score one twice; ours scores each once."""
+    """RTE dev has 277 rows: a sampler that evens out the ranks would score one twice; ours scores each
+    once."""
     out = tmp_path / "metrics.json"
-    code = "import sys; from tests.test_glue_e2e import validate_on_two_ranks as v; v(*sys.argv[1:])"
-    proc, log = run("-c", code, str(minilm_dir), str(shared_data / "glue"), str(out), command=[sys.executable])
-    assert proc.returncode == 0, log[-3000:]
+    call_in_new_process("tests.test_glue_e2e.validate_on_two_ranks", str(minilm_dir),
+                        str(shared_data / "glue"), str(out))
     single, ddp = json.loads(out.read_text())
-    assert single["val/top_class_share"] < 0.9  # predictions vary, so a repeated example would move the numbers
+    # predictions vary, so a repeated example would move the numbers
+    assert single["val/top_class_share"] < 0.9
     for name in ("val/acc", "val/loss", "val/top_class_share"):
         assert ddp[name] == pytest.approx(single[name], abs=1e-6), name
 
 
 def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, shared_data):
-    """Acceptance (issue §5): all-MiniLM-L6-v2 as init=, 384 real SST-2 sentences, 24 steps; dev carved from train."""
-    proc, out = run("task=sst2", "model=minilm_l6", f"init={minilm_dir}", "logger=csv", "trainer.enable_progress_bar=false",
-                    "data.dev_from_train=200", "data.max_train_examples=384", "data.batch_size=16", "optim.epochs=1",
-                    "optim.lr=2e-4", f"paths.shared_data={shared_data}", f"paths.cache_dir={tmp_path / 'cache'}",
-                    f"hydra.run.dir={tmp_path / 'run'}",
-                    "speed.unpad=true", "speed.activation_checkpointing=true")  # speed only: same science
+    """Acceptance (issue §5): all-MiniLM-L6-v2 as init=, 384 real SST-2 sentences, 24 steps; dev carved from
+    train."""
+    proc, out = run("task=sst2", "model=minilm_l6", f"init={minilm_dir}", "logger=csv",
+                    "trainer.enable_progress_bar=false", "data.dev_from_train=200",
+                    "data.max_train_examples=384", "data.batch_size=16", "optim.epochs=1", "optim.lr=2e-4",
+                    f"paths.shared_data={shared_data}", f"paths.cache_dir={tmp_path / 'cache'}",
+                    f"hydra.run.dir={tmp_path / 'run'}", "speed.unpad=true",
+                    "speed.activation_checkpointing=true")  # speed only: same science
     assert proc.returncode == 0, out[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 24

@@ -122,10 +122,11 @@ def test_init_from_a_pretrained_checkpoint_keeps_it_causal(minilm_dir):
     assert module.load_pretrained(loaded) == ["classifier"]
     torch.testing.assert_close(module.model.bert.state_dict()["encoder.layer.5.output.weight"],
                                loaded.state_dict["bert.encoder.layer.5.output.weight"])
-    # a left-to-right (causal) pre-trained encoder refuses a bidirectional fine-tuning model, and fits a causal one
+    # a left-to-right (causal) pre-trained encoder refuses a bidirectional fine-tuning model, and fits a
+    # causal one
     ltr_config = BertConfig(**TINY, causal=True)
-    ltr = LoadedCheckpoint(ltr_config, BertForPreTraining(ltr_config, nsp=False).state_dict(), ["nsp"], None, None,
-                           "ltr.ckpt")
+    ltr = LoadedCheckpoint(ltr_config, BertForPreTraining(ltr_config, nsp=False).state_dict(), ["nsp"], None,
+                           None, "ltr.ckpt")
     with pytest.raises(ValueError, match="causal"):
         SequenceClassificationModule(TINY, OPTIM, "rte", 2).load_pretrained(ltr)
     causal = SequenceClassificationModule({**TINY, "causal": True}, OPTIM, "rte", 2, bilstm=True)

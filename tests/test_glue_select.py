@@ -15,9 +15,11 @@ def write_run(root, name, task, seed, lr, final, model="base", monitor=None, mod
                           "mrpc": "val/f1", "qqp": "val/f1"}.get(task, "val/acc")
     folder = root / name
     folder.mkdir(parents=True)
-    results = {"status": status, "task": task, "model": model, "ablation": "none", "scale": "smoke", "init": "/ckpt",
+    results = {"status": status, "task": task, "model": model, "ablation": "none", "scale": "smoke",
+               "init": "/ckpt",
                "seed": seed, "monitor": monitor, "predict_majority": majority, "metrics": {"final": final},
-               "config": {"seed": seed, "task": {"monitor_mode": mode}, "optim": {"lr": lr, "epochs": 3, "warmup_ratio": warmup},
+               "config": {"seed": seed, "task": {"monitor_mode": mode},
+                          "optim": {"lr": lr, "epochs": 3, "warmup_ratio": warmup},
                           "data": {"batch_size": 32, "max_train_examples": None, "seed": seed},
                           "paths": {"output_dir": str(root / name)}}}
     (folder / "results.json").write_text(json.dumps(results))
@@ -52,18 +54,22 @@ def test_restarts_report_mean_and_std_per_hyper_parameters(tmp_path):
     (entry,) = select.select(select.load_runs([tmp_path])[0], restarts=True)
     assert entry["seeds"] == [3] and entry["restarts"]["val/acc"]["n"] == 1
     loss_runs = tmp_path / "loss"
-    write_run(loss_runs, "x", "stsb", 1, 1e-5, {"val/loss": 0.9, "val/spearman": 0.5}, monitor="val/loss", mode="min")
-    write_run(loss_runs, "y", "stsb", 1, 2e-5, {"val/loss": 0.7, "val/spearman": 0.4}, monitor="val/loss", mode="min")
+    write_run(loss_runs, "x", "stsb", 1, 1e-5, {"val/loss": 0.9, "val/spearman": 0.5}, monitor="val/loss",
+              mode="min")
+    write_run(loss_runs, "y", "stsb", 1, 2e-5, {"val/loss": 0.7, "val/spearman": 0.4}, monitor="val/loss",
+              mode="min")
     assert select.select(select.load_runs([loss_runs])[0])[0]["selected"].endswith("/y")
 
 
 def test_table1_average_and_summary(tmp_path, capsys):
     table1 = {"mnli": {"val/mnli_m_acc": 0.846, "val/mnli_mm_acc": 0.834}, "qqp": {"val/f1": 0.712},
               "qnli": {"val/acc": 0.905}, "sst2": {"val/acc": 0.935}, "cola": {"val/mcc": 0.521},
-              "stsb": {"val/spearman": 0.858, "val/pearson": 0.87}, "mrpc": {"val/f1": 0.889}, "rte": {"val/acc": 0.664}}
+              "stsb": {"val/spearman": 0.858, "val/pearson": 0.87}, "mrpc": {"val/f1": 0.889},
+              "rte": {"val/acc": 0.664}}
     for task, final in table1.items():
         write_run(tmp_path, task, task, 1, 2e-5, final)
-    write_run(tmp_path, "wnli", "wnli", 1, 2e-5, {"val/acc": 0.563, "val/top_class_share": 1.0}, majority=True)
+    write_run(tmp_path, "wnli", "wnli", 1, 2e-5, {"val/acc": 0.563, "val/top_class_share": 1.0},
+              majority=True)
     other = write_run(tmp_path, "rte_large", "rte", 1, 2e-5, {"val/acc": 0.70}, model="large")
     assert select.main([str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "selection.json").read_text())
@@ -71,7 +77,8 @@ def test_table1_average_and_summary(tmp_path, capsys):
     assert round(base["average"], 1) == 79.6 and base["scores"]["mnli_mm"] == pytest.approx(83.4)
     (large,) = [row for row in summary["glue"] if row["model"]["model"] == "large"]
     assert large["average"] is None  # one task of nine
-    assert all(not e["degenerate"] for e in summary["selection"])  # WNLI's majority class is the method, not a collapse
+    # WNLI's majority class is the method, not a collapse
+    assert all(not e["degenerate"] for e in summary["selection"])
     text = (tmp_path / "selection.md").read_text()
     assert "GLUE average" in text and "79.6" in text and str(other) in text and capsys.readouterr().out == text + \
         f"wrote {tmp_path / 'selection.json'} and {tmp_path / 'selection.md'}\n"
@@ -85,5 +92,6 @@ def test_unusable_input_is_reported(tmp_path, capsys):
     assert "is not a folder of runs" in capsys.readouterr().err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "results.json").write_text("{not json")
-    assert select.main([str(tmp_path)]) == 2  # a damaged results.json is an error naming it, not skipped silently
+    # a damaged results.json is an error naming it, not skipped silently
+    assert select.main([str(tmp_path)]) == 2
     assert "broken/results.json is not a results.json as src/train.py writes it" in capsys.readouterr().err

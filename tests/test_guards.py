@@ -58,7 +58,8 @@ def test_a_setting_whose_runs_all_failed_is_a_cell_with_its_reason(tmp_path):
     folder = tmp_path / "rte_lr=1"
     folder.mkdir()
     (folder / "results.json").write_text(json.dumps({
-        "status": "failed", "reason": "NonFiniteLoss: training loss is inf at step 7", "task": "rte", "model": "base",
+        "status": "failed", "reason": "NonFiniteLoss: training loss is inf at step 7", "task": "rte",
+        "model": "base",
         "ablation": "none", "scale": "smoke", "init": None, "seed": 1, "monitor": "val/acc",
         "metrics": {"final": {}}, "config": {"task": {"monitor_mode": "max"}}}))
     failed: list = []
@@ -69,7 +70,8 @@ def test_a_setting_whose_runs_all_failed_is_a_cell_with_its_reason(tmp_path):
 
 
 def test_collapse_is_flagged_in_results_and_by_selection(tmp_path):
-    """results.json carries `degenerate` (metrics.degenerate_reason), and the selection tool passes the run over."""
+    """results.json carries `degenerate` (metrics.degenerate_reason), and the selection tool passes the run
+    over."""
     from bert_repro.metrics import degenerate_reason
 
     collapsed = {"val/acc": 0.53, "val/top_class_share": 1.0}
@@ -77,8 +79,11 @@ def test_collapse_is_flagged_in_results_and_by_selection(tmp_path):
     for name, final in (("collapsed", collapsed), ("healthy", {"val/acc": 0.51, "val/top_class_share": 0.6})):
         (tmp_path / name).mkdir()
         (tmp_path / name / "results.json").write_text(json.dumps({
-            "status": "complete", "task": "rte", "model": "base", "ablation": "none", "scale": "smoke", "init": None,
-            "seed": 1, "monitor": "val/acc", "metrics": {"final": final}, "degenerate": degenerate_reason(final),
-            "config": {"task": {"monitor_mode": "max"}, "optim": {"lr": 1e-5 if name == "healthy" else 2e-5}}}))
+            "status": "complete", "task": "rte", "model": "base", "ablation": "none", "scale": "smoke",
+            "init": None,
+            "seed": 1, "monitor": "val/acc", "metrics": {"final": final},
+            "degenerate": degenerate_reason(final),
+            "config": {"task": {"monitor_mode": "max"},
+                       "optim": {"lr": 1e-5 if name == "healthy" else 2e-5}}}))
     (entry,) = select.select(select.load_runs([tmp_path])[0])
     assert entry["selected"].endswith("healthy") and entry["degenerate"][0]["dir"].endswith("collapsed")

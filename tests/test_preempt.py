@@ -9,7 +9,7 @@ import pytest
 
 from bert_repro.reliability import safe_load
 
-from .test_resume import PRETRAIN, command, final, run, start_and_signal
+from .test_resume import PRETRAIN, command, final, full_run, run, start_and_signal
 
 # a step checkpoint every 5 steps only: the signal's checkpoint is the one written on the signal
 OVERRIDES = [o for o in PRETRAIN if not o.startswith("checkpoint.")] + ["checkpoint.every_n_steps=5",
@@ -18,10 +18,7 @@ OVERRIDES = [o for o in PRETRAIN if not o.startswith("checkpoint.")] + ["checkpo
 
 @pytest.fixture(scope="module")
 def uninterrupted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("preempt")
-    proc = run(command(tmp / "full", tmp / "cache", *OVERRIDES))
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    return tmp, final(tmp / "full")
+    return full_run(tmp_path_factory.mktemp("preempt"), OVERRIDES)
 
 
 @pytest.mark.parametrize("signum", [signal.SIGTERM, signal.SIGUSR1], ids=["SIGTERM", "SIGUSR1"])
@@ -32,7 +29,8 @@ def test_signal_saves_exits_cleanly_and_the_rerun_finishes_the_same(uninterrupte
     code, output = start_and_signal(cmd, out, at_step=5, signum=signum)
     assert code == 128 + signum, output[-3000:]
     assert "Traceback" not in output and not (out / "results.json").exists()
-    said = re.search(rf"{signum.name} received: saved (\S+) at step (\d+) and stopped; run the same command again",
+    said = re.search(rf"{signum.name} received: saved (\S+) at step (\d+) and stopped; run the same command "
+                     r"again",
                      output)
     assert said, output[-3000:]
     step = int(said.group(2))

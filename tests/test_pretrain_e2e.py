@@ -41,8 +41,8 @@ def sweep(tmp_path_factory):
     """All ablation configs in one Hydra multirun (one process, a shared cache), two steps each."""
     tmp = tmp_path_factory.mktemp("ablations")
     proc = train(f"ablation={','.join(ABLATIONS)}", "optim.max_steps=2", "optim.val_check_interval=2",
-                 "optim.limit_val_batches=1", f"paths.cache_dir={tmp / 'cache'}", f"hydra.sweep.dir={tmp / 'sweep'}",
-                 multirun=True)
+                 "optim.limit_val_batches=1", f"paths.cache_dir={tmp / 'cache'}",
+                 f"hydra.sweep.dir={tmp / 'sweep'}", multirun=True)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     runs = {}
     for results in (tmp / "sweep").glob("*/results.json"):
@@ -59,7 +59,8 @@ def test_every_ablation_runs_and_leaves_a_checkpoint_fine_tuning_loads(sweep):
         assert final["val/mlm_loss"] is not None and ("val/nsp_acc" in final) == (name.startswith("mask") or name == "none")
         loaded = load_checkpoint(out / "checkpoints" / "last.ckpt")
         ltr = name.startswith("ltr")
-        assert loaded.config.causal == ltr, name  # the left-only constraint travels with the checkpoint (§5.1)
+        # the left-only constraint travels with the checkpoint (§5.1)
+        assert loaded.config.causal == ltr, name
         assert loaded.missing_heads == ([] if final.get("val/nsp_acc") is not None else ["nsp"]), name
         assert loaded.vocab is not None and len(loaded.vocab) == loaded.config.vocab_size
         probe = FineTuneProbe(model=loaded.config.to_dict())
@@ -89,13 +90,16 @@ def _lr_by_step(out: Path) -> dict[int, float]:
 def test_two_phase_schedule_resumes_phase_one(tmp_path):
     """v2 A.2 at tiny scale: 6 of 10 steps at length 64, then 4 at 128 resuming phase 1's weights, AdamW
     moments, global step and learning-rate schedule (warm-up 2, linear decay to 0 at step 10)."""
-    scale = ["scale.pretrain.max_steps=10", "scale.pretrain.warmup_steps=2", "scale.pretrain.two_phase.phase1_steps=6",
-             "scale.pretrain.two_phase.phase1_seq_length=64", "scale.pretrain.two_phase.phase1_predictions=10",
-             "scale.pretrain.two_phase.phase2_seq_length=128", "scale.pretrain.two_phase.phase2_predictions=20",
-             "scale.pretrain.two_phase.val_check_interval=2", "optim.limit_val_batches=1", "trainer.log_every_n_steps=1",
-             f"paths.cache_dir={tmp_path / 'cache'}"]
+    scale = ["scale.pretrain.max_steps=10", "scale.pretrain.warmup_steps=2",
+             "scale.pretrain.two_phase.phase1_steps=6", "scale.pretrain.two_phase.phase1_seq_length=64",
+             "scale.pretrain.two_phase.phase1_predictions=10",
+             "scale.pretrain.two_phase.phase2_seq_length=128",
+             "scale.pretrain.two_phase.phase2_predictions=20",
+             "scale.pretrain.two_phase.val_check_interval=2", "optim.limit_val_batches=1",
+             "trainer.log_every_n_steps=1", f"paths.cache_dir={tmp_path / 'cache'}"]
     one, two = tmp_path / "phase1", tmp_path / "phase2"
-    proc = train("experiment=pretrain_phase1", *scale, "scale.pretrain.checkpoint_every_n_steps=3", f"hydra.run.dir={one}")
+    proc = train("experiment=pretrain_phase1", *scale, "scale.pretrain.checkpoint_every_n_steps=3",
+                 f"hydra.run.dir={one}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     last = one / "checkpoints" / "last.ckpt"
     proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={last}", f"hydra.run.dir={two}")
@@ -103,8 +107,10 @@ def test_two_phase_schedule_resumes_phase_one(tmp_path):
 
     first, second = (json.loads((out / "results.json").read_text()) for out in (one, two))
     assert first["global_step"] == 6 and second["global_step"] == 10
-    assert (first["config"]["data"]["max_seq_length"], second["config"]["data"]["max_seq_length"]) == (64, 128)
-    assert (first["config"]["data"]["max_predictions_per_seq"], second["config"]["data"]["max_predictions_per_seq"]) == (10, 20)
+    assert (first["config"]["data"]["max_seq_length"], second["config"]["data"]["max_seq_length"]) == (64,
+                                                                                                       128)
+    assert (first["config"]["data"]["max_predictions_per_seq"],
+            second["config"]["data"]["max_predictions_per_seq"]) == (10, 20)
     ckpt = torch.load(two / "checkpoints" / "last.ckpt", weights_only=False, map_location="cpu")
     # AdamW's own step count: 10 only if phase 2 started from phase 1's 6 (a fresh optimizer would say 4)
     assert {int(s["step"]) for s in ckpt["optimizer_states"][0]["state"].values()} == {10}
@@ -123,7 +129,8 @@ def test_two_phase_schedule_resumes_phase_one(tmp_path):
     assert load_checkpoint(one / "checkpoints" / "step-3.ckpt").config.vocab_size == first["model_config"]["vocab_size"]
     # phase 2 refuses to start from anything but the end of phase 1
     early = one / "checkpoints" / "step-3.ckpt"
-    proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={early}", f"hydra.run.dir={tmp_path / 'wrong'}")
+    proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={early}",
+                 f"hydra.run.dir={tmp_path / 'wrong'}")
     assert proc.returncode == 2 and "resumes at step 3; phase 2 starts at step 6" in proc.stdout + proc.stderr
     # the same phase-2 command again continues phase 2's own last.ckpt (a killed phase 2 keeps its progress),
     # not phase 1's: here phase 2 is complete, so it resumes at step 10 and has nothing left to train
@@ -146,7 +153,8 @@ def test_paper_scale_two_phase_and_corpus_configs():
     from .test_config import compose_cfg, resolved
 
     one = resolved(compose_cfg(["experiment=pretrain_phase1", "scale=paper"]))
-    two = resolved(compose_cfg(["experiment=pretrain_phase2", "scale=paper", "ckpt_path=/runs/phase1/last.ckpt"]))
+    two = resolved(compose_cfg(["experiment=pretrain_phase2", "scale=paper",
+                                "ckpt_path=/runs/phase1/last.ckpt"]))
     assert (one["data"]["max_seq_length"], one["data"]["max_predictions_per_seq"]) == (128, 20)
     assert (two["data"]["max_seq_length"], two["data"]["max_predictions_per_seq"]) == (512, 80)
     assert (one["optim"]["max_steps"], one["optim"]["schedule_steps"]) == (900_000, 1_000_000)
@@ -157,4 +165,5 @@ def test_paper_scale_two_phase_and_corpus_configs():
         assert 900_000 % cfg["optim"]["val_check_interval"] == 0 == 1_000_000 % cfg["optim"]["val_check_interval"]
     assert one["data"]["source"] == "hub"
     specs = [hub_spec(entry) for entry in one["data"]["hub"]]  # every entry is well-formed
-    assert [(s["path"], s["format"]) for s in specs] == [("wikimedia/wikipedia", "wiki"), ("bookcorpus/bookcorpus", "sentences")]
+    assert [(s["path"], s["format"]) for s in specs] == [("wikimedia/wikipedia", "wiki"),
+                                                         ("bookcorpus/bookcorpus", "sentences")]

@@ -6,7 +6,10 @@ import torch
 from bert_repro.tasks.base import decay_groups, linear_warmup_decay
 from bert_repro.tasks.pretrain import PretrainModule
 
-TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0, attention_dropout=0.0)
+from .helpers import pretrain_losses
+
+TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
+            attention_dropout=0.0)
 OPTIM = dict(lr=1e-3, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=2, warmup_ratio=None)
 
 
@@ -27,15 +30,7 @@ def batch(B=4, T=16, P=3, vocab=64, pad_last=4, seed=0):
 
 
 def overfit(module, b, steps=60):
-    opt = torch.optim.AdamW(module.parameters(), lr=3e-3)
-    losses = []
-    for _ in range(steps):
-        loss = module._step(b, "train")
-        opt.zero_grad()
-        loss.backward()
-        opt.step()
-        losses.append(loss.item())
-    return losses
+    return pretrain_losses(module, [b] * steps, lr=3e-3)
 
 
 @pytest.fixture(autouse=True)
@@ -58,7 +53,8 @@ def test_loss_is_mean_mlm_at_chosen_positions_plus_mean_nsp():
     b = batch()
     with torch.no_grad():
         loss = module._step(b, "val")
-        out = module.model(b["input_ids"], b["token_type_ids"], b["attention_mask"])  # logits at every position
+        # logits at every position
+        out = module.model(b["input_ids"], b["token_type_ids"], b["attention_mask"])
         keep = b["masked_lm_weights"] > 0
         logits = out.mlm_logits.gather(1, b["masked_lm_positions"][..., None].expand(-1, -1, 64))[keep]
         expected = (torch.nn.functional.cross_entropy(logits, b["masked_lm_ids"][keep])
@@ -118,19 +114,24 @@ def test_ltr_model_never_sees_the_future(causal, pad_last):
     """Table 5 "LTR": change the tokens after t and nothing the module computes at positions <= t moves
     (logits, hence each position's loss); the bidirectional control shows the test can see a leak."""
     torch.manual_seed(0)
-    model = {**TINY, "causal": True, "initializer_range": 0.2}  # larger weights: sharper attention, larger leaks
+    # larger weights: sharper attention, larger leaks
+    model = {**TINY, "causal": True, "initializer_range": 0.2}
     module = PretrainModule(model=model, optim=OPTIM, nsp=False, ltr=True).eval()
     module.model.config.causal = causal  # the control: the same weights, attention both ways
     for layer in module.model.bert.encoder.layer:
         layer.attention.causal = causal
-    b = {k: v for k, v in batch(pad_last=pad_last).items() if k in ("input_ids", "token_type_ids", "attention_mask")}
+    b = {k: v for k, v in batch(pad_last=pad_last).items() if k in ("input_ids", "token_type_ids",
+                                                                    "attention_mask")}
     t = 7
     changed = {**b, "input_ids": b["input_ids"].clone()}
-    changed["input_ids"][:, t + 1 : -5] = (changed["input_ids"][:, t + 1 : -5] + 11) % 59 + 5  # new tokens after t
+    # new tokens after t
+    changed["input_ids"][:, t + 1 : -5] = (changed["input_ids"][:, t + 1 : -5] + 11) % 59 + 5
     before, after = _per_position_logits(module, b), _per_position_logits(module, changed)
     if causal:
-        torch.testing.assert_close(after[:, : t + 1], before[:, : t + 1], atol=1e-6, rtol=1e-6, equal_nan=True)
-        assert (after[:, t + 1 :] - before[:, t + 1 :]).abs().nan_to_num().amax() > 1e-3  # later positions do see it
+        torch.testing.assert_close(after[:, : t + 1], before[:, : t + 1], atol=1e-6, rtol=1e-6,
+                                   equal_nan=True)
+        # later positions do see it
+        assert (after[:, t + 1 :] - before[:, t + 1 :]).abs().nan_to_num().amax() > 1e-3
     else:
         assert (after[:, : t + 1] - before[:, : t + 1]).abs().nan_to_num().amax() > 1e-3
 

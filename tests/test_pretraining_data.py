@@ -1,5 +1,6 @@
 """Pre-training data: documents, NSP pairing, masked-LM corruption and the DataModule, on real text."""
 
+import itertools
 from pathlib import Path
 
 import numpy as np
@@ -13,6 +14,7 @@ from bert_repro.data.pretraining import PretrainDataModule
 from bert_repro.tokenization import save_vocab, train_wordpiece, vocab_list
 
 from .conftest import SHARED
+from .helpers import pretrain_losses
 
 TEXT = SHARED / "pretrain_text"
 MAX_SEQ = 128
@@ -41,7 +43,8 @@ def nsp_instances(wiki):
     instances = []
     for seed in range(2):
         for i in range(len(tokenized)):
-            instances += create_instances_from_document(tokenized, i, MAX_SEQ, 0.1, np.random.default_rng([seed, i]))
+            instances += create_instances_from_document(tokenized, i, MAX_SEQ, 0.1,
+                                                        np.random.default_rng([seed, i]))
     return instances
 
 
@@ -104,7 +107,8 @@ def test_no_nsp_gives_contiguous_single_segments(wiki):
     _, _, tokenized = wiki
     streams = [_stream(d) for d in tokenized]
     for i in range(0, len(tokenized), 4):
-        for inst in create_instances_from_document(tokenized, i, MAX_SEQ, 0.1, np.random.default_rng(i), nsp=False):
+        for inst in create_instances_from_document(tokenized, i, MAX_SEQ, 0.1, np.random.default_rng(i),
+                                                   nsp=False):
             ids = inst["input_ids"]
             assert "next_sentence_label" not in inst and set(inst["token_type_ids"]) == {0}
             assert ids[0] == 2 and ids[-1] == 3 and 3 not in ids[1:-1] and len(ids) <= MAX_SEQ
@@ -121,8 +125,8 @@ def _mask_all(instances, shares, whole_word=False, is_continuation=None, seed=0,
         ids = np.asarray(inst["input_ids"])
         special = (ids == 2) | (ids == 3)
         cont = None if is_continuation is None else is_continuation[ids]
-        masked, pos, labels = mask_tokens(ids, special, rng, vocab_size, 4, shares=shares, whole_word=whole_word,
-                                          is_continuation=cont)
+        masked, pos, labels = mask_tokens(ids, special, rng, vocab_size, 4, shares=shares,
+                                          whole_word=whole_word, is_continuation=cont)
         out.append((ids, special, masked, pos, labels))
     return out
 
@@ -186,12 +190,13 @@ def test_batches_have_the_documented_format(small_corpus, tmp_path):
     train_docs, val_docs = set(dm.train_set["doc_index"]), dm.val_set["doc_index"]
     assert len(set(val_docs)) == round(16 * 0.2) and len(train_docs) == 16 - round(16 * 0.2)
     batch = next(iter(dm.train_dataloader()))
-    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "masked_lm_ids",
-                          "masked_lm_weights", "next_sentence_labels"}
+    assert set(batch) == {"input_ids", "token_type_ids", "attention_mask", "masked_lm_positions",
+                          "masked_lm_ids", "masked_lm_weights", "next_sentence_labels"}
     B, T = batch["input_ids"].shape
     assert B == 8 and T <= MAX_SEQ and T == batch["attention_mask"].sum(1).max()
     assert batch["masked_lm_positions"].shape == (B, 20) and batch["masked_lm_weights"].dtype == torch.float32
-    for key in ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions", "next_sentence_labels"):
+    for key in ("input_ids", "token_type_ids", "attention_mask", "masked_lm_positions",
+                "next_sentence_labels"):
         assert batch[key].dtype == torch.long
     assert torch.all(batch["input_ids"][batch["attention_mask"] == 0] == 0)  # padded with [PAD] = 0
     weights, positions = batch["masked_lm_weights"], batch["masked_lm_positions"]
@@ -208,7 +213,8 @@ def test_same_seed_same_data_and_cache_reuse(small_corpus, tmp_path, monkeypatch
     assert first.train_set.to_dict() == other.train_set.to_dict()
     assert first.val_set.to_dict() == other.val_set.to_dict()
     for key in ("input_ids", "masked_lm_positions"):
-        assert torch.equal(next(iter(first.train_dataloader()))[key], next(iter(other.train_dataloader()))[key])
+        assert torch.equal(next(iter(first.train_dataloader()))[key],
+                           next(iter(other.train_dataloader()))[key])
     assert first.train_set.to_dict() != _module(small_corpus, tmp_path / "c", masking="static", seed=8,
                                                 dupe_factor=2).train_set.to_dict()
 
@@ -275,7 +281,8 @@ def _originals(ids: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> np
 @pytest.mark.parametrize("ablation", ["mask_80_10_10", "mask_100_0_0", "mask_80_0_20", "mask_80_20_0",
                                       "mask_0_20_80", "mask_0_0_100"])
 def test_mask_configs_give_their_shares_on_generated_instances(small_corpus, tmp_path, ablation):
-    """Table 8: each mask_* config, composed as a run composes it, masks instances in its MASK/SAME/RND shares."""
+    """Table 8: each mask_* config, composed as a run composes it, masks instances in its MASK/SAME/RND
+    shares."""
     from .test_config import compose_cfg, resolved
 
     shares = resolved(compose_cfg([f"ablation={ablation}"]))["data"]["mask_shares"]
@@ -284,7 +291,8 @@ def test_mask_configs_give_their_shares_on_generated_instances(small_corpus, tmp
     mask_id = dm.special_ids["[MASK]"]
     counts = np.zeros(3)
     chosen = tokens = 0
-    for ids, positions, labels in zip(*(dm.train_set[k] for k in ("input_ids", "masked_lm_positions", "masked_lm_ids"))):
+    for ids, positions, labels in zip(*(dm.train_set[k] for k in ("input_ids", "masked_lm_positions",
+                                                                  "masked_lm_ids"))):
         masked = np.asarray(ids)[positions]
         counts += [np.sum(masked == mask_id), np.sum((masked == labels) & (masked != mask_id)),
                    np.sum((masked != labels) & (masked != mask_id))]
@@ -320,13 +328,15 @@ def test_static_masking_gives_dupe_factor_differently_masked_copies(wiki, tmp_pa
     short = [d[:2] for d, ids in zip(docs, tokenized) if sum(map(len, ids[:2])) <= 100][:40]
     corpus = write_documents(short, tmp_path / "short.txt")
     vocab = save_vocab(tokenizer, tmp_path)
-    dm = PretrainDataModule(str(corpus), tokenizer=str(vocab), max_seq_length=128, short_seq_prob=0.0, nsp=False,
-                            masking="static", dupe_factor=4, val_fraction=0.0, cache_dir=str(tmp_path / "cache"))
+    dm = PretrainDataModule(str(corpus), tokenizer=str(vocab), max_seq_length=128, short_seq_prob=0.0,
+                            nsp=False, masking="static", dupe_factor=4, val_fraction=0.0,
+                            cache_dir=str(tmp_path / "cache"))
     dm.setup()
     copies: dict[int, list] = {}
     for row in dm.train_set:
         original = _originals(row["input_ids"], row["masked_lm_positions"], row["masked_lm_ids"])
-        copies.setdefault(row["doc_index"], []).append((row["dupe"], original.tolist(), tuple(row["masked_lm_positions"])))
+        copies.setdefault(row["doc_index"], []).append((row["dupe"], original.tolist(),
+                                                        tuple(row["masked_lm_positions"])))
     assert len(copies) == len(short) > 30
     for rounds in copies.values():
         assert sorted(r[0] for r in rounds) == [0, 1, 2, 3]
@@ -347,17 +357,10 @@ def test_same_seed_same_first_losses(small_corpus, tmp_path, monkeypatch):
     def first_losses(cache: str, seed: int) -> list[float]:
         L.seed_everything(seed)
         dm = _module(small_corpus, tmp_path / cache, masking="dynamic", seed=seed)
-        module = PretrainModule(model=dict(vocab_size=len(dm.vocab), hidden_size=32, num_layers=2, num_heads=2),
+        module = PretrainModule(model=dict(vocab_size=len(dm.vocab), hidden_size=32, num_layers=2,
+                                           num_heads=2),
                                 optim={})
-        optimizer = torch.optim.AdamW(module.parameters(), lr=1e-3)
-        losses = []
-        for _, batch in zip(range(3), dm.train_dataloader()):
-            loss = module._step(batch, "train")
-            loss.backward()
-            optimizer.step()
-            optimizer.zero_grad()
-            losses.append(loss.item())
-        return losses
+        return pretrain_losses(module, itertools.islice(dm.train_dataloader(), 3), lr=1e-3)
 
     first = first_losses("a", 5)
     assert first == first_losses("b", 5)  # a fresh cache: everything rebuilt

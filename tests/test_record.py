@@ -54,7 +54,8 @@ def test_a_run_stopped_after_epoch_one_reports_the_whole_run(tmp_path, minilm_di
     """SIGTERM once epoch 1's checkpoint exists, rerun the command: an uninterrupted run's record."""
     args = ["task=mrpc", "model=tiny", f"data.tokenizer={minilm_dir / 'vocab.txt'}",
             "data.max_train_examples=1200", "optim.epochs=3", "optim.limit_val_batches=2", "logger=none",
-            "trainer.enable_progress_bar=false", "checkpoint.keep_recent=1"]  # recent-<step>.ckpt: epoch 1's checkpoint, the moment to stop
+            # recent-<step>.ckpt: epoch 1's checkpoint, the moment to stop
+            "trainer.enable_progress_bar=false", "checkpoint.keep_recent=1"]
     full, stopped = tmp_path / "full", tmp_path / "stopped"
     proc = train_py(*args, f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={full}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]

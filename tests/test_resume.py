@@ -18,14 +18,17 @@ from bert_repro.reliability import AtomicCheckpointIO, safe_load
 
 from .conftest import REPO
 
-PRETRAIN = ["model=tiny", "scale=smoke", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=8",
-            "scale.pretrain.vocab_size=2000", "data.corpus=builtin:pydoc", "data.masking=dynamic",  # masks per epoch
+PRETRAIN = ["model=tiny", "scale=smoke", "logger=csv", "trainer.enable_progress_bar=false",
+            "data.batch_size=8",
+            # masks per epoch
+            "scale.pretrain.vocab_size=2000", "data.corpus=builtin:pydoc", "data.masking=dynamic",
             "optim.max_steps=24", "optim.val_check_interval=8", "optim.limit_val_batches=2",
             "checkpoint.every_n_steps=1", "checkpoint.keep_recent=1"]
 
 
 def command(out: Path, cache: Path, *overrides: str) -> list[str]:
-    return [sys.executable, str(REPO / "src" / "train.py"), *overrides, f"paths.cache_dir={cache}", f"hydra.run.dir={out}"]
+    return [sys.executable, str(REPO / "src" / "train.py"), *overrides, f"paths.cache_dir={cache}",
+            f"hydra.run.dir={out}"]
 
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
@@ -41,9 +44,11 @@ def saved_step(out: Path) -> int:
 
 
 def start_and_signal(cmd: list[str], out: Path, at_step: int, signum: int, timeout: float = 400):
-    """Start ``cmd``, send ``signum`` once a checkpoint of step >= ``at_step`` exists; the finished process."""
+    """Start ``cmd``, send ``signum`` once a checkpoint of step >= ``at_step`` exists; the finished
+    process."""
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                            env=env)
     deadline = time.monotonic() + timeout
     try:
         while saved_step(out) < at_step:
@@ -63,12 +68,16 @@ def final(out: Path) -> dict:
     return json.loads((out / "results.json").read_text())
 
 
-@pytest.fixture(scope="module")
-def uninterrupted(tmp_path_factory):
-    tmp = tmp_path_factory.mktemp("resume")
-    proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN))
+def full_run(tmp: Path, overrides: list[str]) -> tuple[Path, dict]:
+    """The uninterrupted run to compare with, in ``tmp``/full: ``tmp`` and its results.json."""
+    proc = run(command(tmp / "full", tmp / "cache", *overrides))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp, final(tmp / "full")
+
+
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    return full_run(tmp_path_factory.mktemp("resume"), PRETRAIN)
 
 
 def test_sigkill_mid_epoch_then_same_command_gives_the_same_result(uninterrupted):
@@ -104,7 +113,8 @@ def test_rerunning_a_finished_command_changes_nothing(uninterrupted):
 
 
 def test_other_settings_do_not_resume_a_folders_checkpoint(uninterrupted):
-    """The folder's last.ckpt belongs to its command: a different one landing there is refused, not mixed in."""
+    """The folder's last.ckpt belongs to its command: a different one landing there is refused, not mixed
+    in."""
     tmp, full = uninterrupted
     before = (tmp / "full" / "results.json").read_bytes()
     proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN, "optim.lr=1e-3"))
@@ -117,9 +127,10 @@ def test_other_settings_do_not_resume_a_folders_checkpoint(uninterrupted):
 def glue_setup(tmp_path_factory, shared_data, minilm_dir):
     """RTE, 64 examples in batches of 16: 4 steps an epoch, 12 in all, every step's checkpoint kept."""
     tmp = tmp_path_factory.mktemp("resume_glue")
-    overrides = ["task=rte", "model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
-                 "data.max_train_examples=64", "optim.epochs=3", f"data.tokenizer={minilm_dir}",
-                 f"paths.shared_data={shared_data}", "checkpoint.every_n_steps=1", "checkpoint.keep_recent=12"]
+    overrides = ["task=rte", "model=tiny", "logger=csv", "trainer.enable_progress_bar=false",
+                 "data.batch_size=16", "data.max_train_examples=64", "optim.epochs=3",
+                 f"data.tokenizer={minilm_dir}", f"paths.shared_data={shared_data}",
+                 "checkpoint.every_n_steps=1", "checkpoint.keep_recent=12"]
     proc = run(command(tmp / "full", tmp / "cache", *overrides))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     return tmp, overrides, final(tmp / "full")

@@ -73,8 +73,9 @@ def test_train_refuses_it_as_init_or_resume(malicious, tmp_path, how):
     path, marker = malicious
     proc = subprocess.run(
         [sys.executable, str(REPO / "src" / "train.py"), "model=tiny", "scale=smoke", "logger=none",
-         "data.corpus=builtin:pydoc", "optim.max_steps=2", "data.batch_size=8", "scale.pretrain.vocab_size=2000",
-         f"{how}={path}", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}"],
+         "data.corpus=builtin:pydoc", "optim.max_steps=2", "data.batch_size=8",
+         "scale.pretrain.vocab_size=2000", f"{how}={path}", f"paths.cache_dir={tmp_path / 'cache'}",
+         f"hydra.run.dir={tmp_path / 'run'}"],
         cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output[-3000:]
@@ -104,7 +105,8 @@ def test_every_torch_load_in_the_package_is_weights_only():
 
 def test_exports_are_safetensors(tmp_path):
     config = BertConfig(vocab_size=50, hidden_size=16, num_layers=1, num_heads=2)
-    out = convert.export_hf(BertForPreTraining(config), tmp_path / "hf", vocab=["[PAD]"] + [f"t{i}" for i in range(49)])
-    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors", "tokenizer_config.json",
-                                                     "vocab.txt"]
+    out = convert.export_hf(BertForPreTraining(config), tmp_path / "hf",
+                            vocab=["[PAD]"] + [f"t{i}" for i in range(49)])
+    assert sorted(p.name for p in out.iterdir()) == ["config.json", "model.safetensors",
+                                                     "tokenizer_config.json", "vocab.txt"]
     assert convert.load_checkpoint(out).config.hidden_size == 16

@@ -18,13 +18,14 @@ def squash(text: str) -> str:
 
 @pytest.mark.parametrize("version, name", FILES)
 def test_every_answer_maps_to_tokens_and_back(shared_data, minilm_dir, version, name):
-    """Each gold answer -> the smallest token span covering it -> its text through the offsets. The text is the
-    answer (modulo whitespace), except where the answer starts or ends inside a WordPiece token ("gold" of
+    """Each gold answer -> the smallest token span covering it -> its text through the offsets. The text is
+    the answer (modulo whitespace), except where the answer starts or ends inside a WordPiece token ("gold" of
     "golden", "7" of "1817"): there it is the whole token(s), and such answers are under 1.5% of each file."""
     tokenizer = load_tokenizer(minilm_dir)
     rows = read_squad_json(shared_data / name, version)
     contexts = sorted({r["context"] for r in rows})
-    offsets = dict(zip(contexts, (e.offsets for e in tokenizer.encode_batch(contexts, add_special_tokens=False))))
+    offsets = dict(zip(contexts,
+                       (e.offsets for e in tokenizer.encode_batch(contexts, add_special_tokens=False))))
     answers = inside_tokens = 0
     for row in rows:
         context = row["context"]
@@ -43,7 +44,8 @@ def test_every_answer_maps_to_tokens_and_back(shared_data, minilm_dir, version, 
 
 def windows_of(rows, tokenizer, max_seq_length=384, doc_stride=128, max_query_length=64):
     batch = {key: [r[key] for r in rows] for key in ("question", "context", "answers")}
-    return make_windows(batch, list(range(len(rows))), tokenizer, max_seq_length, doc_stride, max_query_length)
+    return make_windows(batch, list(range(len(rows))), tokenizer, max_seq_length, doc_stride,
+                        max_query_length)
 
 
 @pytest.mark.parametrize("version, name", [(1, "squad_v1/dev-v1.1.json"), (2, "squad_v2/train-v2.0.json")])
@@ -70,10 +72,13 @@ def test_windows_place_every_answer(shared_data, minilm_dir, version, name):
     assert sum(1 for r in rows if not r["answers"]["text"]) == (348 if version == 2 else 0)
 
 
-@pytest.mark.parametrize("max_seq_length, doc_stride, max_query_length", [(384, 128, 64), (96, 24, 24), (64, 8, 24)])
-def test_windows_never_drop_an_answer_that_fits(shared_data, minilm_dir, max_seq_length, doc_stride, max_query_length):
-    """Windows cover the whole passage, hold [CLS] question [SEP] piece [SEP] with segment ids 0 then 1, and an
-    answer that fits in the windows' overlap (+1 token) is whole in at least one window, which points at it."""
+@pytest.mark.parametrize("max_seq_length, doc_stride, max_query_length",
+                         [(384, 128, 64), (96, 24, 24), (64, 8, 24)])
+def test_windows_never_drop_an_answer_that_fits(shared_data, minilm_dir, max_seq_length, doc_stride,
+                                                max_query_length):
+    """Windows cover the whole passage, hold [CLS] question [SEP] piece [SEP] with segment ids 0 then 1, and
+    an answer that fits in the windows' overlap (+1 token) is whole in at least one window, which points at
+    it."""
     tokenizer = load_tokenizer(minilm_dir)
     rows = read_squad_json(shared_data / "squad_v1/dev-v1.1.json", 1)[:300]
     out = windows_of(rows, tokenizer, max_seq_length, doc_stride, max_query_length)
@@ -83,7 +88,8 @@ def test_windows_never_drop_an_answer_that_fits(shared_data, minilm_dir, max_seq
         context = tokenizer.encode(row["context"], add_special_tokens=False)
         query = tokenizer.encode(row["question"], add_special_tokens=False).ids[:max_query_length]
         start_char = row["answers"]["answer_start"][0]
-        first, last = char_to_token_span(context.offsets, start_char, start_char + len(row["answers"]["text"][0]))
+        first, last = char_to_token_span(context.offsets, start_char,
+                                         start_char + len(row["answers"]["text"][0]))
         mine = [i for i, e in enumerate(out["example"]) if e == example]
         covered, hits = [], 0
         for i in mine:
@@ -97,7 +103,8 @@ def test_windows_never_drop_an_answer_that_fits(shared_data, minilm_dir, max_seq
             covered.extend(range(offset, offset + len(piece)))
             if out["start_positions"][i]:
                 hits += 1
-                assert (out["start_positions"][i], out["end_positions"][i]) == (begin + first - offset, begin + last - offset)
+                assert (out["start_positions"][i], out["end_positions"][i]) == (begin + first - offset,
+                                                                                begin + last - offset)
         assert sorted(set(covered)) == list(range(len(context.ids)))
         budget = max_seq_length - len(query) - 3
         if last - first + 1 <= budget - doc_stride + 1:
@@ -121,14 +128,17 @@ def write_squad(folder, version, qas, context="The cat sat on the mat."):
     (1, {"id": "q-outside", "question": "Who sat?", "answers": [{"text": "cat", "answer_start": 40}]},
      "answer 'cat' at answer_start 40 lies outside its context (23 characters)"),
     (1, {"id": "q-none", "question": "Who sat?", "answers": []}, "has no answer"),
-    (1, {"id": "q-impossible", "question": "Who sat?", "answers": [], "is_impossible": True}, "task=squad_v2"),
-    (2, {"id": "q-v2", "question": "Who sat?", "answers": [], "is_impossible": False}, "is_impossible=False but 0"),
+    (1, {"id": "q-impossible", "question": "Who sat?", "answers": [], "is_impossible": True},
+     "task=squad_v2"),
+    (2, {"id": "q-v2", "question": "Who sat?", "answers": [], "is_impossible": False},
+     "is_impossible=False but 0"),
     (2, {"id": "q-v2-outside", "question": "Who?", "answers": [{"text": "mat.", "answer_start": 20}],
          "is_impossible": False}, "lies outside its context"),
 ])
 def test_malformed_files_are_refused(tmp_path, minilm_dir, version, qa, message):
     train = write_squad(tmp_path / "squad", version, [qa])
-    data = SquadDataModule(version, squad_dir=str(tmp_path / "squad"), tokenizer=str(minilm_dir), cache_dir=str(tmp_path / "c"))
+    data = SquadDataModule(version, squad_dir=str(tmp_path / "squad"), tokenizer=str(minilm_dir),
+                           cache_dir=str(tmp_path / "c"))
     with pytest.raises(ValueError) as err:
         data.setup()
     assert str(train) in str(err.value) and f"question {qa['id']}" in str(err.value) and message in str(err.value)
@@ -136,12 +146,14 @@ def test_malformed_files_are_refused(tmp_path, minilm_dir, version, qa, message)
 
 def test_wrong_layout_and_missing_files(tmp_path, minilm_dir):
     (tmp_path / "train-v1.1.json").write_text(json.dumps({"version": "1.1", "rows": []}))
-    data = SquadDataModule(1, squad_dir=str(tmp_path), tokenizer=str(minilm_dir), cache_dir=str(tmp_path / "c"))
+    data = SquadDataModule(1, squad_dir=str(tmp_path), tokenizer=str(minilm_dir),
+                           cache_dir=str(tmp_path / "c"))
     with pytest.raises(ValueError, match="is not a SQuAD file"):
         data.setup()
     with pytest.raises(FileNotFoundError, match="dev-v1.1.json does not exist"):
         read_squad_json(tmp_path / "dev-v1.1.json", 1)
-    with pytest.raises(ValueError, match="doc_stride=64 .* passage room .* = 61"):  # windows would not overlap
+    # windows would not overlap
+    with pytest.raises(ValueError, match="doc_stride=64 .* passage room .* = 61"):
         SquadDataModule(1, max_seq_length=128, doc_stride=64)
 
 
@@ -160,13 +172,14 @@ def test_second_run_reads_the_token_cache(tmp_path, shared_data, minilm_dir, mon
     second.setup()  # same files, vocabulary and settings: read back from the cache
     assert second.datasets["dev"]["input_ids"] == first.datasets["dev"]["input_ids"]
     assert second.examples["dev"]["id"] == first.examples["dev"]["id"]
-    with pytest.raises(AssertionError, match="tokenized again"):  # another window setting is another cache entry
+    # another window setting is another cache entry
+    with pytest.raises(AssertionError, match="tokenized again"):
         SquadDataModule(**{**settings, "doc_stride": 64}).setup()
 
 
 def test_hub_rows_are_read_and_checked_like_the_files(tmp_path, shared_data, minilm_dir, monkeypatch):
-    """squad_dir=null reads rajpurkar/squad_v2 through datasets.load_dataset (here answered offline from the fixture
-    in the Hub's schema); its rows pass the same answer check as the official files."""
+    """squad_dir=null reads rajpurkar/squad_v2 through datasets.load_dataset (here answered offline from the
+    fixture in the Hub's schema); its rows pass the same answer check as the official files."""
     from datasets import Dataset
 
     rows = read_squad_json(shared_data / "squad_v2/dev-v2.0.json", 2)[:30]

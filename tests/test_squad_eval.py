@@ -54,8 +54,9 @@ ANSWERS = {"a": ["Denver Broncos", "The Denver Broncos"], "b": ["Santa Clara, Ca
 def test_v2_has_and_no_answer_splits_by_hand():
     preds = {"a": "denver broncos", "b": "Levi's Stadium in Santa Clara", "c": "", "d": "1990"}
     got = evaluate_v2(ANSWERS, preds)  # exact a 1, b 0, c 1, d 0; f1 a 1, b 0.5, c 1, d 0
-    assert got == pytest.approx({"exact": 50.0, "f1": 62.5, "total": 4, "HasAns_exact": 50.0, "HasAns_f1": 75.0,
-                                 "HasAns_total": 2, "NoAns_exact": 50.0, "NoAns_f1": 50.0, "NoAns_total": 2})
+    assert got == pytest.approx({"exact": 50.0, "f1": 62.5, "total": 4, "HasAns_exact": 50.0,
+                                 "HasAns_f1": 75.0, "HasAns_total": 2, "NoAns_exact": 50.0, "NoAns_f1": 50.0,
+                                 "NoAns_total": 2})
     only_answerable = evaluate_v2({"a": ANSWERS["a"]}, preds)
     assert "NoAns_f1" not in only_answerable and only_answerable["HasAns_f1"] == 100.0
 
@@ -80,10 +81,12 @@ class _Prediction:
 
 
 def test_v2_answers_use_the_tuned_threshold():
-    predictions = {"a": _Prediction("denver broncos", -5.0), "b": _Prediction("Levi's Stadium in Santa Clara", -2.0),
-                   "c": _Prediction("Stanford", 2.0), "d": _Prediction("1990", -1.0)}
+    predictions = {"a": _Prediction("denver broncos", -5.0),
+                   "b": _Prediction("Levi's Stadium in Santa Clara", -2.0), "c": _Prediction("Stanford", 2.0),
+                   "d": _Prediction("1990", -1.0)}
     metrics, final, tau = score(ANSWERS, predictions, version=2)
-    assert tau == -2.0 and final == {"a": "denver broncos", "b": "Levi's Stadium in Santa Clara", "c": "", "d": ""}
+    assert tau == -2.0 and final == {"a": "denver broncos", "b": "Levi's Stadium in Santa Clara", "c": "",
+                                     "d": ""}
     assert metrics["f1"] == pytest.approx(metrics["best_f1"]) == pytest.approx(87.5)
     assert metrics["exact_match"] == pytest.approx(75.0) and metrics["null_threshold"] == -2.0
     assert (metrics["has_ans_f1"], metrics["no_ans_f1"]) == pytest.approx((75.0, 100.0))
@@ -137,7 +140,8 @@ def test_null_answer_by_hand():
     """s_null = the lowest S.C + E.C over the windows (0.5 + 0.5 = 1.0); null odds = 1.0 - 7.0."""
     p = predict_question(CONTEXT, windows(), n_best_size=2, max_answer_length=30, with_null=True)
     assert p.text == "Santa Clara" and p.null_odds == pytest.approx(-6.0)
-    assert [e["text"] for e in p.nbest] == ["Santa Clara", "Levi's Stadium", ""]  # null listed below the n-best
+    # null listed below the n-best
+    assert [e["text"] for e in p.nbest] == ["Santa Clara", "Levi's Stadium", ""]
     strong_null = predict_question(CONTEXT, windows(((9.0, 1.0), (6.0, 6.0))), 2, 30, with_null=True)
     assert strong_null.null_odds == pytest.approx(3.0) and strong_null.nbest[0]["text"] == ""
     assert [e["text"] for e in strong_null.nbest] == ["", "Santa Clara"] and strong_null.text == "Santa Clara"

@@ -15,8 +15,9 @@ def batch(B=3, T=12):
     g = torch.Generator().manual_seed(0)
     mask = torch.ones(B, T, dtype=torch.long)
     mask[0, 9:] = 0  # a padded row
-    return {"input_ids": torch.randint(5, 100, (B, T), generator=g), "token_type_ids": (torch.arange(T) > 4).long().expand(B, T),
-            "attention_mask": mask, "start_positions": torch.tensor([3, 0, 7]), "end_positions": torch.tensor([5, 0, 7])}
+    return {"input_ids": torch.randint(5, 100, (B, T), generator=g),
+            "token_type_ids": (torch.arange(T) > 4).long().expand(B, T), "attention_mask": mask,
+            "start_positions": torch.tensor([3, 0, 7]), "end_positions": torch.tensor([5, 0, 7])}
 
 
 def test_span_layer_and_loss():
@@ -43,7 +44,8 @@ def changed_logits(module):
 
 
 def test_ltr_stays_left_to_right_and_bilstm_reads_right_context():
-    """Table 5: "LTR & No NSP" keeps the left-only constraint at fine-tuning; "+ BiLSTM" adds right context."""
+    """Table 5: "LTR & No NSP" keeps the left-only constraint at fine-tuning; "+ BiLSTM" adds right
+    context."""
     torch.manual_seed(0)
     assert changed_logits(SpanExtractionModule(TINY, {}, version=1).eval())  # bidirectional
     assert not changed_logits(SpanExtractionModule({**TINY, "causal": True}, {}, version=1).eval())
@@ -54,12 +56,15 @@ def test_init_from_a_checkpoint(minilm_dir):
     loaded = load_checkpoint(minilm_dir)
     shape = {**loaded.config.to_dict(), "causal": True}
     module = SpanExtractionModule(shape, {}, version=2, bilstm=True)
-    assert module.load_pretrained(loaded) == ["lstm", "qa_outputs"]  # the new, randomly initialised parameters
+    # the new, randomly initialised parameters
+    assert module.load_pretrained(loaded) == ["lstm", "qa_outputs"]
     assert torch.equal(module.model.bert.embeddings.word_embeddings.weight,
                        loaded.state_dict["bert.embeddings.word_embeddings.weight"])
-    causal = LoadedCheckpoint(BertConfig(**{**TINY, "causal": True}), SpanExtractionModule({**TINY, "causal": True}, {}, 1)
+    causal = LoadedCheckpoint(BertConfig(**{**TINY, "causal": True}),
+                              SpanExtractionModule({**TINY, "causal": True}, {}, 1)
                               .model.state_dict(), [], None, True, "ltr.ckpt")
-    with pytest.raises(ValueError, match="left-to-right"):  # a causal checkpoint is never fine-tuned bidirectionally
+    # a causal checkpoint is never fine-tuned bidirectionally
+    with pytest.raises(ValueError, match="left-to-right"):
         SpanExtractionModule(TINY, {}, version=1).load_pretrained(causal)
 
 
@@ -75,7 +80,8 @@ def test_null_threshold_travels_in_the_checkpoint():
 
 @pytest.mark.parametrize("task, version, epochs, batch", [("squad_v1", 1, 3, 32), ("squad_v2", 2, 2, 48)])
 def test_task_configs_build_the_module_with_the_paper_defaults(task, version, epochs, batch):
-    """conf/task/squad_*.yaml: §4.2 / v2 §4.3 hyper-parameters; ablation=ltr_no_nsp_bilstm reaches the module."""
+    """conf/task/squad_*.yaml: §4.2 / v2 §4.3 hyper-parameters; ablation=ltr_no_nsp_bilstm reaches the
+    module."""
     from hydra.utils import instantiate
 
     from .test_config import compose_cfg, resolved

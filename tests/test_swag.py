@@ -1,5 +1,5 @@
-"""SWAG (§4.4): the original CSV rows become four [CLS] sent1 [SEP] sent2 ending_i [SEP] sequences, batches are
-(B, 4, T), one vector V scores each pooled C_i; src/train.py runs it end to end with test predictions."""
+"""SWAG (§4.4): the original CSV rows become four [CLS] sent1 [SEP] sent2 ending_i [SEP] sequences, batches
+are (B, 4, T), one vector V scores each pooled C_i; src/train.py runs it end to end with test predictions."""
 
 import csv
 import json
@@ -21,7 +21,8 @@ def swag_dir(shared_data):
 
 
 def test_rows_become_four_sequences_and_batches_are_b_4_t(tmp_path, swag_dir, minilm_dir):
-    data = SwagDataModule(str(swag_dir), tokenizer=str(minilm_dir), batch_size=3, cache_dir=str(tmp_path / "cache"))
+    data = SwagDataModule(str(swag_dir), tokenizer=str(minilm_dir), batch_size=3,
+                          cache_dir=str(tmp_path / "cache"))
     data.setup()
     assert {s: len(d) for s, d in data.datasets.items()} == {"train": 4, "dev": 4, "test": 4}
     with open(swag_dir / "val.csv", newline="") as f:
@@ -44,7 +45,8 @@ def test_rows_become_four_sequences_and_batches_are_b_4_t(tmp_path, swag_dir, mi
 
 
 def test_long_inputs_are_truncated_to_max_seq_length(tmp_path, swag_dir, minilm_dir):
-    data = SwagDataModule(str(swag_dir), tokenizer=str(minilm_dir), max_seq_length=16, cache_dir=str(tmp_path / "c"))
+    data = SwagDataModule(str(swag_dir), tokenizer=str(minilm_dir), max_seq_length=16,
+                          cache_dir=str(tmp_path / "c"))
     data.setup()
     lengths = [len(s) for split in data.datasets.values() for r in split["input_ids"] for s in r]
     assert max(lengths) == 16
@@ -73,10 +75,12 @@ def test_one_vector_scores_each_choice():
     module = MultipleChoiceModule(SHAPE, {}).eval()
     assert module.model.classifier.weight.shape == (1, 32)  # V (§4.4)
     ids = torch.randint(5, 1000, (2, 4, 9))
-    batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids), "attention_mask": torch.ones_like(ids)}
+    batch = {"input_ids": ids, "token_type_ids": torch.zeros_like(ids),
+             "attention_mask": torch.ones_like(ids)}
     scores = module(batch)
     assert scores.shape == (2, 4)
-    single = module.model(ids[1, 2:3], torch.zeros(1, 9, dtype=torch.long), torch.ones(1, 9, dtype=torch.long))
+    single = module.model(ids[1, 2:3], torch.zeros(1, 9, dtype=torch.long),
+                          torch.ones(1, 9, dtype=torch.long))
     assert torch.allclose(scores[1, 2], single.squeeze())  # choices are scored independently, then compared
     with pytest.raises(ValueError, match="3 choices per example"):
         module({k: v[:, :3] for k, v in batch.items()})
@@ -87,9 +91,10 @@ def test_one_vector_scores_each_choice():
 
 
 def test_swag_end_to_end_with_test_predictions(tmp_path, minilm_dir, shared_data):
-    proc, out = run("task=swag", "model=minilm_l6", f"init={minilm_dir}", "logger=csv", "trainer.enable_progress_bar=false",
-                    "data.batch_size=2", "optim.max_steps=3", "test=true", f"paths.shared_data={shared_data}",
-                    f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}")
+    proc, out = run("task=swag", "model=minilm_l6", f"init={minilm_dir}", "logger=csv",
+                    "trainer.enable_progress_bar=false", "data.batch_size=2", "optim.max_steps=3",
+                    "test=true", f"paths.shared_data={shared_data}", f"paths.cache_dir={tmp_path / 'cache'}",
+                    f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 0, out[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 3
@@ -101,14 +106,16 @@ def test_swag_end_to_end_with_test_predictions(tmp_path, minilm_dir, shared_data
 
 
 def test_hub_layout(tmp_path, shared_data, minilm_dir):
-    """The Hub code path (load_dataset), offline: real rows in allenai/swag's field names (transformers' fixture)."""
+    """The Hub code path (load_dataset), offline: real rows in allenai/swag's field names (transformers'
+    fixture)."""
     hub = tmp_path / "hub"
     hub.mkdir()
     sample = (shared_data / "swag" / "transformers_fixture" / "sample.json").read_text()
     for split in ("train", "validation"):
         (hub / f"{split}.json").write_text(sample)
     rows = [json.loads(line) for line in sample.splitlines() if line]
-    (hub / "test.json").write_text("".join(json.dumps({**r, "label": -1}) + "\n" for r in rows))  # the Hub's test
+    # the Hub's test
+    (hub / "test.json").write_text("".join(json.dumps({**r, "label": -1}) + "\n" for r in rows))
     data = SwagDataModule(None, hub={"path": str(hub), "name": None}, tokenizer=str(minilm_dir),
                           cache_dir=str(tmp_path / "cache"))
     data.setup()

@@ -63,7 +63,8 @@ def test_save_and_reload_give_the_same_tokenizer(trained, tmp_path):
     path = save_vocab(trained, tmp_path)
     assert path.read_text(encoding="utf-8").splitlines() == vocab_list(trained)
     text = "Possibly this may have been the reason why early risers adopted a thoughtful habit."
-    for again in (load_tokenizer(path), load_tokenizer(tmp_path), tokenizer_from_vocab(vocab_list(trained), True)):
+    for again in (load_tokenizer(path), load_tokenizer(tmp_path),
+                  tokenizer_from_vocab(vocab_list(trained), True)):
         assert vocab_list(again) == vocab_list(trained)
         assert again.encode(text).ids == trained.encode(text).ids
 
@@ -71,7 +72,8 @@ def test_save_and_reload_give_the_same_tokenizer(trained, tmp_path):
 def test_minilm_vocab_matches_transformers(minilm_vocab, real_lines):
     transformers = pytest.importorskip("transformers")
     ours = load_tokenizer(minilm_vocab)
-    assert ours.encode("The quick brown fox", add_special_tokens=False).tokens == ["the", "quick", "brown", "fox"]
+    assert ours.encode("The quick brown fox", add_special_tokens=False).tokens == ["the", "quick", "brown",
+                                                                                   "fox"]
     # transformers 5 takes the vocabulary as `vocab=`; 4.x as `vocab_file=`.
     key = "vocab" if int(transformers.__version__.split(".")[0]) >= 5 else "vocab_file"
     reference = transformers.BertTokenizerFast(**{key: str(minilm_vocab)}, do_lower_case=True)
@@ -82,7 +84,8 @@ def test_minilm_vocab_matches_transformers(minilm_vocab, real_lines):
         pair = ours.encode(a, b)
         assert pair.ids == theirs["input_ids"] and pair.type_ids == theirs["token_type_ids"]
     # The checkpoint directory and its tokenizer.json give the same tokenizer as vocab.txt.
-    for other in (load_tokenizer(minilm_vocab.parent), load_tokenizer(minilm_vocab.parent / "tokenizer.json")):
+    for other in (load_tokenizer(minilm_vocab.parent),
+                  load_tokenizer(minilm_vocab.parent / "tokenizer.json")):
         assert vocab_list(other) == vocab_list(ours) and tokenizer_lowercase(other)
 
 

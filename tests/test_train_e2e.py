@@ -38,7 +38,8 @@ def test_results_json_records_science_and_metrics(pretrained):
     _, out = pretrained
     results = json.loads((out / "results.json").read_text())
     assert results["status"] == "complete" and results["global_step"] == 6
-    assert (results["task"], results["model"], results["ablation"], results["scale"]) == ("pretrain", "tiny", "none", "smoke")
+    assert (results["task"], results["model"], results["ablation"], results["scale"]) == ("pretrain", "tiny",
+                                                                                          "none", "smoke")
     assert results["seed"] == 12345 and results["wall_time_s"] > 0 and results["tokens_per_s"] > 0
     final = results["metrics"]["final"]
     for key in ("val/mlm_loss", "val/mlm_ppl", "val/mlm_acc", "val/nsp_acc"):
@@ -100,7 +101,8 @@ def test_init_from_hf_directory_takes_its_vocab_and_reports_missing_heads(tmp_pa
     """all-MiniLM-L6-v2 (an HF-format BertModel without pre-training heads) as init= on real text."""
     minilm = ["model.hidden_size=384", "model.num_layers=6", "model.num_heads=12", "optim.max_steps=2",
               "optim.val_check_interval=2", "optim.limit_val_batches=1", f"init={minilm_dir}"]
-    proc, out = train(tmp_path, "minilm", *minilm, corpus=str(shared_data / "pretrain_text" / "sample_text.txt"))
+    proc, out = train(tmp_path, "minilm", *minilm,
+                      corpus=str(shared_data / "pretrain_text" / "sample_text.txt"))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     results = json.loads((out / "results.json").read_text())
     assert results["missing_heads"] == ["mlm", "nsp"] and results["model_config"]["vocab_size"] == 30522

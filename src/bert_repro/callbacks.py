@@ -14,7 +14,8 @@ log = logging.getLogger(__name__)
 
 
 def module_batch_flops(pl_module: L.LightningModule, batch: dict) -> float:
-    """The training FLOPs of ``batch`` through a task module (flops.batch_flops of its BertConfig); 0 without one."""
+    """The training FLOPs of ``batch`` through a task module (flops.batch_flops of its BertConfig); 0 without
+    one."""
     config = getattr(pl_module, "config", None)  # the task modules' BertConfig
     if config is None:
         return 0.0

@@ -108,9 +108,10 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
         launcher = str(hydra_cfg.launcher.get("_target_", ""))
         if hydra_cfg.mode == RunMode.MULTIRUN and world_size(cfg.trainer) > 1 and "submitit" not in launcher:
             raise SweepUsageError(
-                f"a local multirun (-m) with {world_size(cfg.trainer)} devices: Lightning starts each DDP rank "
-                "by rerunning the command line, which would start the sweep again inside every job. Run the "
-                "sweep with hydra/launcher=submitit_slurm (one SLURM task per device), or its cells one by one")
+                f"a local multirun (-m) with {world_size(cfg.trainer)} devices: Lightning starts each DDP "
+                "rank by rerunning the command line, which would start the sweep again inside every job. Run "
+                "the sweep with hydra/launcher=submitit_slurm (one SLURM task per device), or its cells one "
+                "by one")
     try:  # writable before any work: a run that cannot write its results has nothing to show
         output_dir.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=output_dir):

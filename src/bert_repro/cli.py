@@ -43,7 +43,8 @@ def register_resolvers() -> None:
 
 class OutputFolderCheck(Callback):
     """Hydra creates the run (or sweep) folder before src/train.py gets control: one that cannot be created or
-    written to ends the run here with a message naming it, not a traceback (conf/train.yaml hydra.callbacks)."""
+    written to ends the run here with a message naming it, not a traceback (conf/train.yaml
+    hydra.callbacks)."""
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         _check_writable(Path(str(config.hydra.run.dir)), "hydra.run.dir")

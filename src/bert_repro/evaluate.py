@@ -69,8 +69,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     explicit = model_on_command_line()
     model_cfg = model_shape({**_plain(cfg.model), "vocab_size": len(vocab)}, loaded.config, explicit)
-    module = instantiate(cfg.module, model=model_cfg, optim=_plain(cfg.optim), vocab=vocab, lowercase=lowercase,
-                         _convert_="all")
+    module = instantiate(cfg.module, model=model_cfg, optim=_plain(cfg.optim), vocab=vocab,
+                         lowercase=lowercase, _convert_="all")
     missing_heads = restore(module, init_path, loaded)
 
     trainer = instantiate(cfg.trainer, devices=1, num_nodes=1, strategy="auto", logger=False,

@@ -98,6 +98,7 @@ def matmul_probe(device: str | torch.device = "cpu", n: int = 1024, reps: int = 
 
 def measured_peak_flops(device: str | torch.device = "cpu", n: int = 1024, reps: int = 4,
                         dtype: torch.dtype = torch.float32, trials: int = 3) -> float:
-    """The best of ``trials`` matmul probes: a peak, so a trial that a noisy machine slowed does not lower it."""
+    """The best of ``trials`` matmul probes: a peak, so a trial that a noisy machine slowed does not lower
+    it."""
     probe = matmul_probe(device, n, reps, dtype)
     return max(probe() for _ in range(trials))

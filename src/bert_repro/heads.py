@@ -48,7 +48,8 @@ class SequenceClassifier(nn.Module):
         sequence = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
         if self.lstm is None:
             token = aggregate_token(sequence, attention_mask, self.bert.config.causal)  # (B, H)
-            features = self.bert.pooler(token[:, None])  # (B, H): the pooler reads position 0 of what it is given
+            # (B, H): the pooler reads position 0 of what it is given
+            features = self.bert.pooler(token[:, None])
         else:
             lengths = attention_mask.sum(dim=1).cpu()
             packed = pack_padded_sequence(sequence, lengths, batch_first=True, enforce_sorted=False)
@@ -58,7 +59,8 @@ class SequenceClassifier(nn.Module):
 
 
 def bilstm_outputs(lstm: nn.LSTM, sequence: Tensor, attention_mask: Tensor) -> Tensor:
-    """A batch-first bidirectional LSTM over the real tokens only (padding packed away): (B, T, in) -> (B, T, 2h)."""
+    """A batch-first bidirectional LSTM over the real tokens only (padding packed away): (B, T, in) -> (B, T,
+    2h)."""
     lengths = attention_mask.sum(dim=1).cpu()
     packed = pack_padded_sequence(sequence, lengths, batch_first=True, enforce_sorted=False)
     out, _ = lstm(packed)

@@ -261,11 +261,17 @@ class BertForPreTraining(nn.Module):
         if masked_positions is not None:
             index = masked_positions.unsqueeze(-1).expand(-1, -1, seq.shape[-1])  # (B, P, H)
             predicted = seq.gather(1, index)  # (B, P, H)
+        return self.heads(predicted, seq, prediction_mask, out.hidden_states)
+
+    def heads(self, predicted: Tensor, seq: Tensor, prediction_mask: Tensor | None = None,
+              hidden_states: list[Tensor] | None = None) -> PreTrainingOutput:
+        """MLM logits of the ``predicted`` states (B, P|T, H), of only ``prediction_mask``'s when given, and
+        NSP logits of the first state of ``seq``, [CLS]."""
         if prediction_mask is not None:
             predicted = predicted[prediction_mask]  # (N, H)
         mlm_logits = self.mlm(predicted, self.bert.embeddings.word_embeddings.weight)  # (B, P|T, V) or (N, V)
         nsp_logits = self.nsp(self.bert.pooler(seq)) if self.nsp is not None else None  # (B, 2)
-        return PreTrainingOutput(mlm_logits, nsp_logits, seq, out.hidden_states)
+        return PreTrainingOutput(mlm_logits, nsp_logits, seq, hidden_states)
 
 
 @dataclass

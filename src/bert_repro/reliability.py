@@ -28,6 +28,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
+from bert_repro.keys import flatten
 
 log = logging.getLogger(__name__)
 
@@ -42,7 +43,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
     safe to read (``weights_only=True``). Lightning's own save goes through a temporary file in /tmp that
     is moved, which is a copy, not a rename, when /tmp is another file system."""
 
-    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path, storage_options: Any = None) -> None:
+    def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path,
+                        storage_options: Any = None) -> None:
         path = Path(path)
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
@@ -62,7 +64,8 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         finally:
             os.close(folder)
 
-    def load_checkpoint(self, path: str | Path, map_location: Any = None, weights_only: bool | None = None) -> dict:
+    def load_checkpoint(self, path: str | Path, map_location: Any = None,
+                        weights_only: bool | None = None) -> dict:
         if not Path(path).is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         return safe_load(path, map_location=map_location or "cpu")
@@ -123,9 +126,10 @@ class RNGState(L.Callback):
 
 
 def _reload_loader_states(trainer: L.Trainer) -> None:
-    """Work around Lightning #20550: when ``configure_optimizers`` reads ``trainer.estimated_stepping_batches``
-    (our schedule does) the train loader is built and iterated before the checkpoint is restored, and its
-    saved position is then never loaded: the resumed epoch would start again from its first batch."""
+    """Work around Lightning #20550: when ``configure_optimizers`` reads
+    ``trainer.estimated_stepping_batches`` (our schedule does) the train loader is built and iterated before
+    the checkpoint is restored, and its saved position is then never loaded: the resumed epoch would start
+    again from its first batch."""
     loop = trainer.fit_loop
     if loop._combined_loader_states_to_load and loop._combined_loader is not None and loop._data_fetcher is not None:
         loop._load_combined_loader_states()
@@ -133,8 +137,8 @@ def _reload_loader_states(trainer: L.Trainer) -> None:
 
 
 class SameRun(L.Callback):
-    """Records the run's settings in its checkpoints; ``strict``: refuse to resume one written by other settings
-    (a checkpoint found in the run folder, where a different command may have left it)."""
+    """Records the run's settings in its checkpoints; ``strict``: refuse to resume one written by other
+    settings (a checkpoint found in the run folder, where a different command may have left it)."""
 
     def __init__(self, settings: dict[str, Any], strict: bool):
         self.settings, self.strict = settings, strict
@@ -145,28 +149,19 @@ class SameRun(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.strict:
             return
-        saved = _flatten(state_dict.get("settings") or {})
-        now = _flatten(self.settings)
+        saved = flatten(state_dict.get("settings") or {})
+        now = flatten(self.settings)
         differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
         if differ:
             shown = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in differ[:6])
-            raise ResumeMismatch(f"the run folder's checkpoints/last.ckpt was written with other settings ({shown}); "
-                                 "resume it with its own command, or start afresh with ckpt_path=null (this folder's "
-                                 "checkpoints will then be replaced) or in another folder (hydra.run.dir=...)")
+            raise ResumeMismatch("the run folder's checkpoints/last.ckpt was written with other settings "
+                                 f"({shown}); resume it with its own command, or start afresh with "
+                                 "ckpt_path=null (this folder's checkpoints will then be replaced) or in "
+                                 "another folder (hydra.run.dir=...)")
 
 
 class ResumeMismatch(ValueError):
     pass
-
-
-def _flatten(d: dict, prefix: str = "") -> dict[str, Any]:
-    out = {}
-    for k, v in d.items():
-        if isinstance(v, dict):
-            out.update(_flatten(v, f"{prefix}{k}."))
-        else:
-            out[f"{prefix}{k}"] = v
-    return out
 
 
 # -- numerical guard ---------------------------------------------------------------------------------
@@ -176,7 +171,8 @@ class NonFiniteLoss(RuntimeError):
 
 class NonFiniteLossGuard(L.Callback):
     """Stops the run at the first non-finite training loss (on any rank), before ModelCheckpoint (which
-    Lightning runs after the other callbacks) could save the diverged weights: the last good checkpoint stays."""
+    Lightning runs after the other callbacks) could save the diverged weights: the last good checkpoint
+    stays."""
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
                            batch_idx: int) -> None:
@@ -184,9 +180,10 @@ class NonFiniteLossGuard(L.Callback):
         bad = loss is not None and not bool(torch.isfinite(loss.detach()).all())
         if trainer.strategy.reduce_boolean_decision(bad, all=False):
             value = float(loss.detach().float().mean()) if loss is not None else float("nan")
-            raise NonFiniteLoss(f"training loss is {value} at step {trainer.global_step} (epoch {trainer.current_epoch}, "
-                                f"batch {batch_idx}); the run stopped and kept its last good checkpoint. Lower "
-                                "optim.lr, or check the data and precision (trainer.precision)")
+            raise NonFiniteLoss(f"training loss is {value} at step {trainer.global_step} (epoch "
+                                f"{trainer.current_epoch}, batch {batch_idx}); the run stopped and kept its "
+                                "last good checkpoint. Lower optim.lr, or check the data and precision "
+                                "(trainer.precision)")
 
 
 # -- preemption --------------------------------------------------------------------------------------
@@ -194,21 +191,22 @@ class Preempted(Exception):
     def __init__(self, signum: int, step: int, checkpoint: Path):
         self.signum, self.step, self.checkpoint = signum, step, checkpoint
         name = signal.Signals(signum).name
-        super().__init__(f"{name} received: saved {checkpoint} at step {step} and stopped; run the same command "
-                         "again to resume from it")
+        super().__init__(f"{name} received: saved {checkpoint} at step {step} and stopped; run the same "
+                         "command again to resume from it")
 
 
 def preemption_signals() -> list[signal.Signals]:
-    """SLURM's pre-emption signals: SIGTERM (preemption, scancel), SIGUSR1 (``--signal=USR1@...``), and the one
-    submitit asks SLURM for before a time limit (SUBMITIT_PREEMPT_SIGNAL, USR2 by default)."""
-    names = ["SIGTERM", "SIGUSR1", "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").removeprefix("SIG")]
+    """SLURM's pre-emption signals: SIGTERM (preemption, scancel), SIGUSR1 (``--signal=USR1@...``), and the
+    one submitit asks SLURM for before a time limit (SUBMITIT_PREEMPT_SIGNAL, USR2 by default)."""
+    names = ["SIGTERM", "SIGUSR1",
+             "SIG" + os.environ.get("SUBMITIT_PREEMPT_SIGNAL", "USR2").removeprefix("SIG")]
     return list(dict.fromkeys(getattr(signal, n) for n in names if hasattr(signal, n)))
 
 
 class Preemption(L.Callback):
-    """On a preemption signal: finish the current batch, save ``last.ckpt`` (all ranks stop at the same batch),
-    then hand the signal to the handler that was there before (submitit's, which requeues the job), or stop
-    the run with ``Preempted``."""
+    """On a preemption signal: finish the current batch, save ``last.ckpt`` (all ranks stop at the same
+    batch), then hand the signal to the handler that was there before (submitit's, which requeues the job), or
+    stop the run with ``Preempted``."""
 
     def __init__(self, checkpoint: Path):
         self.checkpoint = Path(checkpoint)
@@ -220,7 +218,8 @@ class Preemption(L.Callback):
         self.received = self.received or signum
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        for sig in preemption_signals():  # replaces Lightning's SIGTERM handler, which waits for the epoch's end
+        # replaces Lightning's SIGTERM handler, which waits for the epoch's end
+        for sig in preemption_signals():
             self._previous[sig] = signal.signal(sig, self._handler)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -244,5 +243,6 @@ class Preemption(L.Callback):
     def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._restore()
 
-    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule, exception: BaseException) -> None:
+    def on_exception(self, trainer: L.Trainer, pl_module: L.LightningModule,
+                     exception: BaseException) -> None:
         self._restore()

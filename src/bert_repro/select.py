@@ -40,7 +40,8 @@ RESTART_KEYS = ("seed", "data.seed")
 
 
 def _science(config: dict) -> dict:
-    """The science config (keys.science) flattened, less the seeds: runs that share it are restarts of each other."""
+    """The science config (keys.science) flattened, less the seeds: runs that share it are restarts of each
+    other."""
     return {k: v for k, v in flatten(science(config)).items() if k not in RESTART_KEYS}
 
 
@@ -59,16 +60,19 @@ def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE,
                 config = results["config"]
                 monitor, final = results["monitor"], results["metrics"]["final"]
             except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-                raise ValueError(f"{path} is not a results.json as src/train.py writes it ({type(err).__name__}: "
-                                 f"{err}); expected JSON with status, task, monitor, metrics.final and config. "
-                                 "Fix or remove that file (or its run folder) and collect again") from None
+                raise ValueError(f"{path} is not a results.json as src/train.py writes it "
+                                 f"({type(err).__name__}: {err}); expected JSON with status, task, monitor, "
+                                 "metrics.final and config. Fix or remove that file (or its run folder) and "
+                                 "collect again") from None
             if results.get("status") != "complete" or final.get(monitor) is None:
                 reason = results.get("reason")
-                skipped.append(f"{path.parent}: status {results.get('status')}, {monitor}={final.get(monitor)}"
+                skipped.append(f"{path.parent}: status {results.get('status')}, "
+                               f"{monitor}={final.get(monitor)}"
                                + (f" ({reason})" if reason else ""))
                 if failed is not None and results.get("status") == "failed":
                     failed.append({"dir": str(path.parent), "reason": reason or "no reason recorded",
-                                   "setting": {k: results.get(k) for k in ("task", "model", "ablation", "scale", "init")}})
+                                   "setting": {k: results.get(k) for k in ("task", "model", "ablation",
+                                                                           "scale", "init")}})
                 continue
             runs.append({
                 "dir": str(path.parent), "task": results["task"], "seed": results["seed"], "monitor": monitor,
@@ -76,7 +80,8 @@ def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE,
                 "setting": {k: results.get(k) for k in ("task", "model", "ablation", "scale", "init")},
                 "hparams": {name: config.get(group, {}).get(key) for name, (group, key) in SWEPT.items()},
                 "science": _science(config),
-                "degenerate": None if results.get("predict_majority") else degenerate_reason(final, collapse_share),
+                "degenerate": None if results.get("predict_majority") else degenerate_reason(final,
+                                                                                             collapse_share),
                 "results": results,
             })
     return runs, skipped
@@ -107,7 +112,8 @@ def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None =
                  "failed": [{"dir": f["dir"], "reason": f["reason"]} for f in failures.pop(key, [])]}
         if not restarts:
             best = _best(members)
-            entry.update(selected=best["dir"], hparams=best["hparams"], seed=best["seed"], metrics=best["final"])
+            entry.update(selected=best["dir"], hparams=best["hparams"], seed=best["seed"],
+                         metrics=best["final"])
         else:
             # every seed counts in the mean (Table 6 averages 5 restarts), collapsed ones included and flagged
             sign = -1 if members[0]["mode"] == "min" else 1
@@ -117,22 +123,22 @@ def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None =
             stats = {}
             for name in names:
                 values = [r["final"][name] for r in group if r["final"].get(name) is not None]
-                stats[name] = {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-                               "n": len(values)}
+                stats[name] = {"mean": statistics.fmean(values),
+                               "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
             entry.update(hparams=group[0]["hparams"], seeds=sorted(r["seed"] for r in group), restarts=stats,
                          runs_selected=[r["dir"] for r in group], selected=_best(group)["dir"],
                          metrics={k: v["mean"] for k, v in stats.items()})
         chosen.append(entry)
     for members in failures.values():  # settings where every run failed: the cell shows why
         chosen.append({"setting": members[0]["setting"], "monitor": None, "runs": 0, "degenerate": [],
-                       "failed": [{"dir": f["dir"], "reason": f["reason"]} for f in members], "selected": None,
-                       "hparams": dict.fromkeys(SWEPT), "metrics": {}})
+                       "failed": [{"dir": f["dir"], "reason": f["reason"]} for f in members],
+                       "selected": None, "hparams": dict.fromkeys(SWEPT), "metrics": {}})
     return sorted(chosen, key=lambda e: json.dumps(e["setting"], sort_keys=True))
 
 
 def restart_spread(runs: list[dict], entry: dict, name: str) -> dict | None:
-    """Mean, std and count of metric ``name`` over the restarts (seeds) of the selected run's hyper-parameters:
-    the spread behind a best-on-Dev cell. None when that metric is absent."""
+    """Mean, std and count of metric ``name`` over the restarts (seeds) of the selected run's
+    hyper-parameters: the spread behind a best-on-Dev cell. None when that metric is absent."""
     selected = next(r for r in runs if r["dir"] == entry["selected"])
     values = [r["final"][name] for r in runs
               if r["science"] == selected["science"] and r["final"].get(name) is not None]
@@ -143,7 +149,8 @@ def restart_spread(runs: list[dict], entry: dict, name: str) -> dict | None:
 
 
 def table1_scores(entries: list[dict]) -> list[dict]:
-    """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE average."""
+    """Per pre-trained model (model, ablation, scale, init): the Table 1 columns x 100 and the GLUE
+    average."""
     from bert_repro.data.glue import (
         GLUE_TASKS,  # here, not at the top: the table collector must not load torch
     )
@@ -171,7 +178,8 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
 
 def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: bool) -> str:
     lines = ["# Selection on Dev" + (" (mean +- std over restarts)" if restarts else " (best run per setting)"), "",
-             "| task | model | ablation | monitor | Dev | lr | epochs | batch | runs | degenerate | failed | selected |",
+             "| task | model | ablation | monitor | Dev | lr | epochs | batch | runs | degenerate | failed | "
+             "selected |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
     for e in entries:
         s, h, monitor = e["setting"], e["hparams"], e["monitor"]
@@ -181,12 +189,13 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
             dev = f"{e['restarts'][monitor]['mean']:.4f} +- {e['restarts'][monitor]['std']:.4f} (n={e['restarts'][monitor]['n']})"
         else:
             dev = _fmt(e["metrics"].get(monitor))
-        lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | {_fmt(h['lr'], 'g')} | "
-                     f"{_fmt(h['epochs'])} | {_fmt(h['batch'])} | {e['runs']} | {len(e['degenerate'])} | "
-                     f"{len(e.get('failed', []))} | {e['selected']} |")
+        lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | "
+                     f"{_fmt(h['lr'], 'g')} | {_fmt(h['epochs'])} | {_fmt(h['batch'])} | {e['runs']} | "
+                     f"{len(e['degenerate'])} | {len(e.get('failed', []))} | {e['selected']} |")
     for row in glue:
         cells = ", ".join(f"{k} {_fmt(v, '.1f')}" for k, v in row["scores"].items())
-        lines += ["", f"GLUE average (Table 1 columns, WNLI excluded) for {row['model']}: {_fmt(row['average'], '.1f')}"
+        lines += ["", f"GLUE average (Table 1 columns, WNLI excluded) for {row['model']}: "
+                      f"{_fmt(row['average'], '.1f')}"
                   + ("" if row["average"] is not None else " (needs all nine columns)") + f"; {cells}"]
     flagged = [d for e in entries for d in e["degenerate"]]
     if flagged:
@@ -201,7 +210,8 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
 
 
 def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
-    """Test predictions of a finished run's final weights (checkpoints/last.ckpt), in its test_predictions/."""
+    """Test predictions of a finished run's final weights (checkpoints/last.ckpt), in its
+    test_predictions/."""
     import lightning as L
     from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf
@@ -211,13 +221,15 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
     config = results["config"]
     if results.get("predict_majority"):  # nothing was trained: the majority class needs only the data
         vocab, lowercase = resolve_vocab(OmegaConf.create(config))
-        if vocab is None and (run_dir / "init_vocab.txt").is_file():  # a run folder written before resolve_vocab
+        # a run folder written before resolve_vocab
+        if vocab is None and (run_dir / "init_vocab.txt").is_file():
             vocab = (run_dir / "init_vocab.txt").read_text(encoding="utf-8").splitlines()
         module = instantiate(config["module"], model=results["model_config"], optim=config["optim"])
     else:
         ckpt = run_dir / "checkpoints" / "last.ckpt"
         if not ckpt.is_file():
-            raise FileNotFoundError(f"{ckpt} does not exist; rerun {run_dir} with test=true to predict its test set")
+            raise FileNotFoundError(f"{ckpt} does not exist; rerun {run_dir} with test=true to predict its "
+                                    "test set")
         module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu",
                                                                               weights_only=True)
         vocab, lowercase = module.vocab, module.lowercase
@@ -236,7 +248,8 @@ def write_submission(entries: list[dict], runs: list[dict], out: Path) -> tuple[
     tasks = [e["setting"]["task"] for e in entries]
     repeated = sorted({t for t in tasks if tasks.count(t) > 1})
     if repeated:
-        raise ValueError(f"several settings (models/ablations) for {repeated}: select one model's runs to submit")
+        raise ValueError(f"several settings (models/ablations) for {repeated}: select one model's runs to "
+                         "submit")
     folder = out / "submission"
     folder.mkdir(parents=True, exist_ok=True)
     for entry in entries:
@@ -260,10 +273,13 @@ def write_submission(entries: list[dict], runs: list[dict], out: Path) -> tuple[
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.select", description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (searched for results.json)")
-    parser.add_argument("--restarts", action="store_true", help="mean +- std over seeds per hyper-parameter setting")
-    parser.add_argument("--submit", action="store_true", help="write the GLUE server's files for the selected runs")
+    parser.add_argument("--restarts", action="store_true",
+                        help="mean +- std over seeds per hyper-parameter setting")
+    parser.add_argument("--submit", action="store_true",
+                        help="write the GLUE server's files for the selected runs")
     parser.add_argument("--collapse", type=float, default=COLLAPSE_SHARE,
-                        help="share of one predicted class that flags a run as collapsed (default %(default)s)")
+                        help="share of one predicted class that flags a run as collapsed (default "
+                             "%(default)s)")
     parser.add_argument("--out", type=Path, help="where the summary goes (default: the first folder)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")

@@ -86,8 +86,8 @@ def _best_threshold(preds: dict[str, str], scores: dict[str, float], na_probs: d
     return 100.0 * best_score / len(scores), best_thresh
 
 
-def evaluate_v2(answers: dict[str, list[str]], preds: dict[str, str], na_probs: dict[str, float] | None = None,
-                na_prob_thresh: float = 1.0) -> dict[str, float]:
+def evaluate_v2(answers: dict[str, list[str]], preds: dict[str, str],
+                na_probs: dict[str, float] | None = None, na_prob_thresh: float = 1.0) -> dict[str, float]:
     """evaluate-v2.0.py: exact, f1, total, HasAns_* and NoAns_* (where such questions exist) and, given
     ``na_probs`` (null odds), best_exact / best_f1 with their thresholds. ``answers``: qid -> gold texts
     ([] when unanswerable). A question with na_prob > na_prob_thresh counts as answered with null."""
@@ -148,7 +148,8 @@ class Prediction:
     null_odds: float | None = None
 
 
-def window_spans(logits: WindowLogits, window: Window, max_answer_length: int) -> list[tuple[float, int, int, float, float]]:
+def window_spans(logits: WindowLogits, window: Window, max_answer_length: int) -> list[tuple[float, int, int,
+                                                                                             float, float]]:
     """Valid candidate spans of one window: (score, start_char, end_char, start_logit, end_logit)."""
     first, count = window.context_start, len(window.offsets)
     spans = []
@@ -158,21 +159,24 @@ def window_spans(logits: WindowLogits, window: Window, max_answer_length: int) -
         for e, e_logit in zip(logits.end_index.tolist(), logits.end_logit.tolist()):
             if not s <= e < first + count or e - s + 1 > max_answer_length:
                 continue
-            spans.append((s_logit + e_logit, window.offsets[s - first][0], window.offsets[e - first][1], s_logit, e_logit))
+            spans.append((s_logit + e_logit, window.offsets[s - first][0], window.offsets[e - first][1],
+                          s_logit, e_logit))
     return spans
 
 
 def predict_question(context: str, windows: list[tuple[WindowLogits, Window]], n_best_size: int,
                      max_answer_length: int, with_null: bool) -> Prediction:
     """The best spans over all of a question's windows, at most ``n_best_size`` distinct texts. with_null
-    (v2.0): the null answer ("", the lowest s_null over the windows) is ranked among them and always listed."""
+    (v2.0): the null answer ("", the lowest s_null over the windows) is ranked among them and always
+    listed."""
     spans = [span for logits, window in windows for span in window_spans(logits, window, max_answer_length)]
     spans.sort(key=lambda span: span[0], reverse=True)
     prediction = Prediction(text=context[spans[0][1]:spans[0][2]] if spans else "")
     ranked = [(score, context[start:end], s_logit, e_logit) for score, start, end, s_logit, e_logit in spans]
     if with_null:
         null = min((logits.null_start + logits.null_end, "", logits.null_start, logits.null_end) for logits, _ in windows)
-        # float32, as the logits and the logged metrics: a tau read back from results.json splits the odds alike
+        # float32, as the logits and the logged metrics: a tau read back from results.json splits the odds
+        # alike
         prediction.null_odds = float(np.float32(null[0] - spans[0][0])) if spans else math.inf
         ranked = sorted([*ranked, null], key=lambda entry: entry[0], reverse=True)
     entries, seen = [], set()
@@ -197,7 +201,8 @@ def apply_threshold(predictions: dict[str, Prediction], tau: float) -> dict[str,
     return {q: p.text if p.null_odds is None or p.null_odds <= tau else "" for q, p in predictions.items()}
 
 
-def score(answers: dict[str, list[str]], predictions: dict[str, Prediction], version: int) -> tuple[dict, dict, float | None]:
+def score(answers: dict[str, list[str]], predictions: dict[str, Prediction],
+          version: int) -> tuple[dict, dict, float | None]:
     """Metrics (val/ names without the prefix), the final answers and, for v2.0, the tuned threshold tau."""
     if version == 1:
         final = {q: p.text for q, p in predictions.items()}
@@ -212,18 +217,21 @@ def score(answers: dict[str, list[str]], predictions: dict[str, Prediction], ver
     final = apply_threshold(predictions, tau)
     at_tau = evaluate_v2(answers, final)
     metrics = {"exact_match": at_tau["exact"], "f1": at_tau["f1"],
-               **{f"{split}_{m}": at_tau[f"{prefix}_{m}"] for split, prefix in (("has_ans", "HasAns"), ("no_ans", "NoAns"))
+               **{f"{split}_{m}": at_tau[f"{prefix}_{m}"] for split, prefix in (("has_ans", "HasAns"),
+                                                                                ("no_ans", "NoAns"))
                   for m in ("exact", "f1") if f"{prefix}_{m}" in at_tau},
                **{k: tuned[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")},
                "null_threshold": tau}
     return metrics, final, tau
 
 
-def write_prediction_files(out_dir: str | Path, final: dict[str, str], predictions: dict[str, Prediction]) -> list[Path]:
+def write_prediction_files(out_dir: str | Path, final: dict[str, str],
+                           predictions: dict[str, Prediction]) -> list[Path]:
     """predictions.json, nbest_predictions.json and (v2.0) null_odds.json, as the released run_squad.py."""
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
-    files = {"predictions.json": final, "nbest_predictions.json": {q: p.nbest for q, p in predictions.items()}}
+    files = {"predictions.json": final,
+             "nbest_predictions.json": {q: p.nbest for q, p in predictions.items()}}
     if any(p.null_odds is not None for p in predictions.values()):
         files["null_odds.json"] = {q: p.null_odds for q, p in predictions.items()}
     written = []

@@ -126,7 +126,8 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
     """
     path = Path(path)
     if not path.exists():
-        raise FileNotFoundError(f"tokenizer {path} does not exist; expected vocab.txt, tokenizer.json or a directory")
+        raise FileNotFoundError(f"tokenizer {path} does not exist; expected vocab.txt, tokenizer.json or a "
+                                "directory")
     stored_lowercase = None
     if path.is_dir():
         config = path / "tokenizer_config.json"
@@ -146,22 +147,26 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
     if lowercase is None:
         lowercase = True if stored_lowercase is None else bool(stored_lowercase)
     elif stored_lowercase is not None and bool(stored_lowercase) != lowercase:
-        log.warning("%s was saved with lowercase=%s but is loaded with lowercase=%s", path, stored_lowercase, lowercase)
+        log.warning("%s was saved with lowercase=%s but is loaded with lowercase=%s", path, stored_lowercase,
+                    lowercase)
     try:
         return tokenizer_from_vocab(vocab, lowercase)
     except ValueError as err:
         raise ValueError(f"{path}: {err}") from err
 
 
-def fine_tuning_tokenizer(path: str | Path | list[str] | None, lowercase: bool, task: str, pad_id: int = 0) -> tuple[Tokenizer, list[str]]:
-    """The pre-trained model's tokenizer for fine-tuning ``task``, and its vocabulary: it must exist (init= brings
-    it, or data.tokenizer names it) and hold [PAD] at ``pad_id``, [CLS] and [SEP], which every task's inputs use."""
+def fine_tuning_tokenizer(path: str | Path | list[str] | None, lowercase: bool, task: str,
+                          pad_id: int = 0) -> tuple[Tokenizer, list[str]]:
+    """The pre-trained model's tokenizer for fine-tuning ``task``, and its vocabulary: it must exist (init=
+    brings it, or data.tokenizer names it) and hold [PAD] at ``pad_id``, [CLS] and [SEP], which every task's
+    inputs use."""
     if path is None:
-        raise ValueError(f"task={task}: fine-tuning needs the pre-trained model's vocabulary; give init=<checkpoint> "
-                         "(its vocabulary comes with it) or data.tokenizer=<vocab.txt | tokenizer.json | Hugging Face "
-                         "directory>")
+        raise ValueError(f"task={task}: fine-tuning needs the pre-trained model's vocabulary; give "
+                         "init=<checkpoint> (its vocabulary comes with it) or data.tokenizer=<vocab.txt | "
+                         "tokenizer.json | Hugging Face directory>")
     given = isinstance(path, (list, tuple))  # the run's vocabulary itself (run.resolve_vocab)
-    tokenizer = tokenizer_from_vocab(list(path), lowercase) if given else load_tokenizer(path, lowercase=lowercase)
+    tokenizer = tokenizer_from_vocab(list(path), lowercase) if given else load_tokenizer(path,
+                                                                                         lowercase=lowercase)
     vocab = vocab_list(tokenizer)
     missing = [t for t in ("[CLS]", "[SEP]") if t not in vocab] + ([] if vocab[pad_id] == "[PAD]" else ["[PAD]"])
     if missing:

@@ -8,11 +8,11 @@ The corpus is the real pre-training text of the shared data folder (WikiText-2 a
 and the Gutenberg books, one document per chapter), written once in the original format; the larger sizes
 repeat it (`--copies`), so only the amount of text changes. Each configuration runs in a fresh child process
 with an empty cache and a fixed vocabulary (WordPiece training is not what is measured), through
-PretrainDataModule.setup: reading the text into Arrow, the train/val split, tokenization, and instance creation
-with static masking (`dupe_factor` rounds). Meanwhile a thread samples the proportional set size (PSS, from
-/proc/<pid>/smaps_rollup) of the child and its worker processes, so memory shared after fork is not counted
-twice. "anon" is the heap (Python objects, Arrow buffers being built); the rest is file-backed pages of the
-memory-mapped Arrow cache, which the kernel reclaims at will. Peak heap must not grow with the corpus.
+PretrainDataModule.setup: reading the text into Arrow, the train/val split, tokenization, and instance
+creation with static masking (`dupe_factor` rounds). Meanwhile a thread samples the proportional set size
+(PSS, from /proc/<pid>/smaps_rollup) of the child and its worker processes, so memory shared after fork is not
+counted twice. "anon" is the heap (Python objects, Arrow buffers being built); the rest is file-backed pages
+of the memory-mapped Arrow cache, which the kernel reclaims at will. Peak heap must not grow with the corpus.
 One JSON line per configuration.
 """
 
@@ -110,15 +110,17 @@ def child(args: dict) -> dict:
     baseline, baseline_anon = (sum(s[i] for s in map(_pss, _tree(os.getpid()))) for i in (0, 1))
     start = time.perf_counter()
     with PeakMemory() as memory:
-        dm = PretrainDataModule(args["corpus"], tokenizer=args["vocab"], max_seq_length=args["max_seq_length"],
-                                masking="static", dupe_factor=args["dupe_factor"], num_proc=args["num_proc"],
+        dm = PretrainDataModule(args["corpus"], tokenizer=args["vocab"],
+                                max_seq_length=args["max_seq_length"], masking="static",
+                                dupe_factor=args["dupe_factor"], num_proc=args["num_proc"],
                                 cache_dir=args["cache_dir"], seed=12345)
         dm.setup()
     total = time.perf_counter() - start
     train = dm.instance_stats["train"]
     return {
         "corpus_copies": args["copies"], "num_proc": args["num_proc"], "dupe_factor": args["dupe_factor"],
-        "max_seq_length": args["max_seq_length"], "documents": train["documents"], "instances": train["instances"],
+        "max_seq_length": args["max_seq_length"], "documents": train["documents"],
+        "instances": train["instances"],
         "corpus_mb": round(Path(args["corpus"]).stat().st_size / MB, 2),
         "mb_per_s": round(Path(args["corpus"]).stat().st_size / MB / total, 3),  # text in -> instances out
         "documents_per_s": round(train["documents"] / train["instances_s"], 1),
@@ -132,14 +134,18 @@ def child(args: dict) -> dict:
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.instances", description=__doc__.split("\n")[0])
-    parser.add_argument("--text", type=Path, default=SHARED / "pretrain_text", help="the shared pre-training text folder")
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.instances",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--text", type=Path, default=SHARED / "pretrain_text",
+                        help="the shared pre-training text folder")
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--copies", type=int, nargs="+", default=[1, 3], help="corpus sizes, in copies of the text")
+    parser.add_argument("--copies", type=int, nargs="+", default=[1, 3],
+                        help="corpus sizes, in copies of the text")
     parser.add_argument("--dupe-factor", type=int, default=1)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--books-only", action="store_true", help="the Gutenberg books alone (BooksCorpus's stand-in)")
+    parser.add_argument("--books-only", action="store_true",
+                        help="the Gutenberg books alone (BooksCorpus's stand-in)")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -162,8 +168,10 @@ def main(argv: list[str] | None = None) -> None:
                 run = {"corpus": str(corpus), "vocab": vocab, "copies": copies, "num_proc": num_proc,
                        "dupe_factor": args.dupe_factor, "max_seq_length": args.max_seq_length,
                        "cache_dir": str(tmp / f"cache-{copies}-{num_proc}")}
-                proc = subprocess.run([sys.executable, "-m", "bert_repro.benchmarks.instances", "--child", json.dumps(run)],
-                                      capture_output=True, text=True, env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+                proc = subprocess.run([sys.executable, "-m", "bert_repro.benchmarks.instances", "--child",
+                                       json.dumps(run)],
+                                      capture_output=True, text=True, env={**os.environ,
+                                                                           "TOKENIZERS_PARALLELISM": "false"})
                 if proc.returncode != 0:
                     raise SystemExit(f"error: the run {run} failed:\n{proc.stderr[-3000:]}")
                 print(proc.stdout.strip().splitlines()[-1], flush=True)

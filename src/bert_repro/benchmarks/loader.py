@@ -55,9 +55,11 @@ def model_rate(module: PretrainModule, loader, steps: int, device: torch.device,
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.loader", description=__doc__.split("\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.loader",
+                                     description=__doc__.split("\n")[0])
     parser.add_argument("--text", type=Path, default=SHARED / "pretrain_text")
-    parser.add_argument("--vocab", type=Path, help="vocab.txt (default: all-MiniLM-L6-v2's uncased 30,522 if installed)")
+    parser.add_argument("--vocab", type=Path,
+                        help="vocab.txt (default: all-MiniLM-L6-v2's uncased 30,522 if installed)")
     parser.add_argument("--model", default="base")
     parser.add_argument("--batch", type=int, default=32)
     parser.add_argument("--seq", type=int, default=128)
@@ -89,8 +91,9 @@ def main(argv: list[str] | None = None) -> None:
             model_bps = None
             for workers in args.workers:
                 dm = PretrainDataModule(str(corpus), tokenizer=str(vocab), max_seq_length=args.seq,
-                                        max_predictions_per_seq=max(1, round(args.seq * 20 / 128)), masking=masking,
-                                        batch_size=args.batch, num_workers=workers, cache_dir=tmp, seed=12345)
+                                        max_predictions_per_seq=max(1, round(args.seq * 20 / 128)),
+                                        masking=masking, batch_size=args.batch, num_workers=workers,
+                                        cache_dir=tmp, seed=12345)
                 dm.setup("fit")
                 loader = dm.train_dataloader()
                 if device.type == "cuda":
@@ -99,10 +102,12 @@ def main(argv: list[str] | None = None) -> None:
                 if model_bps is None:  # the model's side does not depend on the workers
                     config = model_config(args.model).to_dict() | {"vocab_size": len(dm.vocab)}
                     module = PretrainModule(config, optim={}, speed={"kernels": True}).to(device).train()
-                    model_bps = model_rate(module, dm.train_dataloader(), args.model_steps, device, args.precision)
-                print(json.dumps({"masking": masking, "workers": workers, "model": args.model, "batch": args.batch,
-                                  "seq": args.seq, "device": args.device, "precision": args.precision,
-                                  "threads": torch.get_num_threads(), "loader_batches_per_s": round(loader_bps, 2),
+                    model_bps = model_rate(module, dm.train_dataloader(), args.model_steps, device,
+                                           args.precision)
+                print(json.dumps({"masking": masking, "workers": workers, "model": args.model,
+                                  "batch": args.batch, "seq": args.seq, "device": args.device,
+                                  "precision": args.precision, "threads": torch.get_num_threads(),
+                                  "loader_batches_per_s": round(loader_bps, 2),
                                   "model_batches_per_s": round(model_bps, 3),
                                   "ratio": round(loader_bps / model_bps, 1)}), flush=True)
 

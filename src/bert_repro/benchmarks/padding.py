@@ -1,4 +1,5 @@
-"""Padding benchmark on real MRPC (or SST-2, --task sst2): dynamic padding vs the released code's fixed 128 tokens (issue #4, §6).
+"""Padding benchmark on real MRPC (or SST-2, --task sst2): dynamic padding vs the released code's fixed 128
+tokens (issue #4, §6).
 
     python -m bert_repro.benchmarks.padding --init /ckpt/bert-base-uncased --glue-dir ../shared/data/glue
 
@@ -44,18 +45,22 @@ class StepTimer(L.Callback):
 
 def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> dict:
     L.seed_everything(args.seed, workers=True)
-    extra = {"dev_from_train": 872} if args.task == "sst2" else {}  # SST-2's dev size; the shared copy has no dev.tsv
-    data = GlueDataModule(args.task, glue_dir=str(args.glue_dir), tokenizer=str(vocab_file), lowercase=bool(loaded.lowercase),
-                          batch_size=args.batch_size, seed=args.seed, cache_dir=str(args.cache_dir),
-                          max_train_examples=args.max_train_examples, **MODES[name], **extra)
+    # SST-2's dev size; the shared copy has no dev.tsv
+    extra = {"dev_from_train": 872} if args.task == "sst2" else {}
+    data = GlueDataModule(args.task, glue_dir=str(args.glue_dir), tokenizer=str(vocab_file),
+                          lowercase=bool(loaded.lowercase), batch_size=args.batch_size, seed=args.seed,
+                          cache_dir=str(args.cache_dir), max_train_examples=args.max_train_examples,
+                          **MODES[name], **extra)
     model = {**loaded.config.to_dict(), "vocab_size": len(loaded.vocab)}
-    optim = dict(lr=args.lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=None, warmup_ratio=0.1)
+    optim = dict(lr=args.lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=None,
+                 warmup_ratio=0.1)
     module = SequenceClassificationModule(model, optim, task=args.task, num_labels=2, speed={"kernels": True})
     module.load_pretrained(loaded)
     timer = StepTimer()
-    trainer = L.Trainer(accelerator=args.accelerator, devices=1, precision=args.precision, max_epochs=args.epochs,
-                        gradient_clip_val=1.0, logger=False, enable_checkpointing=False, enable_progress_bar=False,
-                        enable_model_summary=False, num_sanity_val_steps=0, callbacks=[timer])
+    trainer = L.Trainer(accelerator=args.accelerator, devices=1, precision=args.precision,
+                        max_epochs=args.epochs, gradient_clip_val=1.0, logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        num_sanity_val_steps=0, callbacks=[timer])
     start = time.perf_counter()
     trainer.fit(module, datamodule=data)
     seconds = time.perf_counter() - start
@@ -68,8 +73,10 @@ def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> d
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.padding", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--init", required=True, help="checkpoint: our .ckpt, an HF directory or a TF checkpoint")
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.padding",
+                                     description=__doc__.split("\n\n")[0])
+    parser.add_argument("--init", required=True,
+                        help="checkpoint: our .ckpt, an HF directory or a TF checkpoint")
     parser.add_argument("--task", choices=("mrpc", "sst2"), default="mrpc")
     parser.add_argument("--glue-dir", type=Path, default=Path("../shared/data/glue"))
     parser.add_argument("--cache-dir", type=Path, default=Path(".cache/glue"))
@@ -86,11 +93,12 @@ def main(argv: list[str] | None = None) -> None:
     if loaded.vocab is None:
         raise SystemExit(f"{args.init} carries no vocabulary")
     args.cache_dir.mkdir(parents=True, exist_ok=True)
-    vocab_file = save_vocab(tokenizer_from_vocab(loaded.vocab, bool(loaded.lowercase)), args.cache_dir / "bench_vocab.txt")
+    vocab_file = save_vocab(tokenizer_from_vocab(loaded.vocab, bool(loaded.lowercase)),
+                            args.cache_dir / "bench_vocab.txt")
     rows = [run_mode(name, args, loaded, vocab_file) for name in args.modes]
     fixed = next((r for r in rows if r["mode"] == "fixed-128"), rows[0])
-    print(f"\n{args.task.upper()} train ({rows[0]['examples']} examples), batch {args.batch_size}, {args.epochs} epoch(s), "
-          f"lr {args.lr}, {args.init}")
+    print(f"\n{args.task.upper()} train ({rows[0]['examples']} examples), batch {args.batch_size}, "
+          f"{args.epochs} epoch(s), lr {args.lr}, {args.init}")
     print(f"{'mode':<16}{'tokens/epoch':>14}{'vs fixed':>10}{'real share':>12}{'ms/step':>10}{'vs fixed':>10}"
           f"{'train s':>10}{'dev acc':>9}{'dev F1':>8}")
     for r in rows:

@@ -55,7 +55,8 @@ def model_config(name: str, causal: bool = False, conf_dir: Path = CONF_DIR) -> 
         raise SystemExit(f"error: no model config {path}; expected one of {options or 'conf/model/*.yaml'}")
     from hydra import compose, initialize_config_dir
 
-    with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):  # model files compose on a base
+    # model files compose on a base
+    with initialize_config_dir(config_dir=str(conf_dir.resolve()), version_base="1.3"):
         model = OmegaConf.to_container(compose("train", overrides=[f"model={name}"]).model, resolve=True)
     return BertConfig(**{**model, "causal": causal, "vocab_size": VOCAB})
 
@@ -73,14 +74,17 @@ def make_batch(config: BertConfig, batch: int, seq: int, masked: int, device: st
     positions = torch.stack([1 + torch.randperm(int(n) - 1, generator=g)[:masked].sort().values for n in lengths])
     targets = ids.gather(1, positions)  # (B, P)
     labels = torch.full_like(ids, -100).scatter(1, positions, targets)  # (B, T): HF's form
-    tensors = {"input_ids": ids, "token_type_ids": types, "attention_mask": real.long(), "masked_positions": positions,
-               "mlm_targets": targets, "labels": labels, "next_sentence_label": torch.randint(0, 2, (batch,), generator=g),
+    tensors = {"input_ids": ids, "token_type_ids": types, "attention_mask": real.long(),
+               "masked_positions": positions, "mlm_targets": targets, "labels": labels,
+               "next_sentence_label": torch.randint(0, 2, (batch,), generator=g),
                "next_labels": ids.masked_fill(~real, -100)}  # HF's causal loss shifts these itself
     return {k: v.to(device) for k, v in tensors.items()}
 
 
-def our_step(model: BertForPreTraining, b: dict[str, torch.Tensor], objective: str = "mlm_nsp") -> torch.Tensor:
-    """The call PretrainModule makes: ([CLS] and) the predicted positions leave the last layer, real ones are scored."""
+def our_step(model: BertForPreTraining, b: dict[str, torch.Tensor],
+             objective: str = "mlm_nsp") -> torch.Tensor:
+    """The call PretrainModule makes: ([CLS] and) the predicted positions leave the last layer, real ones are
+    scored."""
     if objective == "ltr":  # position t predicts token t + 1 (PretrainModule._predictions)
         B, T = b["input_ids"].shape
         positions, real = torch.arange(T - 1, device=b["input_ids"].device).expand(B, -1), b["attention_mask"][:, 1:].bool()
@@ -98,7 +102,8 @@ def our_step(model: BertForPreTraining, b: dict[str, torch.Tensor], objective: s
 
 
 def their_step(model, b: dict[str, torch.Tensor], objective: str = "mlm_nsp") -> torch.Tensor:
-    inputs = {"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"], "attention_mask": b["attention_mask"]}
+    inputs = {"input_ids": b["input_ids"], "token_type_ids": b["token_type_ids"],
+              "attention_mask": b["attention_mask"]}
     if objective == "ltr":
         return model(**inputs, labels=b["next_labels"], use_cache=False).loss
     if objective == "no_nsp":
@@ -134,8 +139,9 @@ def peak_probe(device: str, precision: str) -> Callable[[], float]:
     return matmul_probe(device, n=8192 if device.startswith("cuda") else 2048, reps=5, dtype=dtype)
 
 
-def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = False, checkpointing: bool = False,
-               compile: bool = False, readable: bool = False, attention: str = "auto") -> BertForPreTraining:
+def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = False,
+               checkpointing: bool = False, compile: bool = False, readable: bool = False,
+               attention: str = "auto") -> BertForPreTraining:
     """Our model as a training run builds it: the speed path (fast kernels on) unless ``readable``."""
     speed = SpeedOptions(kernels=not readable, unpad=unpad, activation_checkpointing=checkpointing,
                          attention=attention)
@@ -145,8 +151,8 @@ def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = Fa
     return model
 
 
-def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmup: int, device: str, fused: bool,
-          objective: str = "mlm_nsp", precision: str = "fp32", peak_tflops: float | None = None,
+def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmup: int, device: str,
+          fused: bool, objective: str = "mlm_nsp", precision: str = "fp32", peak_tflops: float | None = None,
           unpad: bool = False, checkpointing: bool = False, compile: bool = False, readable: bool = False,
           attention: str = "auto", conf_dir: Path = CONF_DIR) -> dict:
     import transformers
@@ -163,8 +169,10 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
     theirs = getattr(transformers, reference)(transformers.BertConfig(**hf_kwargs, attn_implementation="sdpa"))
     theirs = theirs.to(device).train()
     # Same AdamW for both: fused, as our training runs it (tasks/base.py), or torch's default with --foreach.
-    opt = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01, "fused": True if fused else None}
-    ours_opt, their_opt = torch.optim.AdamW(ours.parameters(), **opt), torch.optim.AdamW(theirs.parameters(), **opt)
+    opt = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01,
+           "fused": True if fused else None}
+    ours_opt, their_opt = torch.optim.AdamW(ours.parameters(), **opt), torch.optim.AdamW(theirs.parameters(),
+                                                                                         **opt)
     b = make_batch(config, batch, seq, masked, device, pairs=objective == "mlm_nsp")
     runs = {"ours": (lambda: our_step(ours, b, objective), ours_opt),
             "ref": (lambda: their_step(theirs, b, objective), their_opt)}
@@ -191,12 +199,14 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
     return {
         "model": name, "objective": objective, "reference": reference, "seq": seq, "batch": batch,
         "masked_per_seq": seq - 1 if objective == "ltr" else masked, "device": device, "precision": precision,
-        "threads": torch.get_num_threads(), "fused_adamw": fused, "unpad": unpad, "checkpointing": checkpointing,
+        "threads": torch.get_num_threads(), "fused_adamw": fused, "unpad": unpad,
+        "checkpointing": checkpointing,
         "compile": compile, "readable": readable, "attention": attention, "steps": steps,
         "ours_tokens_per_s": round(tokens / ours_s, 1), "ref_tokens_per_s": round(tokens / ref_s, 1),
         "ratio": round(ref_s / ours_s, 3), "paired_ratio": round(paired, 3),
         "ours_step_ms": round(1e3 * ours_s, 1), "ref_step_ms": round(1e3 * ref_s, 1),
-        "ours_train_tflops": round(model_flops / ours_s / 1e12, 4), "ref_train_tflops": round(model_flops / ref_s / 1e12, 4),
+        "ours_train_tflops": round(model_flops / ours_s / 1e12, 4),
+        "ref_train_tflops": round(model_flops / ref_s / 1e12, 4),
         "peak_tflops": round(peak / 1e12, 4), "peak_source": peak_source,
         "ours_mfu": round(model_flops / ours_s / peak, 3), "ref_mfu": round(model_flops / ref_s / peak, 3),
     }
@@ -235,8 +245,10 @@ def largest_batch(name: str, seq: int, device: str, precision: str, checkpointin
 
 
 def main(argv: list[str] | None = None) -> None:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.train_step", description=__doc__.split("\n")[0])
-    parser.add_argument("--model", action="append", help="conf/model/<name>.yaml; repeatable (default: small, base)")
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.train_step",
+                                     description=__doc__.split("\n")[0])
+    parser.add_argument("--model", action="append",
+                        help="conf/model/<name>.yaml; repeatable (default: small, base)")
     parser.add_argument("--objective", action="append", choices=OBJECTIVES,
                         help="pre-training objective; repeatable (default: mlm_nsp). " + ", ".join(
                             f"{o}: vs transformers {r}" for o, r in REFERENCE.items()))
@@ -253,13 +265,17 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--unpad", action="store_true", help="ours: projections and MLP on real tokens only")
     parser.add_argument("--checkpointing", action="store_true", help="ours: activation checkpointing")
     parser.add_argument("--compile", action="store_true", help="ours: torch.compile")
-    parser.add_argument("--readable", action="store_true", help="ours: model.py's readable path, no fast kernels")
-    parser.add_argument("--attention", default="auto", help="ours with --unpad: auto | flash | nested | padded")
+    parser.add_argument("--readable", action="store_true",
+                        help="ours: model.py's readable path, no fast kernels")
+    parser.add_argument("--attention", default="auto",
+                        help="ours with --unpad: auto | flash | nested | padded")
     parser.add_argument("--conf", type=Path, default=CONF_DIR, help="the conf/ folder (default: ./conf)")
     parser.add_argument("--max-batch", action="store_true",
-                        help="instead of timing: the largest per-device batch that fits, with and without checkpointing")
+                        help="instead of timing: the largest per-device batch that fits, with and without "
+                             "checkpointing")
     parser.add_argument("--foreach", dest="fused", action="store_false",
-                        help="torch's default (foreach) AdamW for both sides instead of the fused one training uses")
+                        help="torch's default (foreach) AdamW for both sides instead of the fused one "
+                             "training uses")
     parser.add_argument("--threads", type=int, help="torch threads for both sides (default: torch's choice)")
     args = parser.parse_args(argv)
     if args.threads:
@@ -268,16 +284,17 @@ def main(argv: list[str] | None = None) -> None:
         for name in args.model or ["small", "base"]:
             if args.max_batch:
                 for checkpointing in (False, True):
-                    print(json.dumps({"model": name, "seq": seq, "precision": args.precision, "checkpointing": checkpointing,
-                                      "largest_batch": largest_batch(name, seq, args.device, args.precision, checkpointing,
-                                                                    conf_dir=args.conf)}),
+                    print(json.dumps({"model": name, "seq": seq, "precision": args.precision,
+                                      "checkpointing": checkpointing,
+                                      "largest_batch": largest_batch(name, seq, args.device, args.precision,
+                                                                     checkpointing, conf_dir=args.conf)}),
                           flush=True)
                 continue
             for objective in args.objective or ["mlm_nsp"]:
-                print(json.dumps(bench(name, args.batch, seq, args.masked, args.steps, args.warmup, args.device,
-                                       args.fused, objective, args.precision, args.peak_tflops, args.unpad,
-                                       args.checkpointing, args.compile, args.readable, args.attention,
-                                       args.conf)), flush=True)
+                print(json.dumps(bench(name, args.batch, seq, args.masked, args.steps, args.warmup,
+                                       args.device, args.fused, objective, args.precision, args.peak_tflops,
+                                       args.unpad, args.checkpointing, args.compile, args.readable,
+                                       args.attention, args.conf)), flush=True)
 
 
 if __name__ == "__main__":

@@ -76,7 +76,8 @@ def task_module(path: Path, strict: bool = True):
         if saved == set(list(inspect.signature(cls.__init__).parameters)[1:]):
             try:
                 return cls.load_from_checkpoint(path, map_location="cpu", weights_only=True).eval()
-            except Exception as err:  # Lightning raises KeyError, RuntimeError ... for a file it cannot restore
+            # Lightning raises KeyError, RuntimeError ... for a file it cannot restore
+            except Exception as err:
                 raise CheckpointError(f"{path}: not a {cls.__name__} checkpoint Lightning can restore "
                                       f"({type(err).__name__}: {err})") from None
     if not strict:

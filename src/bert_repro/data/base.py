@@ -83,7 +83,8 @@ class FineTuningDataModule(L.LightningDataModule):
 
     def _eval_loader(self, data: Dataset, collate) -> DataLoader:
         hp = self.hparams
-        return eval_loader(data, hp.batch_size, collate, self.trainer, hp.num_workers)  # each example on one rank
+        # each example on one rank
+        return eval_loader(data, hp.batch_size, collate, self.trainer, hp.num_workers)
 
     def _loader(self, split: str, train: bool = False) -> DataLoader:
         hp = self.hparams

@@ -13,7 +13,8 @@ PAD_ID = 0  # [PAD] in google-research/bert vocabularies (the data modules check
 
 def pad_inputs(ids: list, types: list | None = None, length: int | None = None) -> dict[str, torch.Tensor]:
     """The encoder's inputs, (N, T) each: input_ids padded with [PAD], token_type_ids with 0 (all 0 without
-    ``types``), attention_mask 1 on the real tokens; T = ``length``, or the longest sequence (dynamic padding)."""
+    ``types``), attention_mask 1 on the real tokens; T = ``length``, or the longest sequence (dynamic
+    padding)."""
     N, T = len(ids), length or max(len(x) for x in ids)
     input_ids = np.full((N, T), PAD_ID, dtype=np.int64)
     token_type_ids = np.zeros((N, T), dtype=np.int64)
@@ -27,14 +28,16 @@ def pad_inputs(ids: list, types: list | None = None, length: int | None = None) 
 
 
 class PadCollator:
-    """Pads a batch to its longest sequence (dynamic padding), or to ``pad_to`` (the released code's fixed 128)."""
+    """Pads a batch to its longest sequence (dynamic padding), or to ``pad_to`` (the released code's fixed
+    128)."""
 
     def __init__(self, pad_to: int | None = None, regression: bool = False):
         self.pad_to, self.regression = pad_to, regression
 
     def __call__(self, rows: list[dict]) -> dict:
         inputs = pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows], self.pad_to)
-        labels = torch.tensor([r["label"] for r in rows], dtype=torch.float32 if self.regression else torch.long)
+        labels = torch.tensor([r["label"] for r in rows],
+                              dtype=torch.float32 if self.regression else torch.long)
         return {**inputs, "labels": labels, "row": torch.tensor([r["row"] for r in rows]),
                 "idx": [r["idx"] for r in rows]}
 
@@ -43,7 +46,8 @@ class LengthGroupedSampler(Sampler[int]):
     """A random order in which each run of ``batch_size`` indices has similar lengths (less padding):
     shuffle, cut into mega-batches of ``batch_size * group`` examples, sort each by length, cut it into
     batches and shuffle those. Not the paper's batching (which examples share a batch changes), hence opt-in.
-    Under DDP ``batch_size`` is the per-device batch x devices: each rank then takes its share of one group."""
+    Under DDP ``batch_size`` is the per-device batch x devices: each rank then takes its share of one
+    group."""
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int, group: int = 50):
         self.lengths, self.batch_size, self.group, self.seed, self.epoch = np.asarray(lengths), batch_size, group, seed, 0
@@ -62,13 +66,15 @@ class LengthGroupedSampler(Sampler[int]):
             chunk = order[start:start + size]
             chunk = chunk[np.argsort(-self.lengths[chunk], kind="stable")]
             batches = [chunk[i:i + self.batch_size] for i in range(0, len(chunk), self.batch_size)]
-            full = len(chunk) // self.batch_size  # a short last batch stays last, so the loader's batches stay aligned
+            # a short last batch stays last, so the loader's batches stay aligned
+            full = len(chunk) // self.batch_size
             for b in [*rng.permutation(full), *range(full, len(batches))]:
                 yield from batches[b].tolist()
 
 
 class GlobalBatchSampler(DistributedSampler):
-    """The training order of a run, the same whatever the number of ranks (STYLE 8: global batch is the truth).
+    """The training order of a run, the same whatever the number of ranks (STYLE 8: global batch is the
+    truth).
 
     A permutation fixed by (seed, epoch), or grouped by length (``lengths``), is cut into global batches of
     ``per_device x num_replicas``; rank r takes the r-th per-device share of each, so one process and N
@@ -163,14 +169,18 @@ def train_loader(data, per_device: int, seed: int, collate_fn, trainer=None, num
     sampler = GlobalBatchSampler(len(data), per_device, seed, num_replicas=world, rank=rank, lengths=lengths,
                                  keyed=keyed)
     return StatefulDataLoader(EpochKeyed(data) if keyed else data, batch_size=per_device, sampler=sampler,
-                              collate_fn=collate_fn, num_workers=num_workers, persistent_workers=num_workers > 0,
-                              pin_memory=_pinned(trainer), generator=torch.Generator().manual_seed(seed))
+                              collate_fn=collate_fn, num_workers=num_workers,
+                              persistent_workers=num_workers > 0, pin_memory=_pinned(trainer),
+                              generator=torch.Generator().manual_seed(seed))
 
 
 def eval_loader(data, batch_size: int, collate_fn, trainer=None, num_workers: int = 0) -> DataLoader:
     """An evaluation loader: in order, and under DDP each example on exactly one rank (Lightning's default
-    DistributedSampler repeats examples to even out the ranks, which would count them twice in the metrics)."""
+    DistributedSampler repeats examples to even out the ranks, which would count them twice in the
+    metrics)."""
     world, rank = _world(trainer)
     sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=rank, shuffle=False) if world > 1 else None
-    return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn, num_workers=num_workers,
-                      pin_memory=_pinned(trainer), generator=torch.Generator())  # its own generator: iterating it leaves the global RNG alone
+    return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
+                      num_workers=num_workers,
+                      # its own generator: iterating it leaves the global RNG alone
+                      pin_memory=_pinned(trainer), generator=torch.Generator())

@@ -40,8 +40,8 @@ CACHE_VERSION = 1
 
 
 def iob1_to_iob2(tags: list[str]) -> list[str]:
-    """IOB1 (I- by default, B- only between two adjacent entities of one type) -> IOB2 (B- opens every entity).
-    IOB2 input comes back unchanged."""
+    """IOB1 (I- by default, B- only between two adjacent entities of one type) -> IOB2 (B- opens every
+    entity). IOB2 input comes back unchanged."""
     out = []
     for i, tag in enumerate(tags):
         if tag.startswith("I-") and (i == 0 or tags[i - 1] == "O" or tags[i - 1][2:] != tag[2:]):
@@ -89,7 +89,8 @@ def read_conll(path: str | Path, labels: tuple[str, ...] = CONLL2003_LABELS) -> 
                 raise ValueError(f"{path} line {number}: {len(fields)} column(s), expected {max(columns, 2)} "
                                  "(word ... NER tag, whitespace-separated, as the file's first word line)")
             if fields[-1] not in allowed:
-                raise ValueError(f"{path} line {number}: NER tag {fields[-1]!r} is not one of {sorted(allowed)}")
+                raise ValueError(f"{path} line {number}: NER tag {fields[-1]!r} is not one of "
+                                 f"{sorted(allowed)}")
             if not words:
                 first = number
             words.append(fields[0])
@@ -141,7 +142,8 @@ def _windows(batch: dict, tokenizer: Tokenizer, max_seq_length: int, document_co
                 w1 = w0 + 1
                 while w1 < len(words[s]) and starts[w1 + 1] - starts[w0] <= budget:
                     w1 += 1
-                a, b = int(starts[w0]), min(int(starts[w1]), int(starts[w0]) + budget)  # one overlong word: cut
+                # one overlong word: cut
+                a, b = int(starts[w0]), min(int(starts[w1]), int(starts[w0]) + budget)
                 left, right = _fill(a, b, len(stream), budget - (b - a))
                 ids = [cls, *stream[a - left:b + right], sep]
                 labels = [IGNORE] * len(ids)
@@ -159,7 +161,8 @@ def _windows(batch: dict, tokenizer: Tokenizer, max_seq_length: int, document_co
 
 
 class TagCollator:
-    """Pads a batch of windows to its longest: input ids with [PAD], labels with -100, word indices with -1."""
+    """Pads a batch of windows to its longest: input ids with [PAD], labels with -100, word indices with
+    -1."""
 
     def __call__(self, rows: list[dict]) -> dict:
         inputs = pad_inputs([r["input_ids"] for r in rows])  # one segment: token types all 0
@@ -192,10 +195,11 @@ class ConllDataModule(FineTuningDataModule):
         if max_seq_length < 3:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] word [SEP]")
         if max_train_examples is not None and max_train_examples < 1:
-            raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of sentences, or null")
+            raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of "
+                             "sentences, or null")
         if conll_dir is None and document_context:
-            raise ValueError("data.document_context=true needs document boundaries (-DOCSTART-), which the Hub copy "
-                             "drops; give data.conll_dir=<folder with the original eng.* files>")
+            raise ValueError("data.document_context=true needs document boundaries (-DOCSTART-), which the "
+                             "Hub copy drops; give data.conll_dir=<folder with the original eng.* files>")
         super().__init__()
         self.labels = CONLL2003_LABELS
         self.sentences: dict[str, Dataset] = {}
@@ -210,16 +214,18 @@ class ConllDataModule(FineTuningDataModule):
         folder = Path(self.hparams.conll_dir)
         if not folder.is_dir():
             raise FileNotFoundError(f"data.conll_dir={folder} is not a folder; expected eng.train, eng.testa "
-                                    "(eng.testb) or train.txt, valid.txt (test.txt), or data.conll_dir=null for the Hub")
+                                    "(eng.testb) or train.txt, valid.txt (test.txt), or data.conll_dir=null "
+                                    "for the Hub")
         found = [folder / name for name in SPLIT_FILES[split] if (folder / name).is_file()]
         if not found and split != "test":
-            raise FileNotFoundError(f"{folder}: no {split} file; expected one of {', '.join(SPLIT_FILES[split])}")
+            raise FileNotFoundError(f"{folder}: no {split} file; expected one of "
+                                    f"{', '.join(SPLIT_FILES[split])}")
         return found[0] if found else None
 
     def _hub_split(self, split: str) -> dict[str, list]:
         hub = self.hparams.hub or {"path": "eriktks/conll2003"}
-        rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split], revision=hub.get("revision"),
-                            cache_dir=str(self.cache_dir / "hub"))
+        rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
+                            revision=hub.get("revision"), cache_dir=str(self.cache_dir / "hub"))
         feature = rows.features["ner_tags"].feature
         names = feature.names if isinstance(feature, ClassLabel) else CONLL2003_LABELS
         tags = [iob1_to_iob2([names[t] for t in sentence]) for sentence in rows["ner_tags"]]
@@ -246,19 +252,23 @@ class ConllDataModule(FineTuningDataModule):
         if split == "train" and hp.max_train_examples is not None and hp.max_train_examples < len(rows):
             rng = np.random.default_rng(HELD_OUT_SEED)
             labelled = sorted(rng.choice(len(rows), hp.max_train_examples, replace=False).tolist())
-        key = _key(CACHE_VERSION, source, _key(sentences), _key(self.vocab), self.lowercase, hp.max_seq_length,
-                   hp.document_context, labelled)
+        key = _key(CACHE_VERSION, source, _key(sentences), _key(self.vocab), self.lowercase,
+                   hp.max_seq_length, hp.document_context, labelled)
         features = Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int16")),
-                             "word": Sequence(Value("int16")), "sentence": Value("int64"), "length": Value("int32")})
+                             "word": Sequence(Value("int16")), "sentence": Value("int64"),
+                             "length": Value("int32")})
         self.cache_dir.mkdir(parents=True, exist_ok=True)
-        return rows.map(_windows, batched=True, batch_size=None, remove_columns=rows.column_names, features=features,
+        return rows.map(_windows, batched=True, batch_size=None, remove_columns=rows.column_names,
+                        features=features,
                         fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length,
                                    "document_context": hp.document_context, "labelled": labelled},
-                        new_fingerprint=key, cache_file_name=str(self.cache_dir / f"windows-{split}-{key}.arrow"))
+                        new_fingerprint=key,
+                        cache_file_name=str(self.cache_dir / f"windows-{split}-{key}.arrow"))
 
     def build(self) -> None:
         for split, (sentences, source) in self.raw_sentences().items():
-            self.sentences[split] = Dataset.from_dict({"tokens": sentences["tokens"], "tags": sentences["tags"]})
+            self.sentences[split] = Dataset.from_dict({"tokens": sentences["tokens"],
+                                                       "tags": sentences["tags"]})
             self.datasets[split] = self._encoded(split, sentences, source)
         log.info("conll2003: %s", ", ".join(f"{s} {len(self.sentences[s])} sentences in {len(d)} windows"
                                             for s, d in self.datasets.items()))
@@ -268,8 +278,8 @@ class ConllDataModule(FineTuningDataModule):
         return TagCollator()
 
     def write_predictions(self, predictions: list[dict], out_dir: str | Path) -> dict[str, str]:
-        """``<split>.conll``: ``word gold predicted`` a line, a blank line between sentences (conlleval's input),
-        from predict_step outputs (sentence, word and predicted label of every labelled position)."""
+        """``<split>.conll``: ``word gold predicted`` a line, a blank line between sentences (conlleval's
+        input), from predict_step outputs (sentence, word and predicted label of every labelled position)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         written = {}
@@ -278,7 +288,8 @@ class ConllDataModule(FineTuningDataModule):
             predicted: dict[tuple[int, int], int] = {}
             for out in predictions:
                 if out["split"] == i:
-                    predicted.update(zip(zip(out["sentence"].tolist(), out["word"].tolist()), out["prediction"].tolist()))
+                    predicted.update(zip(zip(out["sentence"].tolist(), out["word"].tolist()),
+                                         out["prediction"].tolist()))
             expected = sum(len(t) for t in sentences["tokens"])
             if len(predicted) != expected:
                 raise RuntimeError(f"{split}: predictions for {len(predicted)} of {expected} words")

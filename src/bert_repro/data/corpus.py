@@ -54,7 +54,8 @@ _ABBREVIATION = re.compile(r"(?:\b(?:Mr|Mrs|Ms|Dr|St|Jr|Sr|Prof|Mt|No|vs)|\b[A-Z
 # lists, cast lists, discographies and taxonomies, and the plain-text headings of the Hub's Wikipedia dumps
 # all fail the test.
 MIN_PASSAGE_WORDS = 6
-_MARKUP = re.compile(r"^(?:[*#:;|!=\u2022\u00b7-]|\{\|)")  # list items, definition lists, table rows, headings
+# list items, definition lists, table rows, headings
+_MARKUP = re.compile(r"^(?:[*#:;|!=\u2022\u00b7-]|\{\|)")
 _PASSAGE_END = re.compile(r"""[.!?:](?:\s?["'\u201d\u2019)\]])*$""")  # ":" leads into a quote or list
 BACK_MATTER = {"references", "see also", "external links", "further reading", "notes", "bibliography",
                "sources", "footnotes", "citations", "notes and references", "works cited"}
@@ -244,8 +245,8 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     files = _resolve(source, cache_dir)
     if not any(Path(f).stat().st_size for f in files):  # the text builder fails obscurely on empty files
-        raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) is empty; expected plain text, "
-                         "one sentence per line and a blank line between documents")
+        raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) is empty; expected plain "
+                         "text, one sentence per line and a blank line between documents")
     # Universal newlines: the text builder opens files in text mode, so CRLF reads as "\n". It reads 1 MB at a
     # time (instead of its default 10 MB) and the map below 64 documents at a time, each written out as it
     # comes: memory stays flat whatever the corpus size.

@@ -40,7 +40,8 @@ class GlueTask:
     text_a: str  # columns of the original files
     text_b: str | None
     label: str
-    labels: tuple[str, ...] | None  # label strings of the files and the test server, in Hub order; None = regression
+    # label strings of the files and the test server, in Hub order; None = regression
+    labels: tuple[str, ...] | None
     metrics: tuple[str, ...]  # dev metrics (metrics.py names)
     score: tuple[str, ...]  # Table 1 column(s), averaged in the GLUE score
     server: dict[str, str]  # test split -> the GLUE server's file name
@@ -82,7 +83,8 @@ def glue_task(name: str) -> GlueTask:
 
 def truncated_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     """Lengths after google-research/bert's ``_truncate_seq_pair``: drop the last token of the longer side
-    (of B on a tie) until both fit ``budget``. (``tokenizers``' longest_first breaks odd ties the other way.)"""
+    (of B on a tie) until both fit ``budget``. (``tokenizers``' longest_first breaks odd ties the other
+    way.)"""
     if len_a + len_b <= budget:
         return len_a, len_b
     short = min(len_a, len_b)
@@ -126,11 +128,12 @@ class GlueDataModule(FineTuningDataModule):
     cache_folder = "glue"
     batch_columns = ("input_ids", "token_type_ids", "label", "row", "idx")
 
-    def __init__(self, task: str, glue_dir: str | None = None, files: dict | None = None, hub: dict | None = None,
-                 tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 128,
-                 batch_size: int = 32, padding: str = "longest", group_by_length: bool = False,
-                 dev_from_train: float | int | None = None, max_train_examples: int | None = None,
-                 num_workers: int = 0, num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None):
+    def __init__(self, task: str, glue_dir: str | None = None, files: dict | None = None,
+                 hub: dict | None = None, tokenizer: str | None = None, lowercase: bool = True,
+                 max_seq_length: int = 128, batch_size: int = 32, padding: str = "longest",
+                 group_by_length: bool = False, dev_from_train: float | int | None = None,
+                 max_train_examples: int | None = None, num_workers: int = 0, num_proc: int = 1,
+                 seed: int = 12345, cache_dir: str | None = None):
         spec = glue_task(task)
         if padding not in ("longest", "max_length"):
             raise ValueError(f"padding={padding!r}; expected 'longest' (per batch) or 'max_length' (fixed)")
@@ -138,9 +141,11 @@ class GlueDataModule(FineTuningDataModule):
         if unknown:
             raise ValueError(f"task={task}: files has splits {sorted(unknown)}; {task} has {spec.splits}")
         if dev_from_train is not None and len(spec.dev) != 1:
-            raise ValueError(f"task={task}: dev_from_train needs a task with one dev split; map {list(spec.dev)}")
+            raise ValueError(f"task={task}: dev_from_train needs a task with one dev split; map "
+                             f"{list(spec.dev)}")
         if max_train_examples is not None and max_train_examples < 1:
-            raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, or null")
+            raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, "
+                             "or null")
         if max_seq_length < 4:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] A [SEP] B [SEP]")
         super().__init__()
@@ -171,8 +176,9 @@ class GlueDataModule(FineTuningDataModule):
         if not Path(file.path).is_file():
             hint = "" if split in self.spec.server else (
                 " (set data.dev_from_train to carve a dev split from train)" if split in self.spec.dev else "")
-            raise FileNotFoundError(f"task={self.task} split {split}: {file.path} does not exist{hint}; map another "
-                                    f"file with data.files.{split}=..., or set data.glue_dir=null to use the Hub")
+            raise FileNotFoundError(f"task={self.task} split {split}: {file.path} does not exist{hint}; map "
+                                    f"another file with data.files.{split}=..., or set data.glue_dir=null to "
+                                    "use the Hub")
         rows = read_rows(file, self.cache_dir)
         wanted = [c for c in file.columns.values() if c]
         missing = [c for c in wanted if c not in rows.column_names]
@@ -182,10 +188,12 @@ class GlueDataModule(FineTuningDataModule):
         unit, first = ("record", 1) if file.format == "json" else ("line", 2 if file.header else 1)
         settings = dict(columns=file.columns, labels=self.spec.labels if file.columns["label"] else None,
                         label_map=file.label_map, where=file.path, unit=unit, first=first)
-        # the rows' fingerprint names the file; `where` (the path as spelled, for messages) stays out of the key
+        # the rows' fingerprint names the file; `where` (the path as spelled, for messages) stays out of the
+        # key
         key = _key(CACHE_VERSION, rows._fingerprint, {k: v for k, v in settings.items() if k != "where"},
                    self.spec.labels is None)
-        features = {"text_a": Value("string"), "label": Value("float32" if self.spec.labels is None else "int64"),
+        features = {"text_a": Value("string"),
+                    "label": Value("float32" if self.spec.labels is None else "int64"),
                     "idx": Value("string")}
         if file.columns["text_b"]:
             features["text_b"] = Value("string")
@@ -196,14 +204,16 @@ class GlueDataModule(FineTuningDataModule):
 
     def _hub_split(self, split: str) -> Dataset:
         hub = self.hparams.hub or {"path": "nyu-mll/glue", "name": self.task}
-        name, hub_split = ("ax", "test") if split == "ax" else (hub["name"], split.replace("dev", "validation"))
+        name, hub_split = ("ax", "test") if split == "ax" else (hub["name"],
+                                                                split.replace("dev", "validation"))
         rows = load_dataset(hub["path"], name, split=hub_split, cache_dir=str(self.cache_dir / "hub"))
         a, b = self.spec.hub_text
         rows = rows.rename_columns({a: "text_a", **({b: "text_b"} if b else {})})
         return rows.cast_column("idx", Value("string"))
 
     def raw_splits(self) -> dict[str, Dataset]:
-        """Every available split as text_a / text_b / label / idx rows, with the dev carve and train subset applied."""
+        """Every available split as text_a / text_b / label / idx rows, with the dev carve and train subset
+        applied."""
         hp, spec = self.hparams, self.spec
         splits: dict[str, Dataset] = {}
         use_hub = hp.glue_dir is None and not any((hp.files or {}).values())
@@ -222,7 +232,8 @@ class GlueDataModule(FineTuningDataModule):
                 splits[split] = self._local_split(split, file)
         if hp.dev_from_train is not None:
             dev = next(iter(spec.dev))
-            parts = splits["train"].train_test_split(test_size=hp.dev_from_train, seed=HELD_OUT_SEED, shuffle=True)
+            parts = splits["train"].train_test_split(test_size=hp.dev_from_train, seed=HELD_OUT_SEED,
+                                                     shuffle=True)
             splits["train"], splits[dev] = parts["train"], parts["test"]
             log.info("%s: dev carved out of train: %d rows (train keeps %d)", self.task, len(parts["test"]),
                      len(parts["train"]))
@@ -236,13 +247,16 @@ class GlueDataModule(FineTuningDataModule):
     def _encoded(self, split: str, rows: Dataset) -> Dataset:
         hp = self.hparams
         key = _key(CACHE_VERSION, rows._fingerprint, _key(self.vocab), self.lowercase, hp.max_seq_length)
-        features = Features({"input_ids": [Value("int32")], "token_type_ids": [Value("int8")], "length": Value("int32"),
-                             "label": rows.features["label"], "idx": Value("string"), "row": Value("int64")})
+        features = Features({"input_ids": [Value("int32")], "token_type_ids": [Value("int8")],
+                             "length": Value("int32"), "label": rows.features["label"],
+                             "idx": Value("string"), "row": Value("int64")})
         return rows.map(
-            _tokenize, batched=True, batch_size=1000, with_indices=True, num_proc=hp.num_proc if hp.num_proc > 1 else None,
+            _tokenize, batched=True, batch_size=1000, with_indices=True,
+            num_proc=hp.num_proc if hp.num_proc > 1 else None,
             fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
             remove_columns=[c for c in rows.column_names if c not in ("label", "idx")], features=features,
-            new_fingerprint=key, cache_file_name=str(self.cache_dir / f"tokens-{self.task}-{split}-{key}.arrow"))
+            new_fingerprint=key,
+            cache_file_name=str(self.cache_dir / f"tokens-{self.task}-{split}-{key}.arrow"))
 
     def build(self) -> None:
         for split, rows in self.raw_splits().items():
@@ -267,14 +281,16 @@ class GlueDataModule(FineTuningDataModule):
     # -- batches ---------------------------------------------------------------------------------
     def collator(self) -> PadCollator:
         hp = self.hparams
-        return PadCollator(hp.max_seq_length if hp.padding == "max_length" else None, self.spec.labels is None)
+        return PadCollator(hp.max_seq_length if hp.padding == "max_length" else None,
+                           self.spec.labels is None)
 
     def train_lengths(self, split: str) -> list[int] | None:
         return self.datasets[split]["length"] if self.hparams.group_by_length else None
 
     def write_predictions(self, predictions: list[dict], out_dir: str | Path) -> dict[str, str]:
-        """The GLUE server's files (<server name>.tsv: ``index<TAB>prediction``, label strings as in the task's
-        files; STS-B scores clipped to 0-5) from predict_step outputs (split index, rows, predictions)."""
+        """The GLUE server's files (<server name>.tsv: ``index<TAB>prediction``, label strings as in the
+        task's files; STS-B scores clipped to 0-5) from predict_step outputs (split index, rows,
+        predictions)."""
         out_dir = Path(out_dir)
         out_dir.mkdir(parents=True, exist_ok=True)
         written = {}

@@ -45,7 +45,8 @@ def hub_spec(entry: dict) -> dict:
                          + (f" (unknown: {', '.join(sorted(unknown))})" if unknown else ""))
     spec = {**DEFAULTS, **entry}
     if spec["format"] not in FORMATS:
-        raise ValueError(f"data.hub entry {spec['path']!r}: format={spec['format']!r}; expected one of {FORMATS}")
+        raise ValueError(f"data.hub entry {spec['path']!r}: format={spec['format']!r}; expected one of "
+                         f"{FORMATS}")
     return spec
 
 
@@ -98,8 +99,9 @@ def _checked_rows(rows: Iterable[dict], spec: dict) -> Iterator[dict]:
         if i == 0:
             for column in filter(None, (spec["text_column"], spec["document_column"])):
                 if column not in row:
-                    raise ValueError(f"data.hub entry {spec['path']!r} (split {spec['split']!r}) has no column "
-                                     f"{column!r}; its columns are {list(row)}: set text_column (or document_column)")
+                    raise ValueError(f"data.hub entry {spec['path']!r} (split {spec['split']!r}) has no "
+                                     f"column {column!r}; its columns are {list(row)}: set text_column (or "
+                                     "document_column)")
         yield row
 
 
@@ -131,7 +133,8 @@ def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int
                     _generate, features=DOCUMENT_FEATURES, cache_dir=str(hf_cache),
                     gen_kwargs={"spec": spec, "max_documents": max_documents, "cache_dir": str(hf_cache)},
                 )
-            except DatasetGenerationError as err:  # the builder wraps our own message; show it, not the wrapper
+            # the builder wraps our own message; show it, not the wrapper
+            except DatasetGenerationError as err:
                 if isinstance(err.__cause__, ValueError):
                     raise err.__cause__ from None
                 raise
@@ -139,8 +142,8 @@ def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int
             rows = _load(spec, hf_cache, streaming=False)
             if max_documents is not None:
                 rows = rows.select(range(min(max_documents, len(rows))))
-            documents = rows.map(_rows_to_documents, batched=True, remove_columns=rows.column_names, num_proc=num_proc,
-                                 features=DOCUMENT_FEATURES,
+            documents = rows.map(_rows_to_documents, batched=True, remove_columns=rows.column_names,
+                                 num_proc=num_proc, features=DOCUMENT_FEATURES,
                                  fn_kwargs={"text_column": spec["text_column"], "fmt": spec["format"]})
         if len(documents) == 0:
             raise ValueError(f"data.hub entry {spec['path']!r} ({spec['format']} format, column "

@@ -54,8 +54,9 @@ def create_instances_from_document(all_documents, doc_index: int, max_seq_length
             if not nsp:
                 tokens_a += [t for sentence in chunk[a_end:] for t in sentence]
                 truncate_seq_pair(tokens_a, [], max_num_tokens, rng)
-                instances.append({"input_ids": [cls_id, *tokens_a, sep_id], "token_type_ids": [0] * (len(tokens_a) + 2),
-                                  "doc_index": doc_index, "target_length": target})
+                instances.append({"input_ids": [cls_id, *tokens_a, sep_id],
+                                  "token_type_ids": [0] * (len(tokens_a) + 2), "doc_index": doc_index,
+                                  "target_length": target})
             else:
                 tokens_b: list[int] = []
                 # A one-sentence chunk has no true next part, so it always gets a random B; this is
@@ -122,18 +123,20 @@ def mask_tokens(input_ids, special_mask, rng: np.random.Generator, vocab_size: i
     masked = ids.copy()
     u = rng.random(len(positions))
     random_ids = rng.integers(0, vocab_size, size=len(positions))
-    masked[positions] = np.where(u < shares[0], mask_id, np.where(u < shares[0] + shares[1], labels, random_ids))
+    masked[positions] = np.where(u < shares[0], mask_id,
+                                 np.where(u < shares[0] + shares[1], labels, random_ids))
     return masked, positions, labels
 
 
 def mask_sequence(input_ids, rng: np.random.Generator, settings: dict):
-    """mask_tokens for an instance: [CLS]/[SEP] (`special_ids`) are never chosen; `is_continuation` is per vocab id."""
+    """mask_tokens for an instance: [CLS]/[SEP] (`special_ids`) are never chosen; `is_continuation` is per
+    vocab id."""
     ids = np.asarray(input_ids)
     settings = dict(settings)
     special_mask = np.isin(ids, settings.pop("special_ids"))
     continuation = settings.pop("is_continuation")
-    return mask_tokens(ids, special_mask, rng, is_continuation=None if continuation is None else continuation[ids],
-                       **settings)
+    return mask_tokens(ids, special_mask, rng,
+                       is_continuation=None if continuation is None else continuation[ids], **settings)
 
 
 class TokenizedDocuments:
@@ -172,8 +175,9 @@ def instance_features(nsp: bool, static_mask: bool) -> Features:
     return Features(features)
 
 
-def instances_batch(indices: list[int], all_documents: Dataset, seed: int, dupe_factor: int, max_seq_length: int,
-                    short_seq_prob: float, nsp: bool, cls_id: int, sep_id: int, mask: dict | None) -> dict:
+def instances_batch(indices: list[int], all_documents: Dataset, seed: int, dupe_factor: int,
+                    max_seq_length: int, short_seq_prob: float, nsp: bool, cls_id: int, sep_id: int,
+                    mask: dict | None) -> dict:
     """`datasets.map` function over the tokenized documents (given no columns, only `indices`: it reads the
     documents it needs itself, random B documents included): every instance of the documents at `indices`,
     `dupe_factor` times with different randomness (the original's outer loop), masked when `mask` is given
@@ -183,8 +187,9 @@ def instances_batch(indices: list[int], all_documents: Dataset, seed: int, dupe_
     for doc_index in indices:
         for dupe in range(dupe_factor):
             rng = np.random.default_rng([seed, dupe, doc_index])
-            for instance in create_instances_from_document(documents, doc_index, max_seq_length, short_seq_prob,
-                                                           rng, nsp=nsp, cls_id=cls_id, sep_id=sep_id):
+            for instance in create_instances_from_document(documents, doc_index, max_seq_length,
+                                                           short_seq_prob, rng, nsp=nsp, cls_id=cls_id,
+                                                           sep_id=sep_id):
                 instance["dupe"] = dupe
                 if mask is not None:  # static masking: decided once, stored
                     masked, positions, labels = mask_sequence(instance["input_ids"], rng, mask)

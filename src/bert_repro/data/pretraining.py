@@ -27,7 +27,8 @@ from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_
 log = logging.getLogger(__name__)
 
 PAD_ID = 0  # [PAD] is id 0 in google-research/bert vocabularies (checked against the tokenizer)
-HELD_OUT_SEED = 0  # the val split and its masks do not move with the training seed, so val/ppl compares across runs
+# the val split and its masks do not move with the training seed, so val/ppl compares across runs
+HELD_OUT_SEED = 0
 CACHE_FORMAT = 2  # bump when the cached token or instance layout changes, so old caches are not read back
 
 
@@ -79,7 +80,8 @@ class PretrainingCollator:
         if self.mask is not None:
             batch.update(masked_lm_positions=positions, masked_lm_ids=lm_ids, masked_lm_weights=weights)
         if self.nsp:
-            batch["next_sentence_labels"] = np.array([e["next_sentence_label"] for e in examples], dtype=np.int64)
+            batch["next_sentence_labels"] = np.array([e["next_sentence_label"] for e in examples],
+                                                     dtype=np.int64)
         return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
@@ -101,26 +103,29 @@ class PretrainDataModule(L.LightningDataModule):
 
     def __init__(self, corpus: str | None = None, tokenizer: str | None = None, vocab_size: int = 30522,
                  lowercase: bool = True, max_seq_length: int = 128, max_predictions_per_seq: int = 20,
-                 masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1, mask_shares: tuple | list = (0.8, 0.1, 0.1),
-                 whole_word_mask: bool = False, nsp: bool = True, ltr: bool = False, masking: str = "dynamic",
-                 dupe_factor: int = 1, val_fraction: float = 0.05, batch_size: int = 32, num_workers: int = 0,
-                 num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None, max_documents: int | None = None,
+                 masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,
+                 mask_shares: tuple | list = (0.8, 0.1, 0.1), whole_word_mask: bool = False, nsp: bool = True,
+                 ltr: bool = False, masking: str = "dynamic", dupe_factor: int = 1,
+                 val_fraction: float = 0.05, batch_size: int = 32, num_workers: int = 0, num_proc: int = 1,
+                 seed: int = 12345, cache_dir: str | None = None, max_documents: int | None = None,
                  source: str = "files", hub: list[dict] | None = None):
         super().__init__()
         mask_shares = tuple(float(s) for s in mask_shares)
         if len(mask_shares) != 3 or min(mask_shares) < 0 or abs(sum(mask_shares) - 1) > 1e-6:
-            raise ValueError(f"mask_shares={mask_shares}: expected three (MASK, SAME, RND) shares summing to 1")
+            raise ValueError(f"mask_shares={mask_shares}: expected three (MASK, SAME, RND) shares summing to "
+                             "1")
         if masking not in ("static", "dynamic"):
             raise ValueError(f"masking={masking!r}: expected 'static' or 'dynamic'")
         if ltr and nsp:
             raise ValueError("ltr=True is the 'LTR & No NSP' ablation (§5.1); set nsp=False with it")
         if not 0 <= val_fraction < 1 or max_seq_length < 8:
-            raise ValueError(f"val_fraction={val_fraction}, max_seq_length={max_seq_length}: expected [0, 1) and >= 8")
+            raise ValueError(f"val_fraction={val_fraction}, max_seq_length={max_seq_length}: expected [0, 1) "
+                             "and >= 8")
         if source not in ("files", "hub"):
             raise ValueError(f"data.source={source!r}: expected 'files' (data.corpus) or 'hub' (data.hub)")
         if source == "files" and not corpus:
-            raise ValueError("data.source=files needs data.corpus: a text file or folder in the original format, "
-                             "builtin:pydoc, wikitext:<file> or gutenberg:<path>")
+            raise ValueError("data.source=files needs data.corpus: a text file or folder in the original "
+                             "format, builtin:pydoc, wikitext:<file> or gutenberg:<path>")
         if source == "hub" and not hub:
             raise ValueError("data.source=hub needs data.hub: a list of datasets, e.g. "
                              "[{path: wikimedia/wikipedia, name: 20231101.en, format: wiki}]")
@@ -161,13 +166,15 @@ class PretrainDataModule(L.LightningDataModule):
                 raise ValueError(f"corpus {self.corpus_name!r} has {len(docs)} document(s); "
                                  f"need more than {n_val} for a val split")
             order = np.random.default_rng(HELD_OUT_SEED).permutation(len(docs))
-            # The index mappings go to disk (memory-mapped), not to memory: a corpus may have millions of documents.
+            # The index mappings go to disk (memory-mapped), not to memory: a corpus may have millions of
+            # documents.
             folder = self.cache_dir / "pretrain"
             folder.mkdir(parents=True, exist_ok=True)
             key = _key(docs._fingerprint, n_val, HELD_OUT_SEED)
 
             def part(name: str, rows: np.ndarray) -> Dataset:
-                return docs.select(np.sort(rows), indices_cache_file_name=str(folder / f"split-{name}-{key}.arrow"))
+                return docs.select(np.sort(rows),
+                                   indices_cache_file_name=str(folder / f"split-{name}-{key}.arrow"))
 
             self._splits = (part("train", order[n_val:]), part("val", order[:n_val]) if n_val else None)
         return self._splits
@@ -202,7 +209,8 @@ class PretrainDataModule(L.LightningDataModule):
                 tmp.replace(path)
         self.vocab = vocab_list(self._tokenizer)
         if self.vocab[PAD_ID] != "[PAD]":
-            raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected [PAD]")
+            raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected "
+                             "[PAD]")
         self.special_ids = {t: self.vocab.index(t) for t in ("[CLS]", "[SEP]", "[MASK]")}
         return self._tokenizer
 
@@ -211,9 +219,9 @@ class PretrainDataModule(L.LightningDataModule):
         if hp.ltr:
             return None  # a left-to-right LM predicts every next token; the model shifts the ids itself
         is_continuation = np.array([t.startswith("##") for t in self.vocab]) if hp.whole_word_mask else None
-        return dict(vocab_size=len(self.vocab), mask_id=self.special_ids["[MASK]"], masked_lm_prob=hp.masked_lm_prob,
-                    max_predictions=hp.max_predictions_per_seq, shares=hp.mask_shares,
-                    whole_word=hp.whole_word_mask, is_continuation=is_continuation,
+        return dict(vocab_size=len(self.vocab), mask_id=self.special_ids["[MASK]"],
+                    masked_lm_prob=hp.masked_lm_prob, max_predictions=hp.max_predictions_per_seq,
+                    shares=hp.mask_shares, whole_word=hp.whole_word_mask, is_continuation=is_continuation,
                     special_ids=(self.special_ids["[CLS]"], self.special_ids["[SEP]"]))
 
     def _instances(self, docs: Dataset, split: str, seed: int, dupe_factor: int, static: bool) -> Dataset:
@@ -235,9 +243,11 @@ class PretrainDataModule(L.LightningDataModule):
         settings = dict(seed=seed, dupe_factor=dupe_factor, max_seq_length=hp.max_seq_length,
                         short_seq_prob=hp.short_seq_prob, nsp=hp.nsp, cls_id=self.special_ids["[CLS]"],
                         sep_id=self.special_ids["[SEP]"], mask=mask)
-        key = _key(tokens_key, {**settings, "mask": mask and {k: v for k, v in mask.items() if k != "is_continuation"}})
+        key = _key(tokens_key,
+                   {**settings, "mask": mask and {k: v for k, v in mask.items() if k != "is_continuation"}})
         cache_file = folder / f"instances-{split}-{key}.arrow"
-        cached = any(folder.glob(f"{cache_file.stem}*.arrow"))  # with num_proc, datasets writes one file per shard
+        # with num_proc, datasets writes one file per shard
+        cached = any(folder.glob(f"{cache_file.stem}*.arrow"))
         start = time.perf_counter()
         with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"):
             dataset = tokens.map(instances.instances_batch, batched=True, batch_size=64, with_indices=True,
@@ -247,13 +257,14 @@ class PretrainDataModule(L.LightningDataModule):
                                  cache_file_name=str(cache_file), new_fingerprint=key,
                                  desc=f"{split}: creating instances")
         seconds = time.perf_counter() - start
-        self.instance_stats[split] = dict(documents=len(tokens), instances=len(dataset), tokenize_s=tokenize_seconds,
-                                          instances_s=seconds, cached=cached)
+        self.instance_stats[split] = dict(documents=len(tokens), instances=len(dataset),
+                                          tokenize_s=tokenize_seconds, instances_s=seconds, cached=cached)
         if cached:
-            log.info("%s: %d instances from %d documents, loaded from %s", split, len(dataset), len(tokens), cache_file)
+            log.info("%s: %d instances from %d documents, loaded from %s", split, len(dataset), len(tokens),
+                     cache_file)
         else:
-            log.info("%s: %d instances from %d documents in %.1fs (%.0f documents/s, %.0f instances/s)", split,
-                     len(dataset), len(tokens), seconds, len(tokens) / seconds, len(dataset) / seconds)
+            log.info("%s: %d instances from %d documents in %.1fs (%.0f documents/s, %.0f instances/s)",
+                     split, len(dataset), len(tokens), seconds, len(tokens) / seconds, len(dataset) / seconds)
         return dataset
 
     def prepare_data(self) -> None:
@@ -266,7 +277,8 @@ class PretrainDataModule(L.LightningDataModule):
         if self.vocab is None:
             self.prepare_tokenizer()
         train_docs, val_docs = self._documents()
-        self.train_set = self._instances(train_docs, "train", hp.seed, hp.dupe_factor, static=hp.masking == "static")
+        self.train_set = self._instances(train_docs, "train", hp.seed, hp.dupe_factor,
+                                         static=hp.masking == "static")
         if val_docs is not None:
             self.val_set = self._instances(val_docs, "val", HELD_OUT_SEED, 1, static=True)
 
@@ -275,12 +287,14 @@ class PretrainDataModule(L.LightningDataModule):
         return columns + (["masked_lm_positions", "masked_lm_ids"] if static and not self.hparams.ltr else [])
 
     def collator(self, static: bool) -> PretrainingCollator:
-        return PretrainingCollator(self._mask_settings(), dynamic=not static, nsp=self.hparams.nsp, seed=self.hparams.seed)
+        return PretrainingCollator(self._mask_settings(), dynamic=not static, nsp=self.hparams.nsp,
+                                   seed=self.hparams.seed)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams
         static = hp.masking == "static"
-        # dynamic masks are drawn per (epoch, example): the same after a resume, on any number of ranks or workers
+        # dynamic masks are drawn per (epoch, example): the same after a resume, on any number of ranks or
+        # workers
         return train_loader(self.train_set.select_columns(self._columns(static)), hp.batch_size, hp.seed,
                             self.collator(static), self.trainer, hp.num_workers, keyed=not static)
 

@@ -39,10 +39,12 @@ FILES = {1: {"train": "train-v1.1.json", "dev": "dev-v1.1.json"},
 HUB = {1: {"path": "rajpurkar/squad", "name": None}, 2: {"path": "rajpurkar/squad_v2", "name": None}}
 EXAMPLE_FEATURES = Features({"id": Value("string"), "title": Value("string"), "context": Value("string"),
                              "question": Value("string"),
-                             "answers": {"text": Sequence(Value("string")), "answer_start": Sequence(Value("int64"))}})
+                             "answers": {"text": Sequence(Value("string")),
+                                         "answer_start": Sequence(Value("int64"))}})
 WINDOW_FEATURES = Features({
     "input_ids": Sequence(Value("int32")), "token_type_ids": Sequence(Value("int8")),
-    "start_positions": Value("int32"), "end_positions": Value("int32"),  # [CLS] (0) when the answer is not here
+    # [CLS] (0) when the answer is not here
+    "start_positions": Value("int32"), "end_positions": Value("int32"),
     "example": Value("int64"),  # row of the question in the split's examples
     "context_start": Value("int32"),  # position of the first passage token: len(question) + 2
     "offsets": Sequence(Sequence(Value("int32"), length=2)),  # (start, end) characters of each passage token
@@ -65,11 +67,11 @@ def check_question(row: dict, version: int, where: str) -> None:
     for text, start in zip(answers["text"], answers["answer_start"]):
         end = start + len(text)
         if start < 0 or end > len(context) or not text:
-            raise ValueError(f"{where}: question {qid}: answer {text!r} at answer_start {start} lies outside its "
-                             f"context ({len(context)} characters)")
+            raise ValueError(f"{where}: question {qid}: answer {text!r} at answer_start {start} lies outside "
+                             f"its context ({len(context)} characters)")
         if context[start:end] != text:
-            raise ValueError(f"{where}: question {qid}: answer {text!r} does not match the context at answer_start "
-                             f"{start}, which reads {context[start:end]!r}")
+            raise ValueError(f"{where}: question {qid}: answer {text!r} does not match the context at "
+                             f"answer_start {start}, which reads {context[start:end]!r}")
 
 
 def read_squad_json(path: str | Path, version: int) -> list[dict]:
@@ -88,13 +90,15 @@ def read_squad_json(path: str | Path, version: int) -> list[dict]:
         for article in articles:
             for paragraph in article["paragraphs"]:
                 for qa in paragraph["qas"]:
-                    row = {"id": str(qa["id"]), "title": article.get("title", ""), "context": paragraph["context"],
+                    row = {"id": str(qa["id"]), "title": article.get("title", ""),
+                           "context": paragraph["context"],
                            "question": qa["question"], "is_impossible": qa.get("is_impossible"),
                            "answers": {"text": [a["text"] for a in qa["answers"]],
                                        "answer_start": [int(a["answer_start"]) for a in qa["answers"]]}}
                     check_question(row, version, str(path))
                     if row["id"] in seen:
-                        raise ValueError(f"{path}: question id {row['id']} appears twice; ids key the predictions")
+                        raise ValueError(f"{path}: question id {row['id']} appears twice; ids key the "
+                                         "predictions")
                     seen.add(row["id"])
                     del row["is_impossible"]
                     rows.append(row)
@@ -106,7 +110,8 @@ def read_squad_json(path: str | Path, version: int) -> list[dict]:
 
 # -- windows -----------------------------------------------------------------------------------------
 def window_starts(num_tokens: int, budget: int, doc_stride: int) -> list[int]:
-    """First passage token of each window: every doc_stride tokens until one reaches the end (run_squad.py)."""
+    """First passage token of each window: every doc_stride tokens until one reaches the end
+    (run_squad.py)."""
     starts, start = [0], 0
     while start + budget < num_tokens:
         start += min(budget, doc_stride)
@@ -128,7 +133,8 @@ def max_context(starts: list[int], num_tokens: int, budget: int) -> np.ndarray:
     return best[None, :] == np.arange(len(starts))[:, None]
 
 
-def char_to_token_span(offsets: list[tuple[int, int]], start_char: int, end_char: int) -> tuple[int, int] | None:
+def char_to_token_span(offsets: list[tuple[int, int]], start_char: int,
+                       end_char: int) -> tuple[int, int] | None:
     """The smallest run of tokens covering characters [start_char, end_char), from the tokens' (start, end)
     character offsets; None when no token overlaps them (an answer of whitespace or dropped characters)."""
     ends = [end for _, end in offsets]
@@ -178,7 +184,8 @@ def _key(*parts) -> str:
 
 
 class SpanCollator:
-    """Pads a batch of windows to its longest one; ``window`` indexes the split's windows (for post-processing)."""
+    """Pads a batch of windows to its longest one; ``window`` indexes the split's windows (for
+    post-processing)."""
 
     def __call__(self, rows: list[dict]) -> dict:
         return {**pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows]),
@@ -207,9 +214,10 @@ class SquadDataModule(FineTuningDataModule):
             raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")
         if max_seq_length - max_query_length - 3 <= doc_stride or doc_stride < 1:
             raise ValueError(f"doc_stride={doc_stride} must be positive and shorter than the passage room "
-                             f"max_seq_length - max_query_length - 3 = {max_seq_length - max_query_length - 3}, "
-                             "so consecutive windows overlap")
-        for name, value in (("max_train_examples", max_train_examples), ("max_dev_examples", max_dev_examples)):
+                             "max_seq_length - max_query_length - 3 = "
+                             f"{max_seq_length - max_query_length - 3}, so consecutive windows overlap")
+        for name, value in (("max_train_examples", max_train_examples),
+                            ("max_dev_examples", max_dev_examples)):
             if value is not None and value < 1:
                 raise ValueError(f"{name}={value}: expected a positive number of questions, or null")
         super().__init__()
@@ -258,7 +266,8 @@ class SquadDataModule(FineTuningDataModule):
             self.datasets[split] = self._windows(split, self.examples[split])
         train = self.datasets["train"]
         answered = sum(1 for s in train["start_positions"] if s > 0)
-        log.info("squad_v%d: train %d questions -> %d windows (%d hold the answer), dev %d questions -> %d windows",
+        log.info("squad_v%d: train %d questions -> %d windows (%d hold the answer), dev %d questions -> %d "
+                 "windows",
                  self.version, len(self.examples["train"]), len(train), answered, len(self.examples["dev"]),
                  len(self.datasets["dev"]))
 
@@ -267,6 +276,7 @@ class SquadDataModule(FineTuningDataModule):
         return SpanCollator()
 
     def _eval_loader(self, data: Dataset, collate) -> DataLoader:
-        # Under DDP Lightning's sampler pads the dev windows with repeats: the module de-duplicates by "window"
+        # Under DDP Lightning's sampler pads the dev windows with repeats: the module de-duplicates by
+        # "window"
         hp = self.hparams
         return DataLoader(data, batch_size=hp.batch_size, collate_fn=collate, num_workers=hp.num_workers)

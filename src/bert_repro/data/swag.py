@@ -37,7 +37,8 @@ def _key(*parts) -> str:
 
 
 def _examples(batch: dict, indices: list[int], where: str, labelled: bool) -> dict:
-    """CSV / Hub rows -> context, the four endings (sent2 + " " + ending_i), label (-1 unlabelled), id, row."""
+    """CSV / Hub rows -> context, the four endings (sent2 + " " + ending_i), label (-1 unlabelled), id,
+    row."""
     out: dict[str, list] = {"context": [], "endings": [], "label": [], "idx": [], "row": []}
     for r, i in enumerate(indices):
         out["context"].append(batch["sent1"][r])
@@ -46,7 +47,8 @@ def _examples(batch: dict, indices: list[int], where: str, labelled: bool) -> di
         if labelled:
             raw = str(batch["label"][r]).strip()
             if raw not in {str(k) for k in range(NUM_CHOICES)}:
-                raise ValueError(f"{where} row {i + 1} (after the header): label {raw!r}; expected 0-{NUM_CHOICES - 1}")
+                raise ValueError(f"{where} row {i + 1} (after the header): label {raw!r}; expected "
+                                 f"0-{NUM_CHOICES - 1}")
             label = int(raw)
         out["label"].append(label)
         out["idx"].append(str(batch[""][r]) if "" in batch else str(i))  # the CSV's unnamed id column
@@ -76,9 +78,11 @@ class ChoiceCollator:
     """Pads a batch to (B, 4, T), T its longest sequence."""
 
     def __call__(self, rows: list[dict]) -> dict:
-        flat = pad_inputs([s for r in rows for s in r["input_ids"]], [t for r in rows for t in r["token_type_ids"]])
+        flat = pad_inputs([s for r in rows for s in r["input_ids"]],
+                          [t for r in rows for t in r["token_type_ids"]])
         return {**{name: x.view(len(rows), NUM_CHOICES, -1) for name, x in flat.items()},  # (B, 4, T)
-                "labels": torch.tensor([r["label"] for r in rows]), "row": torch.tensor([r["row"] for r in rows])}
+                "labels": torch.tensor([r["label"] for r in rows]),
+                "row": torch.tensor([r["row"] for r in rows])}
 
 
 class SwagDataModule(FineTuningDataModule):
@@ -99,7 +103,8 @@ class SwagDataModule(FineTuningDataModule):
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] A [SEP] B [SEP]")
         if max_train_examples is not None and max_train_examples < 1:
-            raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, or null")
+            raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, "
+                             "or null")
         super().__init__()
 
     # -- rows ------------------------------------------------------------------------------------
@@ -108,7 +113,8 @@ class SwagDataModule(FineTuningDataModule):
         hp = self.hparams
         if hp.swag_dir is None:
             hub = hp.hub or {"path": "allenai/swag", "name": "regular"}
-            rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split], cache_dir=str(self.cache_dir / "hub"))
+            rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
+                                cache_dir=str(self.cache_dir / "hub"))
             return rows, f"{hub['path']}:{split}"
         folder = Path(hp.swag_dir)
         path = folder / SPLIT_FILES[split]
@@ -132,8 +138,9 @@ class SwagDataModule(FineTuningDataModule):
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         examples = rows.map(_examples, batched=True, with_indices=True, remove_columns=rows.column_names,
                             fn_kwargs={"where": where, "labelled": labelled},
-                            features=Features({"context": Value("string"), "endings": Sequence(Value("string")),
-                                               "label": Value("int64"), "idx": Value("string"), "row": Value("int64")}),
+                            features=Features({"context": Value("string"),
+                                               "endings": Sequence(Value("string")), "label": Value("int64"),
+                                               "idx": Value("string"), "row": Value("int64")}),
                             new_fingerprint=f"examples-{key}",
                             cache_file_name=str(self.cache_dir / f"examples-{split}-{key}.arrow"))
         subset = None
@@ -141,10 +148,12 @@ class SwagDataModule(FineTuningDataModule):
             rng = np.random.default_rng(HELD_OUT_SEED)
             subset = np.sort(rng.choice(len(examples), hp.max_train_examples, replace=False))
             examples = examples.select(subset)
-        key = _key(key, _key(self.vocab), self.lowercase, hp.max_seq_length, None if subset is None else subset.tolist())
+        key = _key(key, _key(self.vocab), self.lowercase, hp.max_seq_length,
+                   None if subset is None else subset.tolist())
         return examples.map(_tokenize, batched=True, batch_size=1000, remove_columns=["context", "endings"],
                             fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
-                            features=Features({"label": Value("int64"), "idx": Value("string"), "row": Value("int64"),
+                            features=Features({"label": Value("int64"), "idx": Value("string"),
+                                               "row": Value("int64"),
                                                "input_ids": Sequence(Sequence(Value("int32"))),
                                                "token_type_ids": Sequence(Sequence(Value("int8")))}),
                             new_fingerprint=f"tokens-{key}",
@@ -175,5 +184,6 @@ class SwagDataModule(FineTuningDataModule):
             raise RuntimeError(f"test: predictions for {len(values)} of {len(data)} rows")
         path = out_dir / "swag_test.csv"
         ids = data["idx"]
-        path.write_text("id,label\n" + "".join(f"{ids[r]},{values[r]}\n" for r in range(len(data))), encoding="utf-8")
+        path.write_text("id,label\n" + "".join(f"{ids[r]},{values[r]}\n" for r in range(len(data))),
+                        encoding="utf-8")
         return {"test": str(path)}

@@ -25,7 +25,8 @@ class FileSpec:
     its label values onto the task's."""
 
     path: str
-    format: str | None = None  # tsv (quotes literal, as GLUE), csv (standard quoting) or json/jsonl; None: by suffix
+    # tsv (quotes literal, as GLUE), csv (standard quoting) or json/jsonl; None: by suffix
+    format: str | None = None
     header: bool = True
     names: list[str] | None = None  # column names of a file without a header
     columns: dict[str, str | None] = field(default_factory=dict)
@@ -42,7 +43,8 @@ class FileSpec:
             self.label_map = {str(k): str(v) for k, v in self.label_map.items()}
         unknown = set(self.columns) - {"text_a", "text_b", "label", "idx"}
         if unknown:
-            raise ValueError(f"{self.path}: columns maps {sorted(unknown)}; expected text_a, text_b, label, idx")
+            raise ValueError(f"{self.path}: columns maps {sorted(unknown)}; expected text_a, text_b, label, "
+                             "idx")
 
 
 def _root_cause(err: BaseException) -> BaseException:
@@ -79,7 +81,8 @@ def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
     resolved = str(path.resolve())  # datasets fingerprints the path as spelled: one spelling, one cache
     try:
         if spec.format == "json":
-            return load_dataset("json", data_files=resolved, field=spec.json_field, cache_dir=cache, split="train").flatten()
+            return load_dataset("json", data_files=resolved, field=spec.json_field, cache_dir=cache,
+                                split="train").flatten()
         sep, quoting = ("\t", csv.QUOTE_NONE) if spec.format == "tsv" else (",", csv.QUOTE_MINIMAL)
         names = spec.names
         if names is None:
@@ -87,16 +90,18 @@ def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
                 names = next(csv.reader(f, delimiter=sep, quoting=quoting), [])
         _check_field_counts(path, sep, quoting, len(names), first_line=2 if spec.header else 1)
         # Every column as a string: no type guessing, and "NA" / "null" / "" stay text (na_filter off).
-        return load_dataset("csv", data_files=resolved, sep=sep, quoting=quoting, header=0 if spec.header else None,
-                            names=list(names), features=Features({n: Value("string") for n in names}),
-                            na_filter=False, encoding="utf-8-sig", cache_dir=cache, split="train")
+        return load_dataset("csv", data_files=resolved, sep=sep, quoting=quoting,
+                            header=0 if spec.header else None, names=list(names),
+                            features=Features({n: Value("string") for n in names}), na_filter=False,
+                            encoding="utf-8-sig", cache_dir=cache, split="train")
     except (DatasetGenerationError, UnicodeDecodeError) as err:
         raise ValueError(f"{path}: not a readable {spec.format.upper()} file: {_root_cause(err)}") from err
 
 
-def normalise_rows(batch: dict, indices: list[int], columns: dict, labels: tuple | None, label_map: dict | None,
-               where: str, unit: str, first: int) -> dict:
-    """Rows -> text_a, text_b, label (class id, or the score; -1 when unlabelled), idx; bad rows named by line."""
+def normalise_rows(batch: dict, indices: list[int], columns: dict, labels: tuple | None,
+                   label_map: dict | None, where: str, unit: str, first: int) -> dict:
+    """Rows -> text_a, text_b, label (class id, or the score; -1 when unlabelled), idx; bad rows named by
+    line."""
     out: dict[str, list] = {"text_a": [], "label": [], "idx": []}
     if columns["text_b"]:
         out["text_b"] = []

@@ -234,48 +234,26 @@ class FastBertForPreTraining(BertForPreTraining):
     """With ``kernels``, only [CLS] (for NSP) and the masked positions leave the last layer (FastBertModel's
     ``output_positions``); with ``pack``, short instances share rows (packing.py)."""
 
-    def forward(
-        self,
-        input_ids: Tensor,
-        token_type_ids: Tensor | None = None,
-        attention_mask: Tensor | None = None,
-        masked_positions: Tensor | None = None,
-        prediction_mask: Tensor | None = None,
-        output_hidden_states: bool = False,
-    ) -> PreTrainingOutput:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
+                attention_mask: Tensor | None = None, masked_positions: Tensor | None = None,
+                prediction_mask: Tensor | None = None,
+                output_hidden_states: bool = False) -> PreTrainingOutput:
         if masked_positions is not None and self.bert.speed.pack and not output_hidden_states:
             return self._packed(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask)
         if masked_positions is None or not self.bert.speed.kernels:
-            return super().forward(
-                input_ids,
-                token_type_ids,
-                attention_mask,
-                masked_positions,
-                prediction_mask,
-                output_hidden_states,
-            )
+            return super().forward(input_ids, token_type_ids, attention_mask, masked_positions,
+                                   prediction_mask, output_hidden_states)
         positions = masked_positions
         if self.nsp is not None:
-            positions = torch.cat(
-                [torch.zeros_like(positions[:, :1]), positions], dim=1
-            )  # (B, 1+P): [CLS] first
+            # (B, 1+P): [CLS] first
+            positions = torch.cat([torch.zeros_like(positions[:, :1]), positions], dim=1)
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, positions)
         seq = out.last_hidden_state  # (B, [1+]P, H)
         predicted = seq[:, 1:] if self.nsp is not None else seq  # (B, P, H)
-        if prediction_mask is not None:
-            predicted = predicted[prediction_mask]  # (N, H)
-        mlm_logits = self.mlm(predicted, self.bert.embeddings.word_embeddings.weight)  # (B, P, V) or (N, V)
-        nsp_logits = self.nsp(self.bert.pooler(seq)) if self.nsp is not None else None  # (B, 2)
-        return PreTrainingOutput(mlm_logits, nsp_logits, seq, out.hidden_states)
+        return self.heads(predicted, seq, prediction_mask, out.hidden_states)
 
-    def _packed(
-        self,
-        input_ids: Tensor,
-        token_type_ids: Tensor | None,
-        attention_mask: Tensor | None,
-        masked_positions: Tensor,
-        prediction_mask: Tensor | None,
-    ) -> PreTrainingOutput:
+    def _packed(self, input_ids: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None,
+                masked_positions: Tensor, prediction_mask: Tensor | None) -> PreTrainingOutput:
         """The batch's instances packed into fewer rows; the predictions and [CLS] read back per instance."""
         token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -290,9 +268,5 @@ class FastBertForPreTraining(BertForPreTraining):
         seq = out.last_hidden_state.flatten(0, 1)  # (rows x T, H)
         # positions past an instance's end (the LTR objective's unreal ones) are dropped by prediction_mask
         predicted = seq[(p.start[:, None] + masked_positions).clamp(max=seq.shape[0] - 1)]  # (B, P, H)
-        if prediction_mask is not None:
-            predicted = predicted[prediction_mask]  # (N, H)
-        mlm_logits = self.mlm(predicted, self.bert.embeddings.word_embeddings.weight)  # (B, P, V) or (N, V)
         cls = seq[p.start][:, None]  # (B, 1, H): each instance's [CLS]
-        nsp_logits = self.nsp(self.bert.pooler(cls)) if self.nsp is not None else None  # (B, 2)
-        return PreTrainingOutput(mlm_logits, nsp_logits, cls, None)
+        return self.heads(predicted, cls, prediction_mask)

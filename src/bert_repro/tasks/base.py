@@ -21,7 +21,8 @@ log = logging.getLogger(__name__)
 
 
 def linear_warmup_decay(warmup_steps: int, total_steps: int):
-    """lr factor: linear warm-up to 1 over ``warmup_steps``, then linear decay to 0 at ``total_steps`` (§3.4)."""
+    """lr factor: linear warm-up to 1 over ``warmup_steps``, then linear decay to 0 at ``total_steps``
+    (§3.4)."""
 
     def factor(step: int) -> float:
         if step < warmup_steps:
@@ -32,7 +33,8 @@ def linear_warmup_decay(warmup_steps: int, total_steps: int):
 
 
 def decay_groups(module: nn.Module, weight_decay: float) -> list[dict[str, Any]]:
-    """Weight decay on matrices (linear weights, embeddings) only; not on LayerNorm or biases (§3.4, released code)."""
+    """Weight decay on matrices (linear weights, embeddings) only; not on LayerNorm or biases (§3.4, released
+    code)."""
     decay, no_decay = [], []
     for param in module.parameters():
         if param.requires_grad:
@@ -52,7 +54,8 @@ class BertTaskModule(L.LightningModule):
         self.config = BertConfig(**model)
         self.speed = SpeedOptions(**(speed or {}))
         self.optim = dict(optim)
-        # the run's vocabulary (run.resolve_vocab): in the hyper-parameters, and in every checkpoint for `init=`
+        # the run's vocabulary (run.resolve_vocab): in the hyper-parameters, and in every checkpoint for
+        # `init=`
         self.vocab = list(vocab) if vocab is not None else None
         self.lowercase = lowercase
 
@@ -67,8 +70,9 @@ class BertTaskModule(L.LightningModule):
         path = loaded.source
         if loaded.config.vocab_size != self.config.vocab_size:
             raise ValueError(
-                f"init={path} has a vocabulary of {loaded.config.vocab_size} tokens but the run's tokenizer has "
-                f"{self.config.vocab_size}; fine-tune with the checkpoint's own vocab.txt (data.tokenizer=...)"
+                f"init={path} has a vocabulary of {loaded.config.vocab_size} tokens but the run's tokenizer "
+                f"has {self.config.vocab_size}; fine-tune with the checkpoint's own vocab.txt "
+                "(data.tokenizer=...)"
             )
         # dropout and the causal flag are the run's to choose; every shape must match the checkpoint
         expected = BertConfig(**{**loaded.config.to_dict(), "causal": self.config.causal,
@@ -94,6 +98,12 @@ class BertTaskModule(L.LightningModule):
             log.warning("init=%s has no weights for %s: randomly initialised", path, ", ".join(heads))
         return heads
 
+    def record_epoch(self, extra: dict[str, Any] | None = None) -> None:
+        """Appends this epoch's row to ``history``: the step, the dev metrics logged (``val/``) and
+        ``extra``."""
+        dev = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
+        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **dev, **(extra or {})})
+
     # -- checkpoints carry the vocabulary --------------------------------------------------------
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["vocab"] = self.vocab
@@ -101,7 +111,8 @@ class BertTaskModule(L.LightningModule):
         if hasattr(self, "history"):  # the per-epoch record, so a resumed run reports its whole history
             checkpoint["history"] = list(self.history)
 
-    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:  # also checkpoints without it in hparams
+    # also checkpoints without it in hparams
+    def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.vocab = checkpoint.get("vocab", self.vocab)
         self.lowercase = checkpoint.get("lowercase", self.lowercase)
         if "history" in checkpoint:
@@ -112,8 +123,10 @@ class BertTaskModule(L.LightningModule):
         o = self.optim
         groups = decay_groups(self, o["weight_decay"])
         # the fused kernel is the same AdamW update in one pass over the parameters (speed, not science)
-        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point() for g in groups for p in g["params"])
-        optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"], fused=fused or None)
+        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                    for g in groups for p in g["params"])
+        optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
+                                      fused=fused or None)
         # The schedule's length: this run's optimizer steps, or `schedule_steps` when the run is one part of a
         # longer schedule (the two-phase recipe of v2 A.2: phase 1 stops at 90% of it, phase 2 resumes from
         # phase 1's checkpoint, where Lightning restores the step count and this scheduler's position).
@@ -125,5 +138,6 @@ class BertTaskModule(L.LightningModule):
         warmup = o.get("warmup_steps")
         if warmup is None:
             warmup = int(round((o.get("warmup_ratio") or 0.0) * total))
-        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer, linear_warmup_decay(max(1, int(warmup)), total))
+        schedule = torch.optim.lr_scheduler.LambdaLR(optimizer,
+                                                     linear_warmup_decay(max(1, int(warmup)), total))
         return {"optimizer": optimizer, "lr_scheduler": {"scheduler": schedule, "interval": "step"}}

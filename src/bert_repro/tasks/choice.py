@@ -15,9 +15,9 @@ from bert_repro.tasks.base import BertTaskModule
 
 class MultipleChoiceModule(BertTaskModule):
     """SWAG's four-way choice. The scorer is the sentence head with one output, Linear(H, 1) on the pooled C_i
-    (V, §4.4), applied to the (B x 4) sequences. ``bilstm``: Table 5's "+ BiLSTM" (its final states replace the
-    pooled C_i). A causal (§5.1 LTR) encoder is scored at each sequence's last token (heads.aggregate_token).
-    Dev metrics: val/acc, val/loss; each epoch leaves a row in ``history``."""
+    (V, §4.4), applied to the (B x 4) sequences. ``bilstm``: Table 5's "+ BiLSTM" (its final states replace
+    the pooled C_i). A causal (§5.1 LTR) encoder is scored at each sequence's last token
+    (heads.aggregate_token). Dev metrics: val/acc, val/loss; each epoch leaves a row in ``history``."""
 
     def __init__(self, model: dict, optim: dict, num_choices: int = 4, bilstm: bool = False,
                  vocab: list[str] | None = None, lowercase: bool = True,
@@ -27,7 +27,8 @@ class MultipleChoiceModule(BertTaskModule):
         if num_choices < 2:
             raise ValueError(f"num_choices={num_choices}: a choice needs at least two candidates")
         self.num_choices = num_choices
-        self.model = accelerate(SequenceClassifier(self.config, 1, bilstm), self.speed)  # (+ BiLSTM: its states replace the pooled C_i)
+        # (+ BiLSTM: its states replace the pooled C_i)
+        self.model = accelerate(SequenceClassifier(self.config, 1, bilstm), self.speed)
         self.val_acc = MulticlassAccuracy(num_classes=num_choices, average="micro")
         self.val_loss = MeanMetric()
         self.history: list[dict] = []
@@ -36,7 +37,8 @@ class MultipleChoiceModule(BertTaskModule):
         """Scores (B, N) of the N candidate sequences of each example, from input_ids (B, N, T)."""
         B, N, T = batch["input_ids"].shape
         if N != self.num_choices:
-            raise ValueError(f"batch has {N} choices per example; the module was built for {self.num_choices}")
+            raise ValueError(f"batch has {N} choices per example; the module was built for "
+                             f"{self.num_choices}")
         flat = {k: batch[k].reshape(B * N, T) for k in ("input_ids", "token_type_ids", "attention_mask")}
         return self.model(flat["input_ids"], flat["token_type_ids"], flat["attention_mask"]).view(B, N)
 
@@ -46,8 +48,7 @@ class MultipleChoiceModule(BertTaskModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        dev = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
-        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **dev})
+        self.record_epoch()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         scores, labels = self(batch).float(), batch["labels"]
@@ -58,4 +59,5 @@ class MultipleChoiceModule(BertTaskModule):
         self.log("val/loss", self.val_loss, batch_size=B)
 
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict:
-        return {"split": dataloader_idx, "row": batch["row"].cpu(), "prediction": self(batch).argmax(-1).cpu()}
+        return {"split": dataloader_idx, "row": batch["row"].cpu(),
+                "prediction": self(batch).argmax(-1).cpu()}

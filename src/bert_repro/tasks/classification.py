@@ -31,8 +31,8 @@ class SequenceClassificationModule(BertTaskModule):
         self.save_hyperparameters()
         self.spec = glue_task(task)
         if num_labels != self.spec.num_labels:
-            raise ValueError(f"task={task} has {self.spec.num_labels} label(s) ({self.spec.labels or 'a score'}); "
-                             f"got num_labels={num_labels}")
+            raise ValueError(f"task={task} has {self.spec.num_labels} label(s) "
+                             f"({self.spec.labels or 'a score'}); got num_labels={num_labels}")
         if predict_majority and num_labels == 1:
             raise ValueError(f"task={task} is a regression; predict_majority needs classes")
         self.regression = num_labels == 1
@@ -41,7 +41,8 @@ class SequenceClassificationModule(BertTaskModule):
         self.model = accelerate(SequenceClassifier(self.config, num_labels, bilstm), self.speed)
         self.val_metrics = nn.ModuleList(glue_metrics(self.spec.metrics, num_labels, f"val/{prefix}")
                                          for prefix in self.spec.dev.values())
-        self.val_loss = nn.ModuleList(MeanMetric() for _ in self.spec.dev)  # example-weighted, synced across ranks
+        # example-weighted, synced across ranks
+        self.val_loss = nn.ModuleList(MeanMetric() for _ in self.spec.dev)
         # predicted-class counts per dev set, to spot a run that collapsed onto one class
         self.val_predicted = nn.ModuleList(MulticlassConfusionMatrix(num_labels) for _ in self.spec.dev) \
             if not self.regression else None
@@ -85,10 +86,8 @@ class SequenceClassificationModule(BertTaskModule):
         self.train_real_tokens.reset()
         self.train_padded_tokens.reset()
         self.log("train/padding_waste", waste, sync_dist=True)  # from synced sums: the same on every rank
-        dev = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
-        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **dev,
-                             "train/padding_waste": waste, "train/real_tokens": int(real),
-                             "train/padded_tokens": int(padded)})
+        self.record_epoch({"train/padding_waste": waste, "train/real_tokens": int(real),
+                           "train/padded_tokens": int(padded)})
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> None:
         logits = self(batch)
@@ -109,7 +108,8 @@ class SequenceClassificationModule(BertTaskModule):
             return
         for prefix, confusion in zip(self.spec.dev.values(), self.val_predicted):
             predicted = confusion.compute().sum(dim=0)  # (K,) how often each class was predicted
-            share = float(predicted.max() / predicted.sum().clamp(min=1))  # counts synced: the same on every rank
+            # counts synced: the same on every rank
+            share = float(predicted.max() / predicted.sum().clamp(min=1))
             self.log(f"val/{prefix}top_class_share", share, sync_dist=True)
             confusion.reset()
 

@@ -27,15 +27,16 @@ class PretrainModule(BertTaskModule):
     """
 
     def __init__(self, model: dict, optim: dict, nsp: bool = True, ltr: bool = False,
-                 checkpoint_every_n_steps: int | None = None, vocab: list[str] | None = None, lowercase: bool = True,
-                 speed: dict | None = None):
+                 checkpoint_every_n_steps: int | None = None, vocab: list[str] | None = None,
+                 lowercase: bool = True, speed: dict | None = None):
         super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         if ltr and (nsp or not self.config.causal):
             raise ValueError("ltr=True is the left-to-right LM: it needs model.causal=true and nsp=false "
                              "(use ablation=ltr_no_nsp)")
         if checkpoint_every_n_steps is not None and checkpoint_every_n_steps < 1:
-            raise ValueError(f"checkpoint_every_n_steps={checkpoint_every_n_steps}: expected a positive step count or null")
+            raise ValueError(f"checkpoint_every_n_steps={checkpoint_every_n_steps}: expected a positive step "
+                             "count or null")
         self.nsp, self.ltr = nsp, ltr
         self.checkpoint_every_n_steps = checkpoint_every_n_steps
         self.model = accelerate(BertForPreTraining(self.config, nsp=nsp), self.speed)
@@ -48,15 +49,17 @@ class PretrainModule(BertTaskModule):
     def configure_callbacks(self) -> list:
         if not self.checkpoint_every_n_steps:
             return []
-        return [StepCheckpoint(Path(self.trainer.default_root_dir) / "checkpoints", self.checkpoint_every_n_steps)]
+        return [StepCheckpoint(Path(self.trainer.default_root_dir) / "checkpoints",
+                               self.checkpoint_every_n_steps)]
 
     def on_train_start(self) -> None:
         # Phase 2 of the two-phase schedule (v2 A.2) must continue phase 1's final state, not an earlier one.
         expected = self.optim.get("resume_step")
         if expected is not None and self.trainer.global_step != expected:
-            raise ValueError(f"ckpt_path={self.trainer.ckpt_path} resumes at step {self.trainer.global_step}; phase 2 "
-                             f"starts at step {expected}, where phase 1 ends: pass phase 1's final checkpoint "
-                             "(its checkpoints/last.ckpt), or optim.resume_step=null to resume this one anyway")
+            raise ValueError(f"ckpt_path={self.trainer.ckpt_path} resumes at step {self.trainer.global_step}; "
+                             f"phase 2 starts at step {expected}, where phase 1 ends: pass phase 1's final "
+                             "checkpoint (its checkpoints/last.ckpt), or optim.resume_step=null to resume this "
+                             "one anyway")
 
     def _predictions(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Positions (B, P) to predict, and which of them are real (B, P): the masked ones (§3.3.1),
@@ -90,7 +93,8 @@ class PretrainModule(BertTaskModule):
             self.log(f"{split}/nsp_loss", nsp_loss, batch_size=len(labels), sync_dist=split == "val")
         on_step = split == "train"
         self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=max(n, 1))
-        self.log(f"{split}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step, batch_size=max(n, 1),
+        self.log(f"{split}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step,
+                 batch_size=max(n, 1),
                  sync_dist=not on_step)  # the Dev loss is the mean over every rank's batches
         return loss
 
@@ -114,7 +118,8 @@ class StepCheckpoint(L.Callback):
         self.dirpath, self.every, self._saved = Path(dirpath), every, -1
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        step = trainer.global_step  # already counts this batch's optimizer step; repeats across accumulated batches
+        # already counts this batch's optimizer step; repeats across accumulated batches
+        step = trainer.global_step
         if step > 0 and step % self.every == 0 and step != self._saved:
             self._saved = step
             trainer.save_checkpoint(self.dirpath / f"step-{step}.ckpt")

@@ -34,13 +34,15 @@ class SpanExtractor(nn.Module):
     def __init__(self, config: BertConfig, bilstm: bool = False):
         super().__init__()
         self.bert = BertModel(config)
-        self.bert.pooler.requires_grad_(False)  # C's pooler is never read here; DDP wants every trained parameter used
+        # C's pooler is never read here; DDP wants every trained parameter used
+        self.bert.pooler.requires_grad_(False)
         self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
             if bilstm else None
         self.qa_outputs = nn.Linear(config.hidden_size * (2 if bilstm else 1), 2)  # rows: S, E
         init_weights(self.qa_outputs, config.initializer_range)
 
-    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(self, input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> tuple[Tensor,
+                                                                                                  Tensor]:
         """Start and end logits (B, T), padding at the lowest float."""
         sequence = self.bert(input_ids, token_type_ids, attention_mask).last_hidden_state  # (B, T, H)
         if self.lstm is not None:
@@ -67,7 +69,8 @@ class SpanExtractionModule(BertTaskModule):
         if version not in (1, 2):
             raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")
         if n_best_size < 1 or max_answer_length < 1:
-            raise ValueError(f"n_best_size={n_best_size}, max_answer_length={max_answer_length}: expected positive")
+            raise ValueError(f"n_best_size={n_best_size}, max_answer_length={max_answer_length}: expected "
+                             "positive")
         self.version, self.n_best_size, self.max_answer_length = version, n_best_size, max_answer_length
         self.model = accelerate(SpanExtractor(self.config, bilstm), self.speed)
         self.null_threshold: float | None = None  # v2.0: tau of the last validation
@@ -93,8 +96,8 @@ class SpanExtractionModule(BertTaskModule):
         start_logit, start_index = start.topk(k, dim=1)  # (B, k)
         end_logit, end_index = end.topk(k, dim=1)
         out = {"window": batch["window"], "start_index": start_index, "start_logit": start_logit,
-               "end_index": end_index, "end_logit": end_logit, "null_start": start[:, 0], "null_end": end[:, 0],
-               "loss": self._loss(start, end, batch, reduction="none")}
+               "end_index": end_index, "end_logit": end_logit, "null_start": start[:, 0],
+               "null_end": end[:, 0], "loss": self._loss(start, end, batch, reduction="none")}
         self._val_windows.append({name: value.cpu().numpy() for name, value in out.items()})
 
     def _gathered_windows(self) -> dict[int, dict[str, Any]]:
@@ -110,11 +113,13 @@ class SpanExtractionModule(BertTaskModule):
                 windows.setdefault(window, {name: value[i] for name, value in batch.items()})
         return windows
 
-    def _predictions(self, outputs: dict[int, dict[str, Any]]) -> tuple[dict[str, Prediction], dict[str, list[str]]]:
+    def _predictions(self, outputs: dict[int, dict[str, Any]]) -> tuple[dict[str, Prediction],
+                                                                        dict[str, list[str]]]:
         """Answers of every dev question with at least one window scored, and their gold answers."""
         data = self.trainer.datamodule
         seen = sorted(outputs)
-        windows = data.datasets["dev"].select(seen).select_columns(["example", "context_start", "offsets", "max_context"])
+        windows = data.datasets["dev"].select(seen).select_columns(["example", "context_start", "offsets",
+                                                                    "max_context"])
         by_example: dict[int, list[tuple[WindowLogits, Window]]] = {}
         for window, row in zip(seen, windows):
             o = outputs[window]
@@ -143,12 +148,14 @@ class SpanExtractionModule(BertTaskModule):
         metrics, final, tau = squad_eval.score(answers, predictions, self.version)
         loss = sum(float(o["loss"]) for o in outputs.values()) / len(outputs)
         values = {"val/loss": loss, **{f"val/{name}": value for name, value in metrics.items()}}
-        self.log_dict(values, sync_dist=True)  # the same on every rank: each scored the whole gathered dev set
+        # the same on every rank: each scored the whole gathered dev set
+        self.log_dict(values, sync_dist=True)
         if self.trainer.sanity_checking:
             return
         self.null_threshold = tau
         if self.trainer.is_global_zero:
-            written = squad_eval.write_prediction_files(Path(self.trainer.default_root_dir), final, predictions)
+            written = squad_eval.write_prediction_files(Path(self.trainer.default_root_dir), final,
+                                                        predictions)
             log.info("squad_v%d: dev %s; wrote %s", self.version,
                      ", ".join(f"{k} {v:.2f}" for k, v in values.items()), ", ".join(p.name for p in written))
         if self.trainer.state.fn == TrainerFn.FITTING:

@@ -48,7 +48,8 @@ class EntityF1(Metric):
             return {"precision": 0.0, "recall": 0.0, "f1": 0.0, "token_acc": 0.0}
         sentence, word, pred, target = (dim_zero_cat(getattr(self, n)).cpu().numpy()
                                         for n in ("sentence", "word", "pred", "target"))
-        keys, first = np.unique(np.stack([sentence, word], axis=1), axis=0, return_index=True)  # sorted, unique
+        # sorted, unique
+        keys, first = np.unique(np.stack([sentence, word], axis=1), axis=0, return_index=True)
         cuts = np.flatnonzero(np.diff(keys[:, 0])) + 1
         names = np.asarray(self.labels)
         y_true = [names[t].tolist() for t in np.split(target[first], cuts)]
@@ -57,8 +58,9 @@ class EntityF1(Metric):
 
 
 class TokenTaggingModule(BertTaskModule):
-    """NER over CoNLL-2003's labels. ``features`` (an ``ablation=feature_*`` node: layers, combine, lstm_hidden)
-    selects the feature-based approach of §5.4; null fine-tunes every parameter with a Linear(H, K) per token.
+    """NER over CoNLL-2003's labels. ``features`` (an ``ablation=feature_*`` node: layers, combine,
+    lstm_hidden) selects the feature-based approach of §5.4; null fine-tunes every parameter with a Linear(H,
+    K) per token.
     ``bilstm``: Table 5's "+ BiLSTM" on a fine-tuned encoder. Dev metrics: val/precision, val/recall, val/f1,
     val/token_acc, val/loss; each epoch leaves a row in ``history``."""
 
@@ -69,8 +71,9 @@ class TokenTaggingModule(BertTaskModule):
         super().__init__(model, optim, vocab, lowercase, speed)
         self.save_hyperparameters()
         if features is not None and bilstm:
-            raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the feature-based "
-                             "ablation (features=...) already reads the frozen encoder through its own BiLSTM")
+            raise ValueError("ablation.bilstm=true adds a BiLSTM to a fine-tuned encoder; the "
+                             "feature-based ablation (features=...) already reads the frozen encoder through "
+                             "its own BiLSTM")
         self.labels = tuple(labels) if labels else CONLL2003_LABELS
         K = len(self.labels)
         self.model = accelerate(FeatureTagger(self.config, K, **features) if features is not None
@@ -92,14 +95,14 @@ class TokenTaggingModule(BertTaskModule):
         return loss
 
     def on_train_epoch_end(self) -> None:
-        dev = {k: float(v) for k, v in self.trainer.callback_metrics.items() if k.startswith("val/")}
-        self.history.append({"epoch": self.current_epoch, "step": self.global_step, **dev})
+        self.record_epoch()
 
     def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
         logits, labels = self(batch), batch["labels"]
         scored = batch["word"] >= 0  # first pieces of words
         sentence = batch["sentence"][:, None].expand_as(labels)
-        self.val_entities.update(sentence[scored], batch["word"][scored], logits.argmax(-1)[scored], labels[scored])
+        self.val_entities.update(sentence[scored], batch["word"][scored], logits.argmax(-1)[scored],
+                                 labels[scored])
         words = int(scored.sum())
         self.val_loss.update(self._loss(logits, labels), weight=max(1, words))
         self.log("val/loss", self.val_loss, batch_size=labels.shape[0])
@@ -112,5 +115,5 @@ class TokenTaggingModule(BertTaskModule):
     def predict_step(self, batch: dict[str, Tensor], batch_idx: int, dataloader_idx: int = 0) -> dict:
         scored = batch["word"] >= 0
         sentence = batch["sentence"][:, None].expand_as(scored)
-        return {"split": dataloader_idx, "sentence": sentence[scored].cpu(), "word": batch["word"][scored].cpu(),
-                "prediction": self(batch).argmax(-1)[scored].cpu()}
+        return {"split": dataloader_idx, "sentence": sentence[scored].cpu(),
+                "word": batch["word"][scored].cpu(), "prediction": self(batch).argmax(-1)[scored].cpu()}

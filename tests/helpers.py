@@ -1,0 +1,60 @@
+"""Pieces several test files share: fine-tuning modules validated on one process and on two DDP ranks, and
+pre-training steps taken by hand."""
+
+import os
+import subprocess
+import sys
+from collections.abc import Callable, Iterable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from .conftest import REPO
+
+# a tiny encoder over the real 30522-token vocabulary; large random weights make its predictions vary
+VARIED = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)
+
+
+def call_in_new_process(function: str, *args: str) -> None:
+    """Calls ``function`` ("tests.test_x.name") with ``args`` in a new interpreter, the parent of its DDP
+    ranks; fails the test with the output's tail when it fails."""
+    module, name = function.rsplit(".", 1)
+    code = f"import sys; from {module} import {name} as f; f(*sys.argv[1:])"
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models; a busy 2-core machine oversubscribes two
+    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
+                          timeout=600, env=env)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+
+
+def validate_on_one_and_two_ranks(make_module: Callable[[], Any], make_data: Callable[[], Any],
+                                  root: str) -> list[tuple[dict[str, float], Any, Path]]:
+    """Validates one set of weights (``make_module``'s, seed 0) on 1 process and on 2 DDP ranks (CPU, gloo):
+    (dev metrics, the datamodule, the trainer's root folder ``root``.<devices>) of each."""
+    import lightning as L
+
+    torch.manual_seed(0)
+    state = make_module().state_dict()
+    runs = []
+    for devices, strategy in ((1, "auto"), (2, "ddp_fork")):
+        data = make_data()
+        module = make_module()
+        module.load_state_dict(state)
+        folder = Path(f"{root}.{devices}")
+        trainer = L.Trainer(accelerator="cpu", devices=devices, strategy=strategy, logger=False,
+                            default_root_dir=folder, enable_progress_bar=False, enable_model_summary=False)
+        runs.append((trainer.validate(module, datamodule=data, verbose=False)[0], data, folder))
+    return runs
+
+
+def pretrain_losses(module: Any, batches: Iterable[dict[str, torch.Tensor]], lr: float) -> list[float]:
+    """The training loss of each of ``batches``, an AdamW step of ``module`` (a PretrainModule) after each."""
+    optimizer = torch.optim.AdamW(module.parameters(), lr=lr)
+    losses = []
+    for batch in batches:
+        loss = module._step(batch, "train")
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(loss.item())
+    return losses
