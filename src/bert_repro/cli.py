@@ -66,7 +66,8 @@ def _check_writable(folder: Path, key: str) -> None:
 
 def unknown_key_hints(overrides: list[str], config_dir: Path, config_name: str = "train") -> list[str]:
     """For each plain ``a.b=v`` override whose key the composed config lacks, the keys that do exist there."""
-    parsed = OverridesParser.create().parse_overrides([o for o in overrides if "=" in o and not o.startswith("-")])
+    parsed = OverridesParser.create().parse_overrides(
+        [o for o in overrides if "=" in o and not o.startswith("-")])
     group_choices = [o.input_line for o in parsed if "." not in o.key_or_group and not o.is_add()]
     GlobalHydra.instance().clear()
     try:

@@ -117,7 +117,8 @@ class FeatureTagger(nn.Module):
         self.combine = combine
         self.bert = BertModel(config)
         self.bert.requires_grad_(False)
-        self.layer_weights = nn.Parameter(torch.zeros(len(self.layers))) if combine == "weighted_sum" else None
+        self.layer_weights = (nn.Parameter(torch.zeros(len(self.layers))) if combine == "weighted_sum"
+                              else None)
         width = config.hidden_size * (len(self.layers) if combine == "concat" else 1)
         self.lstm = nn.LSTM(width, lstm_hidden, num_layers=2, batch_first=True, bidirectional=True)
         self.dropout = nn.Dropout(config.hidden_dropout)
@@ -128,7 +129,8 @@ class FeatureTagger(nn.Module):
         """The selected activations, combined: (B, T, H) or (B, T, len(layers) x H) for concat."""
         self.bert.eval()  # here, not in train(): Lightning sets each submodule's mode itself
         with torch.no_grad():
-            hidden = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states=True).hidden_states
+            hidden = self.bert(input_ids, token_type_ids, attention_mask,
+                               output_hidden_states=True).hidden_states
         chosen = [hidden[i] for i in self.layers]
         if self.combine == "concat":
             return torch.cat(chosen, dim=-1)

@@ -131,7 +131,8 @@ def _reload_loader_states(trainer: L.Trainer) -> None:
     the checkpoint is restored, and its saved position is then never loaded: the resumed epoch would start
     again from its first batch."""
     loop = trainer.fit_loop
-    if loop._combined_loader_states_to_load and loop._combined_loader is not None and loop._data_fetcher is not None:
+    if (loop._combined_loader_states_to_load and loop._combined_loader is not None
+            and loop._data_fetcher is not None):
         loop._load_combined_loader_states()
         iter(loop._data_fetcher)  # a fresh iterator from the restored position
 

@@ -1,7 +1,8 @@
 """Model selection over sweeps (§3.5, §4.1) and the GLUE server's submission files.
 
-    python -m bert_repro.select multirun/mrpc/2026-01-01_10-00-00 multirun/rte/...   # best run on Dev per task
-    python -m bert_repro.select SWEEP ... --restarts      # mean +- std over seeds per hyper-parameter setting (Table 6)
+    python -m bert_repro.select multirun/mrpc/2026-01-01_10-00-00 multirun/rte/...  # best Dev run per task
+    python -m bert_repro.select SWEEP ... --restarts      # mean +- std over seeds per hyper-parameter setting
+                                                          # (Table 6)
     python -m bert_repro.select SWEEP ... --submit        # + test predictions of each selected run, zipped
 
 Runs are the ``results.json`` files under the given folders. A "setting" is what a table cell fixes
@@ -108,7 +109,8 @@ def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None =
     failures = _groups(failed or [], lambda f: f["setting"])
     for key, members in _groups(runs, lambda r: r["setting"]).items():
         entry = {"setting": members[0]["setting"], "monitor": members[0]["monitor"], "runs": len(members),
-                 "degenerate": [{"dir": r["dir"], "reason": r["degenerate"]} for r in members if r["degenerate"]],
+                 "degenerate": [{"dir": r["dir"], "reason": r["degenerate"]}
+                                for r in members if r["degenerate"]],
                  "failed": [{"dir": f["dir"], "reason": f["reason"]} for f in failures.pop(key, [])]}
         if not restarts:
             best = _best(members)
@@ -156,7 +158,8 @@ def table1_scores(entries: list[dict]) -> list[dict]:
     )
 
     rows = []
-    for members in _groups(entries, lambda e: {k: v for k, v in e["setting"].items() if k != "task"}).values():
+    for members in _groups(entries,
+                           lambda e: {k: v for k, v in e["setting"].items() if k != "task"}).values():
         scores: dict[str, float | None] = {}
         for entry in members:
             task = entry["setting"]["task"]
@@ -177,7 +180,8 @@ def _fmt(value: Any, spec: str = ".4f") -> str:
 
 
 def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: bool) -> str:
-    lines = ["# Selection on Dev" + (" (mean +- std over restarts)" if restarts else " (best run per setting)"), "",
+    lines = ["# Selection on Dev"
+             + (" (mean +- std over restarts)" if restarts else " (best run per setting)"), "",
              "| task | model | ablation | monitor | Dev | lr | epochs | batch | runs | degenerate | failed | "
              "selected |",
              "|---|---|---|---|---|---|---|---|---|---|---|---|"]
@@ -186,7 +190,8 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
         if e["selected"] is None:  # every run of this setting failed
             dev = "failed: " + "; ".join(f["reason"] for f in e["failed"])[:200]
         elif restarts:
-            dev = f"{e['restarts'][monitor]['mean']:.4f} +- {e['restarts'][monitor]['std']:.4f} (n={e['restarts'][monitor]['n']})"
+            stats = e["restarts"][monitor]
+            dev = f"{stats['mean']:.4f} +- {stats['std']:.4f} (n={stats['n']})"
         else:
             dev = _fmt(e["metrics"].get(monitor))
         lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | "

@@ -58,7 +58,8 @@ def evaluate_v1(answers: dict[str, list[str]], preds: dict[str, str]) -> dict[st
     """exact_match and f1 (0-100) of evaluate-v1.1.py, through torchmetrics' SQuAD metric."""
     metric = SQuAD(sync_on_compute=False)  # every rank scores the whole (gathered) dev set itself
     metric.update([{"prediction_text": preds[q], "id": q} for q in answers],
-                  [{"answers": {"text": texts, "answer_start": [0] * len(texts)}, "id": q} for q, texts in answers.items()])
+                  [{"answers": {"text": texts, "answer_start": [0] * len(texts)}, "id": q}
+                   for q, texts in answers.items()])
     return {name: float(value) for name, value in metric.compute().items()}
 
 
@@ -174,7 +175,8 @@ def predict_question(context: str, windows: list[tuple[WindowLogits, Window]], n
     prediction = Prediction(text=context[spans[0][1]:spans[0][2]] if spans else "")
     ranked = [(score, context[start:end], s_logit, e_logit) for score, start, end, s_logit, e_logit in spans]
     if with_null:
-        null = min((logits.null_start + logits.null_end, "", logits.null_start, logits.null_end) for logits, _ in windows)
+        null = min((logits.null_start + logits.null_end, "", logits.null_start, logits.null_end)
+                   for logits, _ in windows)
         # float32, as the logits and the logged metrics: a tau read back from results.json splits the odds
         # alike
         prediction.null_odds = float(np.float32(null[0] - spans[0][0])) if spans else math.inf

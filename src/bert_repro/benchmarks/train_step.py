@@ -1,11 +1,12 @@
-"""Training-step throughput of our pre-training step against transformers', side by side in one process.
+r"""Training-step throughput of our pre-training step against transformers', side by side in one process.
 
-    python -m bert_repro.benchmarks.train_step                        # MLM + NSP at small and base, seq 128, batch 8, CPU
+    python -m bert_repro.benchmarks.train_step     # MLM + NSP at small and base, seq 128, batch 8, CPU
     python -m bert_repro.benchmarks.train_step --objective no_nsp --objective ltr --model small
     python -m bert_repro.benchmarks.train_step --model base --steps 20 --foreach
-    python -m bert_repro.benchmarks.train_step --device cuda --precision bf16 --peak-tflops 989 --model base --model large \
-        --seq 128 --seq 512 --batch 64 --unpad           # the GPU path, MFU against the H100/H200 bf16 peak
-    python -m bert_repro.benchmarks.train_step --device cuda --precision bf16 --model large --seq 128 --seq 512 --max-batch
+    python -m bert_repro.benchmarks.train_step --device cuda --precision bf16 --peak-tflops 989 --model base \
+        --model large --seq 128 --seq 512 --batch 64 --unpad  # the GPU path: MFU vs the H100/H200 bf16 peak
+    python -m bert_repro.benchmarks.train_step --device cuda --precision bf16 --model large \
+        --seq 128 --seq 512 --max-batch
 
 Both sides do one full step (forward, backward, AdamW step, zero_grad) on the same batch, shapes, threads,
 optimizer and dropout (train mode), for each objective of the pre-training ablations (§5.1):
@@ -71,7 +72,8 @@ def make_batch(config: BertConfig, batch: int, seq: int, masked: int, device: st
     real = torch.arange(seq)[None] < lengths[:, None]  # (B, T)
     ids = torch.randint(1000, config.vocab_size, (batch, seq), generator=g) * real
     types = (torch.arange(seq)[None] >= (lengths[:, None] // 2)).long() * real * pairs
-    positions = torch.stack([1 + torch.randperm(int(n) - 1, generator=g)[:masked].sort().values for n in lengths])
+    positions = torch.stack([1 + torch.randperm(int(n) - 1, generator=g)[:masked].sort().values
+                             for n in lengths])
     targets = ids.gather(1, positions)  # (B, P)
     labels = torch.full_like(ids, -100).scatter(1, positions, targets)  # (B, T): HF's form
     tensors = {"input_ids": ids, "token_type_ids": types, "attention_mask": real.long(),
@@ -87,7 +89,8 @@ def our_step(model: BertForPreTraining, b: dict[str, torch.Tensor],
     scored."""
     if objective == "ltr":  # position t predicts token t + 1 (PretrainModule._predictions)
         B, T = b["input_ids"].shape
-        positions, real = torch.arange(T - 1, device=b["input_ids"].device).expand(B, -1), b["attention_mask"][:, 1:].bool()
+        positions, real = (torch.arange(T - 1, device=b["input_ids"].device).expand(B, -1),
+                           b["attention_mask"][:, 1:].bool())
         targets = b["input_ids"][:, 1:][real]  # (N,)
     else:
         positions = b["masked_positions"]
@@ -166,7 +169,8 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
     hf_kwargs = {k: v for k, v in hf_config(config, reference).items() if not k.startswith("bert_repro")}
     if objective == "ltr":
         hf_kwargs["is_decoder"] = True  # BertLMHeadModel's causal mask
-    theirs = getattr(transformers, reference)(transformers.BertConfig(**hf_kwargs, attn_implementation="sdpa"))
+    theirs = getattr(transformers, reference)(
+        transformers.BertConfig(**hf_kwargs, attn_implementation="sdpa"))
     theirs = theirs.to(device).train()
     # Same AdamW for both: fused, as our training runs it (tasks/base.py), or torch's default with --foreach.
     opt = {"lr": 1e-4, "betas": (0.9, 0.999), "eps": 1e-6, "weight_decay": 0.01,
@@ -195,7 +199,8 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
     if peak_tflops:
         peak, peak_source = peak_tflops * 1e12, "given"
     else:
-        peak, peak_source = max(probes), f"measured {'bf16' if precision == 'bf16' else 'fp32'} matmul, best of {steps}"
+        peak, peak_source = (max(probes),
+                             f"measured {'bf16' if precision == 'bf16' else 'fp32'} matmul, best of {steps}")
     return {
         "model": name, "objective": objective, "reference": reference, "seq": seq, "batch": batch,
         "masked_per_seq": seq - 1 if objective == "ltr" else masked, "device": device, "precision": precision,

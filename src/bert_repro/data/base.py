@@ -32,7 +32,8 @@ class FineTuningDataModule(L.LightningDataModule):
         super().__init__()
         self.save_hyperparameters()
         hp = self.hparams
-        self.cache_dir = Path(hp.cache_dir) if hp.cache_dir is not None else default_cache_dir() / self.cache_folder
+        self.cache_dir = (Path(hp.cache_dir) if hp.cache_dir is not None
+                          else default_cache_dir() / self.cache_folder)
         self.lowercase = hp.lowercase
         self.vocab: list[str] | None = None
         self._tokenizer: Tokenizer | None = None

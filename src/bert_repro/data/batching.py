@@ -1,4 +1,6 @@
-"""Batching: dynamic padding, batches of similar length, and the loaders every datamodule shares (a\ntraining order that survives a resume and does not depend on the number of ranks; evaluation sets\nseen once each under DDP)."""
+"""Batching: dynamic padding, batches of similar length, and the loaders every datamodule shares (a
+training order that survives a resume and does not depend on the number of ranks; evaluation sets
+seen once each under DDP)."""
 
 from __future__ import annotations
 
@@ -50,7 +52,8 @@ class LengthGroupedSampler(Sampler[int]):
     group."""
 
     def __init__(self, lengths: list[int], batch_size: int, seed: int, group: int = 50):
-        self.lengths, self.batch_size, self.group, self.seed, self.epoch = np.asarray(lengths), batch_size, group, seed, 0
+        self.lengths, self.batch_size, self.group, self.seed, self.epoch = (np.asarray(lengths), batch_size,
+                                                                            group, seed, 0)
 
     def set_epoch(self, epoch: int) -> None:
         self.epoch = epoch
@@ -89,7 +92,8 @@ class GlobalBatchSampler(DistributedSampler):
                  lengths: list[int] | None = None, group: int = 50, keyed: bool = False):
         super().__init__(range(size), num_replicas=num_replicas, rank=rank, shuffle=True, seed=seed)
         self.size, self.per_device, self.keyed = size, per_device, keyed
-        self.grouped = LengthGroupedSampler(lengths, per_device * num_replicas, seed, group) if lengths is not None else None
+        self.grouped = (LengthGroupedSampler(lengths, per_device * num_replicas, seed, group)
+                        if lengths is not None else None)
         self._pass_epoch, self._position, self._skip = self.epoch, 0, 0
 
     def order(self, epoch: int) -> np.ndarray:
@@ -179,7 +183,8 @@ def eval_loader(data, batch_size: int, collate_fn, trainer=None, num_workers: in
     DistributedSampler repeats examples to even out the ranks, which would count them twice in the
     metrics)."""
     world, rank = _world(trainer)
-    sampler = UnrepeatedDistributedSampler(data, num_replicas=world, rank=rank, shuffle=False) if world > 1 else None
+    sampler = (UnrepeatedDistributedSampler(data, num_replicas=world, rank=rank, shuffle=False)
+               if world > 1 else None)
     return DataLoader(data, batch_size=batch_size, sampler=sampler, collate_fn=collate_fn,
                       num_workers=num_workers,
                       # its own generator: iterating it leaves the global RNG alone

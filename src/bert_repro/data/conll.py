@@ -295,7 +295,8 @@ class ConllDataModule(FineTuningDataModule):
                 raise RuntimeError(f"{split}: predictions for {len(predicted)} of {expected} words")
             lines = []
             for s, (tokens, tags) in enumerate(zip(sentences["tokens"], sentences["tags"])):
-                lines += [f"{w} {g} {self.labels[predicted[s, j]]}" for j, (w, g) in enumerate(zip(tokens, tags))] + [""]
+                lines += [f"{w} {g} {self.labels[predicted[s, j]]}"
+                          for j, (w, g) in enumerate(zip(tokens, tags))] + [""]
             path = out_dir / f"{split}.conll"
             path.write_text("\n".join(lines), encoding="utf-8")
             written[split] = str(path)

@@ -67,7 +67,8 @@ def _read_tasks() -> dict[str, dict[str, GlueTask]]:
     def task(facts: dict) -> GlueTask:
         return GlueTask(**{k: tuple(v) if k in tuples and v is not None else v for k, v in facts.items()})
 
-    return {section: {name: task(facts) for name, facts in tasks.items()} for section, tasks in sections.items()}
+    return {section: {name: task(facts) for name, facts in tasks.items()}
+            for section, tasks in sections.items()}
 
 
 _TASKS = _read_tasks()
@@ -101,7 +102,8 @@ def _tokenize(batch: dict, indices: list[int], tokenizer: Tokenizer, max_seq_len
     """[CLS] A [SEP] B [SEP] (§3.2) with segment ids 0 then 1, at most max_seq_length tokens."""
     pair = "text_b" in batch
     encodings_a = tokenizer.encode_batch(batch["text_a"], add_special_tokens=False)
-    encodings_b = tokenizer.encode_batch(batch["text_b"], add_special_tokens=False) if pair else [None] * len(encodings_a)
+    encodings_b = (tokenizer.encode_batch(batch["text_b"], add_special_tokens=False) if pair
+                   else [None] * len(encodings_a))
     ids, types = [], []
     for a, b in zip(encodings_a, encodings_b):
         budget = max_seq_length - (3 if pair else 2)  # room left by [CLS], [SEP] (, [SEP])
@@ -159,11 +161,13 @@ class GlueDataModule(FineTuningDataModule):
         if given is None and hp.glue_dir is None:
             return None
         if given is None or isinstance(given, str):
-            default = Path(hp.glue_dir or ".") / ("diagnostic/diagnostic.tsv" if split == "ax" else f"{spec.folder}/{split}.tsv")
+            default = Path(hp.glue_dir or ".") / ("diagnostic/diagnostic.tsv" if split == "ax"
+                                                  else f"{spec.folder}/{split}.tsv")
             given = {"path": str(given or default)}
         given = dict(given)
         labelled = split not in spec.server
-        if "names" not in given and "header" not in given and labelled and spec.no_header and "columns" not in given:
+        if ("names" not in given and "header" not in given and labelled and spec.no_header
+                and "columns" not in given):
             given.update(header=False, names=list(spec.no_header))  # CoLA train/dev: no header row
         columns = {"text_a": spec.text_a, "text_b": spec.text_b, "label": spec.label if labelled else None,
                    "idx": None if labelled else spec.test_index}
@@ -175,7 +179,8 @@ class GlueDataModule(FineTuningDataModule):
     def _local_split(self, split: str, file: FileSpec) -> Dataset:
         if not Path(file.path).is_file():
             hint = "" if split in self.spec.server else (
-                " (set data.dev_from_train to carve a dev split from train)" if split in self.spec.dev else "")
+                " (set data.dev_from_train to carve a dev split from train)" if split in self.spec.dev
+                else "")
             raise FileNotFoundError(f"task={self.task} split {split}: {file.path} does not exist{hint}; map "
                                     f"another file with data.files.{split}=..., or set data.glue_dir=null to "
                                     "use the Hub")
@@ -224,8 +229,9 @@ class GlueDataModule(FineTuningDataModule):
             if file is None and use_hub:
                 splits[split] = self._hub_split(split)
             elif file is None and split not in spec.server:
-                raise FileNotFoundError(f"task={self.task}: no {split} file; map one with data.files.{split}=... "
-                                        "or set data.glue_dir to a folder in the GLUE layout")
+                raise FileNotFoundError(f"task={self.task}: no {split} file; map one with "
+                                        f"data.files.{split}=... or set data.glue_dir to a folder in the "
+                                        "GLUE layout")
             elif file is None or split in spec.server and not Path(file.path).is_file():
                 log.info("%s: no %s file; no test predictions for it", self.task, split)
             else:  # train and dev must exist: a missing one is an error naming the file

@@ -88,7 +88,8 @@ def _load(spec: dict, cache_dir: Path | None, streaming: bool):
     needed = [spec["text_column"]] + ([spec["document_column"]] if spec["document_column"] else [])
     missing = [c for c in needed if columns and c not in columns]
     if missing:
-        raise ValueError(f"data.hub entry {spec['path']!r} (split {spec['split']!r}) has no column {missing[0]!r}; "
+        raise ValueError(f"data.hub entry {spec['path']!r} (split {spec['split']!r}) has no column "
+                         f"{missing[0]!r}; "
                          f"its columns are {columns}: set text_column (or document_column) to one of them")
     return rows
 
@@ -112,7 +113,8 @@ def _generate(spec: dict, max_documents: int | None, cache_dir: str | None) -> I
     if spec["format"] == "sentences":
         documents = _sentence_documents(rows, spec)
     else:
-        documents = (doc for doc in row_documents((row[spec["text_column"]] for row in rows), spec["format"]) if doc)
+        documents = (doc for doc in row_documents((row[spec["text_column"]] for row in rows), spec["format"])
+                     if doc)
     for n, sentences in enumerate(documents):
         if max_documents is not None and n >= max_documents:
             return

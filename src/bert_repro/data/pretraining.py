@@ -86,7 +86,8 @@ class PretrainingCollator:
 
 
 def _key(*parts) -> str:
-    return hashlib.sha256(json.dumps([CACHE_FORMAT, *parts], sort_keys=True, default=str).encode()).hexdigest()[:20]
+    return hashlib.sha256(
+        json.dumps([CACHE_FORMAT, *parts], sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 class PretrainDataModule(L.LightningDataModule):
@@ -147,7 +148,8 @@ class PretrainDataModule(L.LightningDataModule):
     @property
     def corpus_name(self) -> str:
         hp = self.hparams
-        return hp.corpus if hp.source == "files" else "hub:" + "+".join(str(spec.get("path")) for spec in hp.hub)
+        return (hp.corpus if hp.source == "files"
+                else "hub:" + "+".join(str(spec.get("path")) for spec in hp.hub))
 
     def _documents(self) -> tuple[Dataset, Dataset | None]:
         """Train and val documents: val_fraction of the documents (at least one), fixed by HELD_OUT_SEED."""
@@ -197,11 +199,13 @@ class PretrainDataModule(L.LightningDataModule):
             self._tokenizer = load_tokenizer(hp.tokenizer, lowercase=hp.lowercase)
         else:
             train_docs, _ = self._documents()
-            path = self.cache_dir / "wordpiece" / _key(train_docs._fingerprint, hp.vocab_size, hp.lowercase) / "vocab.txt"
+            path = (self.cache_dir / "wordpiece" / _key(train_docs._fingerprint, hp.vocab_size, hp.lowercase)
+                    / "vocab.txt")
             if path.is_file():
                 self._tokenizer = load_tokenizer(path, lowercase=hp.lowercase)
             else:
-                texts = (s for batch in train_docs.iter(batch_size=256) for doc in batch["sentences"] for s in doc)
+                texts = (s for batch in train_docs.iter(batch_size=256)
+                         for doc in batch["sentences"] for s in doc)
                 self._tokenizer = train_wordpiece(texts, hp.vocab_size, lowercase=hp.lowercase)
                 path.parent.mkdir(parents=True, exist_ok=True)
                 tmp = path.with_suffix(".tmp")

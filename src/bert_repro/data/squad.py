@@ -61,7 +61,8 @@ def check_question(row: dict, version: int, where: str) -> None:
     if version == 1 and impossible:
         raise ValueError(f"{where}: question {qid} has no answer; every SQuAD v1.1 question has one "
                          "(unanswerable questions are SQuAD v2.0: task=squad_v2)")
-    if version == 2 and row.get("is_impossible") is not None and row["is_impossible"] != (not answers["text"]):
+    if (version == 2 and row.get("is_impossible") is not None
+            and row["is_impossible"] != (not answers["text"])):
         raise ValueError(f"{where}: question {qid} has is_impossible={row['is_impossible']} but "
                          f"{len(answers['text'])} answers; expected answers only on possible questions")
     for text, start in zip(answers["text"], answers["answer_start"]):
@@ -79,12 +80,14 @@ def read_squad_json(path: str | Path, version: int) -> list[dict]:
     path = Path(path)
     if not path.is_file():
         raise FileNotFoundError(f"SQuAD file {path} does not exist; expected the official "
-                                f"{' / '.join(FILES[version].values())} in data.squad_dir (or squad_dir=null: the Hub)")
+                                f"{' / '.join(FILES[version].values())} in data.squad_dir "
+                                "(or squad_dir=null: the Hub)")
     require_utf8(path, "a SQuAD JSON file")
     try:
         articles = json.loads(path.read_text(encoding="utf-8"))["data"]
     except (json.JSONDecodeError, KeyError, TypeError) as err:
-        raise ValueError(f"{path} is not a SQuAD file ({err!r}); expected {{'version', 'data': [articles]}}") from err
+        raise ValueError(f"{path} is not a SQuAD file ({err!r}); "
+                         "expected {'version', 'data': [articles]}") from err
     rows, seen = [], set()
     try:
         for article in articles:

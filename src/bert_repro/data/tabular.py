@@ -122,7 +122,8 @@ def normalise_rows(batch: dict, indices: list[int], columns: dict, labels: tuple
                 try:
                     label = float(raw)
                 except ValueError:
-                    raise ValueError(f"{line}: score {raw!r} in column {columns['label']!r} is not a number") from None
+                    raise ValueError(f"{line}: score {raw!r} in column {columns['label']!r} "
+                                     "is not a number") from None
             elif raw in labels:
                 label = labels.index(raw)
             else:

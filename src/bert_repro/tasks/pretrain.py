@@ -56,10 +56,10 @@ class PretrainModule(BertTaskModule):
         # Phase 2 of the two-phase schedule (v2 A.2) must continue phase 1's final state, not an earlier one.
         expected = self.optim.get("resume_step")
         if expected is not None and self.trainer.global_step != expected:
-            raise ValueError(f"ckpt_path={self.trainer.ckpt_path} resumes at step {self.trainer.global_step}; "
-                             f"phase 2 starts at step {expected}, where phase 1 ends: pass phase 1's final "
-                             "checkpoint (its checkpoints/last.ckpt), or optim.resume_step=null to resume this "
-                             "one anyway")
+            raise ValueError(f"ckpt_path={self.trainer.ckpt_path} resumes at step "
+                             f"{self.trainer.global_step}; phase 2 starts at step {expected}, where phase 1 "
+                             "ends: pass phase 1's final checkpoint (its checkpoints/last.ckpt), or "
+                             "optim.resume_step=null to resume this one anyway")
 
     def _predictions(self, batch: dict[str, Tensor]) -> tuple[Tensor, Tensor]:
         """Positions (B, P) to predict, and which of them are real (B, P): the masked ones (§3.3.1),
