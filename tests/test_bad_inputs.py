@@ -134,7 +134,8 @@ CASES = [
     ("folder-checkpoint-of-other-settings", ["optim.lr=1e-3"], None,
      ["checkpoints/last.ckpt was written with other settings", "optim.lr: checkpoint 0.0005, now 0.001"]),
     ("output-folder-not-writable", ["hydra.run.dir=FILES/a_file/run"], None,
-     ["output folder FILES/a_file/run cannot be written (Not a directory); choose another with hydra.run.dir="]),
+     ["output folder FILES/a_file/run cannot be written (Not a directory); "
+      "choose another with hydra.run.dir="]),
     ("fsdp-on-cpu", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true"], None,
      ["trainer=fsdp needs GPUs"]),
     ("collect-malformed-results", ["ROOT/collect"], "bert_repro.select",

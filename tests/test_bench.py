@@ -16,7 +16,8 @@ def test_both_sides_compute_the_same_loss(objective):
     config = BertConfig(vocab_size=1200, hidden_size=64, num_layers=2, num_heads=4, causal=objective == "ltr")
     torch.manual_seed(0)
     ours = BertForPreTraining(config, nsp=objective == "mlm_nsp").eval()
-    hf_kwargs = {k: v for k, v in hf_config(config, REFERENCE[objective]).items() if not k.startswith("bert_repro")}
+    hf_kwargs = {k: v for k, v in hf_config(config, REFERENCE[objective]).items()
+                 if not k.startswith("bert_repro")}
     theirs = getattr(transformers, REFERENCE[objective])(transformers.BertConfig(**hf_kwargs,
                                                                                  attn_implementation="sdpa"))
     missing, unexpected = theirs.load_state_dict(ours_to_hf(ours.state_dict()), strict=False)

@@ -1,4 +1,5 @@
-"""Every config file composes; the science keys resolve; mistakes fail at compose time with the valid options."""
+"""Every config file composes; the science keys resolve; mistakes fail at compose time with the valid
+options."""
 
 import subprocess
 
@@ -144,7 +145,8 @@ def test_speed_and_place_keys_are_one_declaration():
 
     cfg = resolved(compose_cfg(["task=mrpc", "logger=csv"]))
     kept = science(cfg)
-    assert {"trainer", "speed", "paths", "logger", "callbacks", "checkpoint", "ckpt_path", "test"}.isdisjoint(kept)
+    assert {"trainer", "speed", "paths", "logger", "callbacks", "checkpoint", "ckpt_path",
+            "test"}.isdisjoint(kept)
     assert {"model", "task", "module", "data", "optim", "ablation", "scale", "seed", "init"} <= kept.keys()
     # science: batch makeup
     assert "cache_dir" not in kept["data"] and kept["data"]["group_by_length"] is False
@@ -162,7 +164,8 @@ def test_callbacks_group_extends_from_the_command_line():
 
     from bert_repro.trainer import build_callbacks
 
-    early = "+callbacks.early={_target_: lightning.pytorch.callbacks.EarlyStopping, monitor: val/f1, mode: max}"
+    early = ("+callbacks.early={_target_: lightning.pytorch.callbacks.EarlyStopping, "
+             "monitor: val/f1, mode: max}")
     cfg = OmegaConf.create(resolved(compose_cfg(["task=mrpc", early])))
     callbacks = build_callbacks(cfg, resume_strict=False, loggers=[])
     assert any(isinstance(c, EarlyStopping) for c in callbacks)
@@ -191,7 +194,8 @@ def test_glue_tasks_compose_on_one_base():
         assert cfg["data"]["task"] == name and cfg["task"]["hub"] == {"path": "nyu-mll/glue", "name": name}
         # §4.1
         assert (cfg["optim"]["lr"], cfg["optim"]["epochs"], cfg["data"]["batch_size"]) == (2e-5, 3, 32)
-    assert resolved(compose_cfg(["model=L24_H1024_A16"]))["model"] == resolved(compose_cfg(["model=large"]))["model"]
+    assert (resolved(compose_cfg(["model=L24_H1024_A16"]))["model"]
+            == resolved(compose_cfg(["model=large"]))["model"])
 
 
 @pytest.mark.parametrize("launcher", ["basic", "joblib", "submitit_slurm"])

@@ -141,4 +141,5 @@ def test_hub_layout_with_class_label_ids(tmp_path, minilm_dir):
                            cache_dir=str(tmp_path / "cache"))
     data.setup()
     assert data.sentences["dev"]["tags"] == s["tags"] and data.test_splits == ["test"]
-    assert [r["labels"][1] for r in rows_of(data, "train")] == [CONLL2003_LABELS.index(t[0]) for t in s["tags"]]
+    assert ([r["labels"][1] for r in rows_of(data, "train")]
+            == [CONLL2003_LABELS.index(t[0]) for t in s["tags"]])

@@ -51,10 +51,9 @@ def test_fine_tuned_ner_writes_metrics_and_test_predictions(tmp_path, minilm_dir
     words = [line.split() for line in lines if line]
     # every test word, sentence by sentence
     assert len(words) == len(gold) and sum(not line for line in lines) >= 39
-    assert [w[:2] for w in words] == [[g[0],
-                                       g[3].replace("I-", "B-") if g[3] != "O" and (i == 0 or gold[i - 1][3][2:]
-                                      # word, gold as IOB2
-                                      != g[3][2:]) else g[3]] for i, g in enumerate(gold)]
+    assert [w[:2] for w in words] == [  # word, gold as IOB2
+        [g[0], g[3].replace("I-", "B-") if g[3] != "O" and (i == 0 or gold[i - 1][3][2:] != g[3][2:])
+         else g[3]] for i, g in enumerate(gold)]
     assert {w[2] for w in words} <= {"O", "B-PER", "I-PER", "B-ORG", "I-ORG", "B-LOC", "I-LOC", "B-MISC",
                                      "I-MISC"}
 
@@ -69,7 +68,8 @@ def test_feature_based_ner_trains_only_the_bilstm_and_classifier(tmp_path, minil
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["ablation"] == "feature_concat_last_four" and "val/f1" in results["metrics"]["final"]
     assert results["missing_heads"] == ["classifier", "lstm"]
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)["state_dict"]
+    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu",
+                       weights_only=False)["state_dict"]
     pretrained = load_checkpoint(str(minilm_dir)).state_dict
     encoder = [k for k in state if k.startswith("model.bert.")]
     assert len(encoder) > 50

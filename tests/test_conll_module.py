@@ -131,7 +131,8 @@ def test_feature_ablation_composes_and_runs(ablation):
 def test_none_ablation_fine_tunes_and_bad_settings_are_refused():
     assert compose_cfg(["task=conll2003"]).module.features is None
     module = TokenTaggingModule(SHAPE, OPTIM)
-    assert all(p.requires_grad for n, p in module.model.bert.named_parameters() if not n.startswith("pooler."))
+    assert all(p.requires_grad for n, p in module.model.bert.named_parameters()
+               if not n.startswith("pooler."))
     with pytest.raises(ValueError, match="already reads the frozen encoder"):
         TokenTaggingModule(SHAPE, OPTIM, features={"layers": [-1]}, bilstm=True)
     with pytest.raises(ValueError, match="features.layers=\\[7\\]"):

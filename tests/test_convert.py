@@ -52,7 +52,8 @@ def padded_batch(vocab_size: int = 99) -> dict[str, torch.Tensor]:
 def hf_pretraining(tmp_path_factory):
     """A random transformers.BertForPreTraining saved with save_pretrained, and the model itself."""
     torch.manual_seed(0)
-    model = transformers.BertForPreTraining(transformers.BertConfig(**TINY_HF, attn_implementation="sdpa")).eval()
+    model = transformers.BertForPreTraining(
+        transformers.BertConfig(**TINY_HF, attn_implementation="sdpa")).eval()
     with torch.no_grad():  # non-zero biases and LayerNorm affines, so a misplaced tensor shows
         for param in model.parameters():
             param.add_(torch.randn_like(param) * 0.05)
@@ -122,7 +123,8 @@ def test_minilm_real_weights_match_transformers():
         mine = ours(**batch, output_hidden_states=True)
         ref = theirs(**batch, output_hidden_states=True)
     for layer, (a, b) in enumerate(zip(mine.hidden_states, ref.hidden_states, strict=True)):
-        torch.testing.assert_close(a[real], b[real], atol=1e-4, rtol=0, msg=lambda m, layer=layer: f"layer {layer}: {m}")
+        torch.testing.assert_close(a[real], b[real], atol=1e-4, rtol=0,
+                                   msg=lambda m, layer=layer: f"layer {layer}: {m}")
     torch.testing.assert_close(ours.bert.pooler(mine.last_hidden_state), ref.pooler_output, atol=1e-4, rtol=0)
 
 
@@ -146,7 +148,8 @@ def test_bare_bert_model_and_old_layernorm_names(hf_pretraining, tmp_path):
 
     path, _ = hf_pretraining
     weights = load_file(path / "model.safetensors")
-    bare = {k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma").replace("LayerNorm.bias", "LayerNorm.beta"): v
+    bare = {k.removeprefix("bert.").replace("LayerNorm.weight", "LayerNorm.gamma")
+            .replace("LayerNorm.bias", "LayerNorm.beta"): v
             for k, v in weights.items() if k.startswith("bert.")}
     save_file(bare, tmp_path / "model.safetensors")
     (tmp_path / "config.json").write_text((path / "config.json").read_text())
@@ -293,7 +296,8 @@ def test_corrupt_and_mismatched_checkpoints_name_the_path(hf_pretraining, tmp_pa
     config = (path / "config.json").read_text()
     weights = load_file(path / "model.safetensors")
 
-    def folder(name: str, tensors: dict | None = None, raw: bytes | None = None, with_config: bool = True) -> Path:
+    def folder(name: str, tensors: dict | None = None, raw: bytes | None = None,
+               with_config: bool = True) -> Path:
         out = tmp_path / name
         out.mkdir()
         if with_config:

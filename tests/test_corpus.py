@@ -130,7 +130,8 @@ def test_gutenberg_book_converts_to_chapters(tmp_path):
 
 # --- Wikipedia: text passages only (§3.4) ---------------------------------------------------------
 
-ARTICLE = """Anarchism is a political philosophy and movement that is skeptical of all justifications for authority.
+ARTICLE = """\
+Anarchism is a political philosophy and movement that is skeptical of all justifications for authority.
 Humans lived in societies without formal hierarchies long before the establishment of states.
 
 History

@@ -98,7 +98,8 @@ def test_sst2_dev_carved_from_train_and_train_subset(shared_data, cache):
     splits = dm.raw_splits()
     assert (len(splits["train"]), len(splits["dev"]), len(splits["test"])) == (67349 - 872, 872, 1821)
     assert not set(splits["train"]["idx"]) & set(splits["dev"]["idx"])  # idx: the row's line in train.tsv
-    again = datamodule("sst2", cache, glue_dir=str(shared_data / "glue"), dev_from_train=872, seed=7).raw_splits()
+    again = datamodule("sst2", cache, glue_dir=str(shared_data / "glue"), dev_from_train=872,
+                       seed=7).raw_splits()
     assert again["dev"]["idx"] == splits["dev"]["idx"]  # the carve does not move with the restart seed
     sub = datamodule("sst2", cache, glue_dir=str(shared_data / "glue"), dev_from_train=872,
                      max_train_examples=300, seed=7).raw_splits()["train"]
@@ -128,7 +129,8 @@ def test_pairs_packed_truncated_and_cached(tmp_path, minilm_dir):
     # a second run (another process, the files' path spelled differently) reads the same cache files
     cached = {split: (d.cache_files[0]["filename"], os.path.getmtime(d.cache_files[0]["filename"]))
               for split, d in dm.datasets.items()}
-    respelled = {split: str(tmp_path / ".." / tmp_path.name / Path(path).name) for split, path in files.items()}
+    respelled = {split: str(tmp_path / ".." / tmp_path.name / Path(path).name)
+                 for split, path in files.items()}
     code = ("import json, sys; from bert_repro.data.glue import GlueDataModule as G; dm = G('rte', "
             "tokenizer=sys.argv[1], cache_dir=sys.argv[2], files=json.loads(sys.argv[3])); dm.setup(); "
             "print(json.dumps({s: d.cache_files[0]['filename'] for s, d in dm.datasets.items()}))")
@@ -208,7 +210,8 @@ def test_column_mapping_for_other_layouts(shared_data, cache, tmp_path):
                         '""cat"".",not_entailment\n')
     spec = {"path": str(csv_file), "columns": {"text_a": "premise", "text_b": "hypothesis", "label": "gold"}}
     rows = datamodule("rte", cache, files={"train": spec, "dev": spec}).raw_splits()["dev"]
-    assert rows["text_a"] == ["A man, smiling.", "A dog."] and rows["text_b"][1] == 'No "cat".' and rows["label"] == [0, 1]
+    assert (rows["text_a"] == ["A man, smiling.", "A dog."] and rows["text_b"][1] == 'No "cat".'
+            and rows["label"] == [0, 1])
 
 
 def test_hub_path_maps_nyu_mll_glue_columns(monkeypatch, cache):
@@ -223,7 +226,8 @@ def test_hub_path_maps_nyu_mll_glue_columns(monkeypatch, cache):
 
     monkeypatch.setattr(glue, "load_dataset", fake_load_dataset)
     splits = datamodule("mnli", cache, glue_dir=None).raw_splits()
-    assert ("nyu-mll/glue", "mnli", "validation_mismatched") in calls and ("nyu-mll/glue", "ax", "test") in calls
+    assert (("nyu-mll/glue", "mnli", "validation_mismatched") in calls
+            and ("nyu-mll/glue", "ax", "test") in calls)
     assert splits["dev_matched"][0] == {"text_a": "p", "text_b": "h", "label": 2, "idx": "7"}
 
 

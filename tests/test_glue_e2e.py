@@ -93,14 +93,16 @@ def test_mnli_two_dev_sets_and_ax(tmp_path, minilm_dir, shared_data):
     sample = shared_data / "glue" / "MNLI_sample"
     ax = tmp_path / "diagnostic.tsv"
     rows = [line.split("\t") for line in (sample / "test_matched.tsv").read_text().splitlines()[1:]]
-    ax.write_text("index\tsentence1\tsentence2\n" + "".join(f"{i}\t{r[8]}\t{r[9]}\n" for i, r in enumerate(rows * 2)))
+    ax.write_text("index\tsentence1\tsentence2\n"
+                  + "".join(f"{i}\t{r[8]}\t{r[9]}\n" for i, r in enumerate(rows * 2)))
     files = ",".join(f"{split}:{sample / split}.tsv" for split in
                      ("train", "dev_matched", "dev_mismatched", "test_matched", "test_mismatched"))
     proc, out = run("task=mnli", *TINY, f"data.tokenizer={minilm_dir}", f"data.files={{{files},ax:{ax}}}",
                     "test=true", f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}")
     assert proc.returncode == 0, out[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
-    assert {"val/mnli_m_acc", "val/mnli_mm_acc", "val/mnli_m_loss", "val/mnli_mm_loss"} <= set(results["metrics"]["final"])
+    assert ({"val/mnli_m_acc", "val/mnli_mm_acc", "val/mnli_m_loss", "val/mnli_mm_loss"}
+            <= set(results["metrics"]["final"]))
     predictions = tmp_path / "run" / "test_predictions"
     assert sorted(p.name for p in predictions.iterdir()) == ["AX.tsv", "MNLI-m.tsv", "MNLI-mm.tsv"]
     ax_lines = (predictions / "AX.tsv").read_text().splitlines()
@@ -145,6 +147,7 @@ def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, sha
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 24
     perf = results["perf"]  # MFU against a measured CPU matmul peak (issue #8 §1)
-    assert perf["peak_source"] == "measured fp32 matmul" and 0 < perf["mfu"] < 1.5 and perf["tflops_per_device"] > 0
+    assert (perf["peak_source"] == "measured fp32 matmul" and 0 < perf["mfu"] < 1.5
+            and perf["tflops_per_device"] > 0)
     final = results["metrics"]["final"]
     assert final["val/acc"] > 0.70 and final["val/top_class_share"] < 0.8, final  # chance: 0.5

@@ -61,7 +61,8 @@ def test_glue_average_as_table1():
     base = dict(zip(columns, (84.6, 83.4, 71.2, 90.5, 93.5, 52.1, 85.8, 88.9, 66.4)))
     large = dict(zip(columns, (86.7, 85.9, 72.1, 92.7, 94.9, 60.5, 86.5, 89.3, 70.1)))
     assert round(glue_score(base), 1) == 79.6 and round(glue_score(large), 1) == 82.1
-    assert glue_score({**base, "rte": None}) is None and glue_score({k: base[k] for k in columns[:-1]}) is None
+    assert (glue_score({**base, "rte": None}) is None
+            and glue_score({k: base[k] for k in columns[:-1]}) is None)
 
 
 def test_degenerate_runs_are_flagged():
@@ -102,8 +103,10 @@ def test_pooling_reads_cls_or_the_last_real_token_and_ignores_padding(causal):
 def test_bilstm_head_for_the_table5_ablation():
     cfg = resolved(compose_cfg(["task=mrpc", "ablation=ltr_no_nsp_bilstm", "model=tiny"]))
     assert cfg["module"]["bilstm"] is True and cfg["model"]["causal"] is True
-    module = SequenceClassificationModule({**cfg["model"], "vocab_size": 120}, OPTIM, "mrpc", 2, bilstm=True).eval()
-    assert module.model.lstm is not None and module.model.classifier.in_features == 2 * cfg["model"]["hidden_size"]
+    module = SequenceClassificationModule({**cfg["model"], "vocab_size": 120}, OPTIM, "mrpc", 2,
+                                          bilstm=True).eval()
+    assert (module.model.lstm is not None
+            and module.model.classifier.in_features == 2 * cfg["model"]["hidden_size"])
     short = {**batch([5, 9]), "labels": torch.tensor([0, 1])}
     padded = {k: torch.cat([v, torch.zeros(2, 3, dtype=v.dtype)], dim=1) if v.dim() == 2 else v
               for k, v in short.items()}
@@ -150,7 +153,8 @@ def test_fine_tuning_loss_falls_on_a_batch():
 
 def test_majority_class_and_wrong_label_counts():
     module = SequenceClassificationModule(TINY, OPTIM, "wnli", 2, predict_majority=True)
-    module.trainer = SimpleNamespace(datamodule=SimpleNamespace(train_label_counts=lambda: np.array([312, 323])))
+    module.trainer = SimpleNamespace(
+        datamodule=SimpleNamespace(train_label_counts=lambda: np.array([312, 323])))
     module.setup("validate")
     assert module(batch([4, 6, 3])).argmax(-1).tolist() == [1, 1, 1]
     with pytest.raises(ValueError, match="task=stsb has 1 label"):

@@ -80,8 +80,8 @@ def test_table1_average_and_summary(tmp_path, capsys):
     # WNLI's majority class is the method, not a collapse
     assert all(not e["degenerate"] for e in summary["selection"])
     text = (tmp_path / "selection.md").read_text()
-    assert "GLUE average" in text and "79.6" in text and str(other) in text and capsys.readouterr().out == text + \
-        f"wrote {tmp_path / 'selection.json'} and {tmp_path / 'selection.md'}\n"
+    assert "GLUE average" in text and "79.6" in text and str(other) in text and capsys.readouterr().out == (
+        text + f"wrote {tmp_path / 'selection.json'} and {tmp_path / 'selection.md'}\n")
     # one model per submission: two settings for RTE cannot both go to the server
     assert select.main([str(tmp_path), "--submit"]) == 2
     assert "several settings" in capsys.readouterr().err

@@ -61,7 +61,8 @@ def test_base_has_the_papers_110m_parameters():
         pretraining = BertForPreTraining(BertConfig())
     assert count_parameters(bert) == 109_482_240  # google-research/bert uncased_L-12_H-768_A-12
     # The tied MLM decoder adds nothing; its head adds dense + LayerNorm + bias, NSP 2H + 2.
-    assert count_parameters(pretraining) - count_parameters(bert) == 768 * 768 + 768 + 2 * 768 + 30522 + 768 * 2 + 2
+    assert (count_parameters(pretraining) - count_parameters(bert)
+            == 768 * 768 + 768 + 2 * 768 + 30522 + 768 * 2 + 2)
     assert count_parameters(bert, non_embedding=True) == 109_482_240 - (30522 + 512 + 2) * 768
 
 

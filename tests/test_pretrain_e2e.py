@@ -56,7 +56,8 @@ def test_every_ablation_runs_and_leaves_a_checkpoint_fine_tuning_loads(sweep):
     for name, (results, out) in sweep.items():
         assert results["status"] == "complete" and results["global_step"] == 2, name
         final = results["metrics"]["final"]
-        assert final["val/mlm_loss"] is not None and ("val/nsp_acc" in final) == (name.startswith("mask") or name == "none")
+        assert final["val/mlm_loss"] is not None and ("val/nsp_acc" in final) == (
+            name.startswith("mask") or name == "none")
         loaded = load_checkpoint(out / "checkpoints" / "last.ckpt")
         ltr = name.startswith("ltr")
         # the left-only constraint travels with the checkpoint (§5.1)
@@ -74,7 +75,8 @@ def test_every_ablation_runs_and_leaves_a_checkpoint_fine_tuning_loads(sweep):
 
 def test_ablations_reach_the_run_config(sweep):
     config = {name: results["config"] for name, (results, _) in sweep.items()}
-    assert config["ltr_no_nsp_bilstm"]["ablation"]["bilstm"] and config["ltr_no_nsp_bilstm"]["model"]["causal"]
+    assert (config["ltr_no_nsp_bilstm"]["ablation"]["bilstm"]
+            and config["ltr_no_nsp_bilstm"]["model"]["causal"])
     assert config["mask_0_20_80"]["data"]["mask_shares"] == [0.0, 0.2, 0.8]
     assert not config["no_nsp"]["data"]["nsp"] and not config["no_nsp"]["model"]["causal"]
 
@@ -126,7 +128,8 @@ def test_two_phase_schedule_resumes_phase_one(tmp_path):
     assert used == pytest.approx([expected[s] for s in range(10)])
     # checkpoints every 3 steps of phase 1 (Figure 4), each loadable as init=
     assert sorted(p.name for p in (one / "checkpoints").glob("step-*.ckpt")) == ["step-3.ckpt", "step-6.ckpt"]
-    assert load_checkpoint(one / "checkpoints" / "step-3.ckpt").config.vocab_size == first["model_config"]["vocab_size"]
+    assert (load_checkpoint(one / "checkpoints" / "step-3.ckpt").config.vocab_size
+            == first["model_config"]["vocab_size"])
     # phase 2 refuses to start from anything but the end of phase 1
     early = one / "checkpoints" / "step-3.ckpt"
     proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={early}",
@@ -162,7 +165,8 @@ def test_paper_scale_two_phase_and_corpus_configs():
         (1_000_000, 1_000_000, 900_000)
     assert two["data"]["tokenizer"] == "/runs/phase1/last.ckpt" and two["optim"]["warmup_steps"] == 10_000
     for cfg in (one, two):
-        assert 900_000 % cfg["optim"]["val_check_interval"] == 0 == 1_000_000 % cfg["optim"]["val_check_interval"]
+        assert (900_000 % cfg["optim"]["val_check_interval"] == 0
+                == 1_000_000 % cfg["optim"]["val_check_interval"])
     assert one["data"]["source"] == "hub"
     specs = [hub_spec(entry) for entry in one["data"]["hub"]]  # every entry is well-formed
     assert [(s["path"], s["format"]) for s in specs] == [("wikimedia/wikipedia", "wiki"),

@@ -149,6 +149,7 @@ def test_schedule_steps_lays_the_schedule_over_both_phases(monkeypatch):
     assert factor(9) == pytest.approx(1.0) and factor(55) == pytest.approx(45 / 90)
     assert factor(90) == pytest.approx(10 / 90)  # phase 1 ends at 10% of the peak, not at 0
     without = PretrainModule(model=TINY, optim=OPTIM)  # no schedule_steps: the run's own steps
-    assert _with_trainer(without, monkeypatch, max_steps=90, estimated=90).lr_lambdas[0](89) == pytest.approx(1 / 88)
+    assert (_with_trainer(without, monkeypatch, max_steps=90, estimated=90).lr_lambdas[0](89)
+            == pytest.approx(1 / 88))
     with pytest.raises(ValueError, match="max_steps=120 runs past optim.schedule_steps=100"):
         _with_trainer(module, monkeypatch, max_steps=120, estimated=120)

@@ -73,8 +73,8 @@ def test_offline_and_not_cached_says_how_to_download(monkeypatch):
 
     monkeypatch.setattr("huggingface_hub.snapshot_download", snapshot_download)
     monkeypatch.setenv("HF_HUB_OFFLINE", "1")
-    said = (r"init=google-bert/bert-large-uncased is not in the Hugging Face cache and HF_HUB_OFFLINE is set; "
-            r".*hf download google-bert/bert-large-uncased")
+    said = (r"init=google-bert/bert-large-uncased is not in the Hugging Face cache "
+            r"and HF_HUB_OFFLINE is set; .*hf download google-bert/bert-large-uncased")
     with pytest.raises(InitError, match=said):
         resolve_init(composed("model=large", "task=squad_v1"))
 

@@ -96,8 +96,9 @@ def test_b_is_the_true_continuation_or_from_another_document(wiki, nsp_instances
 def test_short_target_share(wiki):
     _, _, tokenized = wiki
     heads = [d[:4] for d in tokenized]  # the target is drawn once per document, before anything else
-    targets = [create_instances_from_document(heads, i % len(heads), MAX_SEQ, 0.1, np.random.default_rng(i))[0]
-               ["target_length"] for i in range(3000)]
+    targets = [create_instances_from_document(heads, i % len(heads), MAX_SEQ, 0.1,
+                                              np.random.default_rng(i))[0]["target_length"]
+               for i in range(3000)]
     short = [t for t in targets if t < MAX_SEQ - 3]
     assert 0.085 < len(short) / len(targets) < 0.115
     assert min(short) >= 2

@@ -52,7 +52,8 @@ def start_and_signal(cmd: list[str], out: Path, at_step: int, signum: int, timeo
     deadline = time.monotonic() + timeout
     try:
         while saved_step(out) < at_step:
-            assert proc.poll() is None, "the run ended before it could be interrupted:\n" + proc.stdout.read()[-3000:]
+            assert proc.poll() is None, ("the run ended before it could be interrupted:\n"
+                                         + proc.stdout.read()[-3000:])
             assert time.monotonic() < deadline, "no checkpoint in time"
             time.sleep(0.02)
         proc.send_signal(signum)
@@ -143,7 +144,8 @@ def test_fine_tuning_resumed_from_any_step_gives_the_same_result(glue_setup, ste
     tmp, overrides, full = glue_setup
     out = tmp / f"from_{step}"
     (out / "checkpoints").mkdir(parents=True)
-    (out / "checkpoints" / "last.ckpt").write_bytes((tmp / "full" / "checkpoints" / f"recent-{step}.ckpt").read_bytes())
+    (out / "checkpoints" / "last.ckpt").write_bytes(
+        (tmp / "full" / "checkpoints" / f"recent-{step}.ckpt").read_bytes())
     proc = run(command(out, tmp / "cache", *overrides))
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     resumed = final(out)

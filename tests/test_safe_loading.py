@@ -56,7 +56,8 @@ def test_library_loaders_refuse_it(malicious):
     path, marker = malicious
     with pytest.raises(convert.CheckpointError) as err:
         convert.load_checkpoint(path)
-    assert str(path) in str(err.value) and "weights_only=True" in str(err.value) and "posix.system" in str(err.value)
+    assert (str(path) in str(err.value) and "weights_only=True" in str(err.value)
+            and "posix.system" in str(err.value))
     with pytest.raises(convert.CheckpointError):
         AtomicCheckpointIO().load_checkpoint(path)  # what Lightning's resume (ckpt_path=) reads through
     with pytest.raises(convert.CheckpointError):
@@ -96,8 +97,8 @@ def test_every_torch_load_in_the_package_is_weights_only():
             if (owner, node.func.attr) in (("pickle", "load"), ("pickle", "loads")):
                 offenders.append(f"{file}:{node.lineno}")
             if (owner, node.func.attr) == ("torch", "load"):
-                safe = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant) and k.value.value is True
-                           for k in node.keywords)
+                safe = any(k.arg == "weights_only" and isinstance(k.value, ast.Constant)
+                           and k.value.value is True for k in node.keywords)
                 if not safe:
                     offenders.append(f"{file}:{node.lineno}")
     assert offenders == []

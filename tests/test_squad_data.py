@@ -1,4 +1,5 @@
-"""SQuAD data on the real fixtures: answer spans to tokens and back, windows, malformed files, the token cache."""
+"""SQuAD data on the real fixtures: answer spans to tokens and back, windows, malformed files, the token
+cache."""
 
 import json
 
@@ -141,7 +142,8 @@ def test_malformed_files_are_refused(tmp_path, minilm_dir, version, qa, message)
                            cache_dir=str(tmp_path / "c"))
     with pytest.raises(ValueError) as err:
         data.setup()
-    assert str(train) in str(err.value) and f"question {qa['id']}" in str(err.value) and message in str(err.value)
+    assert (str(train) in str(err.value) and f"question {qa['id']}" in str(err.value)
+            and message in str(err.value))
 
 
 def test_wrong_layout_and_missing_files(tmp_path, minilm_dir):

@@ -102,9 +102,10 @@ def validate_on_two_ranks(minilm_dir: str, squad_dir: str, out: str) -> None:
         return dm
 
     runs = validate_on_one_and_two_ranks(lambda: SpanExtractionModule(VARIED, {}, version=2), data, out)
-    Path(out).write_text(json.dumps([{"metrics": metrics, "windows": len(dm.datasets["dev"]),
-                                      "predictions": json.loads((folder / "nbest_predictions.json").read_text())}
-                                     for metrics, dm, folder in runs]))
+    Path(out).write_text(json.dumps([
+        {"metrics": metrics, "windows": len(dm.datasets["dev"]),
+         "predictions": json.loads((folder / "nbest_predictions.json").read_text())}
+        for metrics, dm, folder in runs]))
 
 
 def test_dev_windows_are_scored_once_under_ddp(tmp_path, minilm_dir, shared_data):
@@ -121,4 +122,5 @@ def test_dev_windows_are_scored_once_under_ddp(tmp_path, minilm_dir, shared_data
     assert set(ddp["predictions"]) == set(single["predictions"])
     for qid, nbest in single["predictions"].items():
         assert [e["text"] for e in ddp["predictions"][qid]] == [e["text"] for e in nbest]
-        assert [e["probability"] for e in ddp["predictions"][qid]] == pytest.approx([e["probability"] for e in nbest], abs=1e-4)
+        assert [e["probability"] for e in ddp["predictions"][qid]] == pytest.approx(
+            [e["probability"] for e in nbest], abs=1e-4)

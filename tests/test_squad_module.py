@@ -1,4 +1,5 @@
-"""The span module: S and E as one Linear(H, 2), its loss, the causal (LTR) constraint and the + BiLSTM head."""
+"""The span module: S and E as one Linear(H, 2), its loss, the causal (LTR) constraint and the + BiLSTM
+head."""
 
 import pytest
 import torch
@@ -88,7 +89,8 @@ def test_task_configs_build_the_module_with_the_paper_defaults(task, version, ep
 
     cfg = resolved(compose_cfg([f"task={task}", "model=tiny", "ablation=ltr_no_nsp_bilstm"]))
     assert (cfg["optim"]["lr"], cfg["optim"]["epochs"], cfg["data"]["batch_size"]) == (5e-5, epochs, batch)
-    assert (cfg["data"]["max_seq_length"], cfg["data"]["doc_stride"], cfg["data"]["max_query_length"]) == (384, 128, 64)
+    assert (cfg["data"]["max_seq_length"], cfg["data"]["doc_stride"],
+            cfg["data"]["max_query_length"]) == (384, 128, 64)
     assert cfg["task"]["monitor"] == "val/f1" and "planned_in" not in cfg["task"]
     module = instantiate(cfg["module"], model=cfg["model"], optim=cfg["optim"])
     assert module.version == version and module.config.causal and module.model.lstm is not None

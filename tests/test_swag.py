@@ -40,7 +40,8 @@ def test_rows_become_four_sequences_and_batches_are_b_4_t(tmp_path, swag_dir, mi
     B, N, T = batch["input_ids"].shape
     assert (B, N) == (3, 4) and batch["token_type_ids"].shape == batch["attention_mask"].shape == (3, 4, T)
     assert T == max(len(s) for r in range(3) for s in data.datasets["dev"][r]["input_ids"])
-    assert batch["labels"].tolist() == [int(r["label"]) for r in csv.DictReader(open(swag_dir / "val.csv"))][:3]
+    assert batch["labels"].tolist() == [int(r["label"])
+                                        for r in csv.DictReader(open(swag_dir / "val.csv"))][:3]
     assert data.datasets["test"]["label"] == [-1] * 4 and data.datasets["test"]["idx"] == ["0", "1", "2", "3"]
 
 
@@ -67,7 +68,8 @@ def test_bad_files_are_named(tmp_path, swag_dir, minilm_dir):
     with pytest.raises(ValueError, match=r"val.csv: no column \['ending3', 'label'\]"):
         SwagDataModule(str(bad), tokenizer=str(minilm_dir), cache_dir=str(tmp_path / "c2")).setup()
     with pytest.raises(FileNotFoundError, match="nowhere/train.csv does not exist"):
-        SwagDataModule(str(tmp_path / "nowhere"), tokenizer=str(minilm_dir), cache_dir=str(tmp_path / "c3")).setup()
+        SwagDataModule(str(tmp_path / "nowhere"), tokenizer=str(minilm_dir),
+                       cache_dir=str(tmp_path / "c3")).setup()
 
 
 def test_one_vector_scores_each_choice():

@@ -79,7 +79,8 @@ def test_minilm_vocab_matches_transformers(minilm_vocab, real_lines):
     reference = transformers.BertTokenizerFast(**{key: str(minilm_vocab)}, do_lower_case=True)
     sentences = real_lines[:8] + ["Cass Beard's ring: 力加勝北区 naïve Café!"]
     for a, b in zip(sentences, sentences[1:]):
-        assert ours.encode(a, add_special_tokens=False).ids == reference(a, add_special_tokens=False)["input_ids"]
+        assert (ours.encode(a, add_special_tokens=False).ids
+                == reference(a, add_special_tokens=False)["input_ids"])
         theirs = reference(a, b)
         pair = ours.encode(a, b)
         assert pair.ids == theirs["input_ids"] and pair.type_ids == theirs["token_type_ids"]

@@ -52,7 +52,8 @@ def test_results_json_records_science_and_metrics(pretrained):
 def test_checkpoint_carries_vocab_and_config(pretrained):
     _, out = pretrained
     loaded = load_checkpoint(str(out / "checkpoints" / "last.ckpt"))
-    assert loaded.vocab[:1] == ["[PAD]"] and "the" in loaded.vocab and len(loaded.vocab) == loaded.config.vocab_size
+    assert (loaded.vocab[:1] == ["[PAD]"] and "the" in loaded.vocab
+            and len(loaded.vocab) == loaded.config.vocab_size)
     assert loaded.missing_heads == [] and not loaded.config.causal
 
 
@@ -91,7 +92,8 @@ def test_ltr_checkpoint_stays_causal(tmp_path):
     ckpt = out / "checkpoints" / "last.ckpt"
     loaded = load_checkpoint(str(ckpt))
     assert loaded.config.causal and "nsp" in loaded.missing_heads
-    assert torch.load(ckpt, weights_only=True, map_location="cpu")["hyper_parameters"]["model"]["causal"] is True
+    assert torch.load(ckpt, weights_only=True,
+                      map_location="cpu")["hyper_parameters"]["model"]["causal"] is True
     # a bidirectional run may not silently drop the left-only constraint of this checkpoint
     proc, _ = train(tmp_path, "ltr_into_bidi", f"init={ckpt}")
     assert proc.returncode != 0 and "causal" in proc.stdout + proc.stderr
