@@ -210,6 +210,43 @@ def test_every_table_config_builds_its_sweeps(scale, tmp_path):
             assert all(folder.is_relative_to(tmp_path / name / scale) for _, folder in sweep.jobs())
 
 
+def test_scale_defaults_lie_beneath_each_table_and_a_grid_replaces_the_one_beneath_it(tmp_path):
+    """conf/scale/<scale>.yaml's `tables:` gives the model, grid and fine-tuning overrides; a table's own win."""
+    scales = {s: yaml.safe_load((REPO / "conf" / "scale" / f"{s}.yaml").read_text())["tables"] for s in SCALES}
+    for scale in ("budget", "paper"):  # Table 5 declares no grid and no model: §3.5's grid on BERT-base
+        mnli = build("table5", scale, tmp_path).sweeps["finetune/bert_base/mnli"]
+        assert mnli.params == scales[scale]["grid"] and mnli.overrides["model"] == "base"
+        assert build("table2", scale, tmp_path).sweeps["finetune/bert_base_single/squad_v1"].params == {
+            "seed": "1,2,3"}  # the table's grid replaces the scale's, never adds its keys
+    assert "data.batch_size" in scales["paper"]["grid"] and "data.batch_size" not in scales["budget"]["grid"]
+    smoke = build("table5", "smoke", tmp_path).sweeps["finetune/bert_base/mnli"]
+    assert smoke.params == {"optim.lr": "1e-3"} and smoke.overrides["model"] == "tiny"
+    assert {k: smoke.overrides[k] for k in ("optim.epochs", "data.batch_size", "optim.limit_val_batches")} == {
+        "optim.epochs": 1, "data.batch_size": 16, "optim.limit_val_batches": 13}  # the scale's, then the table's
+    table6 = build("table6", "smoke", tmp_path).sweeps["finetune/L3_H768_A12/mrpc"]  # smoke's grid: seeds only
+    assert table6.params == {"seed": "1,2"} and table6.overrides["optim.lr"] == 1e-3
+    assert build("table5", "smoke", tmp_path, sets=["grid.seed=1,2"]).sweeps[
+        "finetune/bert_base/mnli"].params == {"optim.lr": "1e-3", "seed": "1,2"}  # --set adds to the grid in use
+    with pytest.raises(TableError, match="table5_demo .* runs at SCALE=smoke only"):
+        build("table5_demo", "budget", tmp_path)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_no_table_repeats_what_its_scale_gives_every_table(scale):
+    """A table's scales.<scale> block holds only what is its own: no value equal to conf/scale's default,
+    unless the table's top level sets that key too (a grid of its own, replaced whole at this scale)."""
+    from bert_repro.tables.spec import flatten
+
+    shared = flatten(yaml.safe_load((REPO / "conf" / "scale" / f"{scale}.yaml").read_text())["tables"])
+    for path in sorted((REPO / "conf" / "table").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())["table"]
+        top = flatten({k: v for k, v in spec.items() if k != "scales"})
+        own = flatten((spec.get("scales") or {}).get(scale))
+        repeated = {k: v for k, v in own.items() if shared.get(k, object()) == v and k not in top
+                    and not (k.startswith("grid.") and "grid" in spec)}
+        assert not repeated, f"{path.name} scales.{scale} repeats conf/scale/{scale}.yaml: {repeated}"
+
+
 def test_runner_skips_complete_runs_relaunches_the_rest_and_force_reruns_all(table5, monkeypatch):
     sweep = table5.sweeps["finetune/bert_base/mrpc"]
     launched = []

@@ -124,12 +124,16 @@ class Table:
 
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
     """conf/table/<table>.yaml composed by Hydra on its own (a table spec is not a run: it lives apart from the
-    runnable presets of conf/experiment/), its ``table`` node with the scale's block merged in; interpolations
-    (``${paths.shared_data}``) stay for the runs to resolve."""
+    runnable presets of conf/experiment/), its ``table`` node over the ``tables`` node of conf/scale/<scale>.yaml
+    (what changes with scale for every table: model, grid, logger, overrides), then the table's own
+    ``scales.<scale>`` block, then ``--set``. A grid replaces the one beneath it whole: swept keys do not add
+    up across layers. Interpolations (``${paths.shared_data}``) stay for the runs to resolve."""
     if table not in TABLES + DEMOS:
         raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
         raise TableError(f"unknown SCALE {scale!r}; expected one of {', '.join(SCALES)}")
+    if table in DEMOS and scale != "smoke":
+        raise TableError(f"{table} is a demonstration on the embedded corpus: it runs at SCALE=smoke only")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -141,10 +145,12 @@ def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
     spec = OmegaConf.to_container(cfg.table, resolve=False)
     scales, task_data = spec.pop("scales", {}) or {}, spec.pop("task_data", {}) or {}
     spec["task_data"] = task_data.get(scale, {}) or {}
-    # conf/scale/<scale>.yaml's `tables` (logger, trainer: what every table adds at the scale), then the table's own
-    shared = OmegaConf.load(CONF_DIR / "scale" / f"{scale}.yaml").get("tables") or {}
+    shared = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "scale" / f"{scale}.yaml").get("tables") or {})
+    layers = [shared, spec, scales.get(scale) or {}]
+    grid = next((layer["grid"] for layer in reversed(layers) if "grid" in layer), None)
+    layers = [{k: v for k, v in layer.items() if k != "grid"} for layer in layers]
     try:
-        merged = OmegaConf.merge(spec, shared, scales.get(scale) or {}, OmegaConf.from_dotlist(sets or []))
+        merged = OmegaConf.merge(*layers, {"grid": grid}, OmegaConf.from_dotlist(sets or []))
     except Exception as err:  # a malformed --set
         raise TableError(f"--set {sets}: {err}") from None
     return OmegaConf.to_container(merged, resolve=False)
@@ -221,6 +227,9 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     star = given.pop("*", None)  # INIT=<path>: every external checkpoint of the table
     inits = {**(spec.get("inits") or {}), **{k: star for k in (spec.get("inits") or {}) if star}, **given}
     logger = logger or spec.get("logger", "csv")
+    if not spec.get("model"):
+        raise TableError(f"conf/table/{table}.yaml at scale {scale}: no `model:` (conf/scale/{scale}.yaml's "
+                         "tables.model is every table's default)")
     common = {"scale": scale, **flatten(spec.get("overrides"))}
     common["logger"] = logger
 
@@ -235,7 +244,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     for name, own in (spec.get("pretrain") or {}).items():
         if own is None:  # removed (--set pretrain.<name>=null)
             continue
-        overrides = {**common, "task": "pretrain", "model": spec.get("model", "tiny"),
+        overrides = {**common, "task": "pretrain", "model": spec["model"],
                      **flatten(spec.get("pretrain_overrides")), **flatten(own)}
         overrides.update(tags(overrides))
         grid = {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()}
@@ -269,7 +278,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                 raise TableError(f"row {row_name}: pretrain {row['pretrain']!r} is not in `pretrain:`")
             for run_name, run in runs.items():
                 name = f"finetune/{row_name}/{run_name}"
-                overrides = {**common, "model": row.get("model", spec.get("model", "tiny")),
+                overrides = {**common, "model": row.get("model", spec["model"]),
                              **flatten(spec.get("finetune_overrides")), **flatten(spec["task_data"].get(run["task"])),
                              **flatten(row.get("overrides")), **flatten(run["overrides"]), "task": run["task"]}
                 grid = flatten(spec.get("grid")) if run["grid"] is None else flatten(run["grid"])
