@@ -63,11 +63,14 @@ clean:
 
 # The paper's tables beside its numbers: experiments/results/<table>.{md,csv,tex} (+ figures).
 #   make table5 SCALE=smoke|budget|paper [FORCE=1] [INIT=<dir> | INIT=base=<dir>,large=<dir>]
-#        [LAUNCHER=local|joblib|slurm] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse] [ACCELERATOR=h100|h200|a100]
-# ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours (experiments/runs/<table>/<scale>/
-# plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny model, steps and data divided down) on
-# this CPU (each grid's first point; GRID=full for all of it). Complete runs are skipped (an interrupted table
-# resumes); FORCE=1 re-runs them. conf/table/<table>.yaml holds each table's sweeps and selection rule.
+#        [LAUNCHER=local|joblib|slurm] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse]
+#        [ACCELERATOR=h100|h200|a100] [GRID=full|first]
+# ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours
+# (experiments/runs/<table>/<scale>/plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny
+# model, steps and data divided down) on this CPU (every point of every grid; GRID=first for each grid's first
+# point only). Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them.
+# conf/table/<table>.yaml holds each table's sweeps and selection rule, over the `tables:` node of
+# conf/scale/<scale>.yaml.
 TABLES   := table1 table2 table3 table4 table5 table6 table7 table8 figure4
 SCALE    ?= smoke
 ACTION   ?= run

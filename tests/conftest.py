@@ -25,8 +25,7 @@ E2E_FILES = {"test_bad_inputs.py", "test_ddp.py", "test_preempt.py", "test_resum
 # or a minute and more of compute. The fast tier leaves them out; `make test` runs them.
 E2E_TESTS = ("test_convert.py::test_cli_", "test_safe_loading.py::test_train_refuses_it_as_init_or_resume",
              "test_swag.py::test_swag_end_to_end_with_test_predictions")
-SLOW_TESTS = ("test_tables.py::test_every_run_of_every_table_composes",
-              "test_speed_options.py::test_compiled_model_trains_like_the_eager_one_on_cpu")
+SLOW_TESTS = ("test_speed_options.py::test_compiled_model_trains_like_the_eager_one_on_cpu",)
 
 
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:

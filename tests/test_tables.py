@@ -1,5 +1,6 @@
-"""Table collection and rendering on synthetic results.json files: selection rules, paper values and differences,
-failed/missing marks with reasons, md/csv/tex and figures; the runner's skipping and FORCE; clear errors."""
+"""Table collection and rendering on synthetic results.json files: selection rules, paper values and
+differences, failed/missing marks with reasons, md/csv/tex and figures; the runner's skipping and FORCE; clear
+errors; how a table spec lies over its scale's defaults."""
 
 import csv
 import json
@@ -20,14 +21,15 @@ from .conftest import REPO
 REFERENCE = load_reference()
 
 
-def write_results(folder: Path, task: str, metrics: dict, *, seed: int = 1, lr: float = 1e-3, status: str = "complete",
-                  monitor: str = "val/acc", model_config: dict | None = None, config: dict | None = None) -> None:
+def write_results(folder: Path, task: str, metrics: dict, *, seed: int = 1, lr: float = 1e-3,
+                  status: str = "complete", monitor: str = "val/acc", model_config: dict | None = None,
+                  config: dict | None = None) -> None:
     """A results.json as run.py writes it, with only the fields the tables read."""
     folder.mkdir(parents=True, exist_ok=True)
     base = {"task": {"name": task, "monitor_mode": "min" if task == "pretrain" else "max"},
             "optim": {"lr": lr, "epochs": 1}, "data": {"batch_size": 16}, "seed": seed}
-    results = {"status": status, "task": task, "model": "tiny", "ablation": "none", "scale": "smoke", "seed": seed,
-               "init": None, "monitor": monitor, "predict_majority": False,
+    results = {"status": status, "task": task, "model": "tiny", "ablation": "none", "scale": "smoke",
+               "seed": seed, "init": None, "monitor": monitor, "predict_majority": False,
                "metrics": {"final": metrics}, "model_config": model_config or {"num_layers": 2},
                "config": {**base, **(config or {})}}
     (folder / "results.json").write_text(json.dumps(results))
@@ -45,7 +47,8 @@ def fill(table, values) -> None:
             args = dict(s.split("=", 1) for s in swept)
             metrics = values(sweep, args)
             if metrics is not None:
-                write_results(folder, task, metrics, seed=int(args.get("seed", 1)), lr=float(args.get("optim.lr", 1e-3)),
+                write_results(folder, task, metrics, seed=int(args.get("seed", 1)),
+                              lr=float(args.get("optim.lr", 1e-3)),
                               monitor="val/mlm_loss" if task == "pretrain" else next(iter(metrics)),
                               config={"data": {"batch_size": 16, "mask_shares": [0.8, 0.1, 0.1]}})
 
@@ -73,7 +76,8 @@ def test_best_on_dev_cell_has_ours_paper_difference_and_spread(table5, tmp_path)
     best = [0.6 + 0.1 + 0.01 * s for s in (1, 2)]
     assert mrpc.value == pytest.approx(100 * max(best)) and mrpc.paper == 86.7
     assert mrpc.diff == pytest.approx(100 * max(best) - 86.7)
-    assert mrpc.spread == pytest.approx(100 * statistics.stdev(best)) and mrpc.n == 4  # 2 lrs x 2 seeds searched
+    # 2 lrs x 2 seeds searched
+    assert mrpc.spread == pytest.approx(100 * statistics.stdev(best)) and mrpc.n == 4
     assert "optim.lr=0.001,seed=2" in mrpc.run  # Hydra's own spelling of the swept values names the folder
     assert [r.key for r in rows] == ["bert_base", "no_nsp", "ltr_no_nsp", "ltr_no_nsp_bilstm"]
     assert rows[3].cells["mnli_m_acc"].paper == 82.1 and rows[1].cells["sst2_acc"].paper == 92.6
@@ -96,9 +100,11 @@ def test_mean_over_restarts_picks_hyper_parameters_by_mean_and_reports_std(tmp_p
     assert "optim.lr" not in table.sweeps["finetune/L3_H768_A12/mrpc"].overrides  # swept, so not also fixed
     row = collect(table, REFERENCE)["main"][0]
     cell = row.cells["mrpc_acc"]
-    assert cell.value == pytest.approx(76.0) and cell.spread == pytest.approx(100 * statistics.stdev([0.75, 0.77]))
+    assert cell.value == pytest.approx(76.0)
+    assert cell.spread == pytest.approx(100 * statistics.stdev([0.75, 0.77]))
     assert cell.n == 2 and cell.paper == 79.8
-    assert row.cells["lm_ppl"].value == pytest.approx(40.0 + len("pretrain/L3_H768_A12")) and row.cells["lm_ppl"].paper == 5.84
+    assert row.cells["lm_ppl"].value == pytest.approx(40.0 + len("pretrain/L3_H768_A12"))
+    assert row.cells["lm_ppl"].paper == 5.84
     assert row.cells["layers"].value == 2 and row.cells["layers"].paper == 3
 
 
@@ -107,8 +113,9 @@ def test_missing_and_failed_cells_show_marks_with_reasons_never_numbers(table5, 
     for _, folder in table5.sweeps["finetune/no_nsp/mrpc"].jobs():  # a run that logged its error and stopped
         (folder / "results.json").unlink()
         (folder / ".hydra").mkdir()
-        (folder / "train.log").write_text("[2026-01-01 00:00:00,000][bert_repro.run][ERROR] - task=mrpc split dev: "
-                                          "/x/dev.tsv does not exist (set BERT_REPRO_TRACEBACK=1 for the traceback)\n")
+        (folder / "train.log").write_text(
+            "[2026-01-01 00:00:00,000][bert_repro.run][ERROR] - task=mrpc split dev: "
+            "/x/dev.tsv does not exist (set BERT_REPRO_TRACEBACK=1 for the traceback)\n")
     paths = write_all(table5, collect(table5, REFERENCE), REFERENCE, tmp_path / "results")
     md = paths[0].read_text()
     qnli_line = next(line for line in md.splitlines() if line.startswith("| No NSP"))
@@ -117,8 +124,9 @@ def test_missing_and_failed_cells_show_marks_with_reasons_never_numbers(table5, 
     assert "/x/dev.tsv does not exist" in md and "not run yet (finetune/no_nsp/qnli: 4 of 4 jobs)" in md
     with paths[1].open() as f:
         records = {(r["row"], r["column"]): r for r in csv.DictReader(f)}
-    assert records[("no_nsp", "mrpc_acc")]["status"] == "failed" and records[("no_nsp", "mrpc_acc")]["ours"] == ""
-    assert records[("no_nsp", "qnli_acc")]["status"] == "missing" and records[("no_nsp", "qnli_acc")]["paper"] == "84.9"
+    mrpc, qnli = records[("no_nsp", "mrpc_acc")], records[("no_nsp", "qnli_acc")]
+    assert mrpc["status"] == "failed" and mrpc["ours"] == ""
+    assert qnli["status"] == "missing" and qnli["paper"] == "84.9"
 
 
 def test_md_csv_tex_state_scale_checkpoint_and_selection(table5, tmp_path):
@@ -134,7 +142,8 @@ def test_md_csv_tex_state_scale_checkpoint_and_selection(table5, tmp_path):
         records = list(csv.DictReader(f))
     assert len(records) == 4 * 5 and {r["scale"] for r in records} == {"smoke"}
     first = records[0]
-    assert (first["row"], first["column"], float(first["ours"]), float(first["paper"])) == ("bert_base", "mnli_m_acc", 72.0, 84.4)
+    cell = (first["row"], first["column"], float(first["ours"]), float(first["paper"]))
+    assert cell == ("bert_base", "mnli_m_acc", 72.0, 84.4)
     assert float(first["diff"]) == pytest.approx(72.0 - 84.4) and first["selection"] == "best_on_dev"
     latex = tex.read_text()
     assert r"\begin{tabular}{lrrrrr}" in latex and r"72.0 $\pm$ 0.71 (84.4; -12.4)" in latex
@@ -146,37 +155,43 @@ def test_paper_only_rows_skipped_rows_and_columns(tmp_path):
     fill(table, lambda sweep, args: {"val/f1": 61.5, "val/exact_match": 50.25})
     rows = {r.key: r for r in collect(table, REFERENCE)["main"]}
     base = rows["bert_base_single"].cells
-    assert base["dev_f1"].value == pytest.approx(61.5) and base["dev_f1"].paper == 88.5  # 0-100 metric, scale 1
+    assert base["dev_f1"].value == pytest.approx(61.5) and base["dev_f1"].paper == 88.5  # 0-100, scale 1
     assert base["test_f1"].status == "skipped" and "leaderboard" in base["test_f1"].reason
     assert rows["bert_large_single"].cells["dev_em"].status == "skipped"
-    assert rows["bert_large_ensemble"].cells["dev_f1"].status == "paper" and rows["bert_large_ensemble"].cells["dev_f1"].paper == 91.8
+    ensemble = rows["bert_large_ensemble"].cells["dev_f1"]
+    assert ensemble.status == "paper" and ensemble.paper == 91.8
     assert rows["bert_large_ensemble"].label == "BERT-large (ensemble) (paper)"
     assert "finetune/bert_large_single/squad_v1" not in table.sweeps  # a skipped row runs nothing
 
 
 def test_glue_average_only_when_every_column_has_a_number(tmp_path):
     table = build("table1", "smoke", tmp_path / "runs")
-    metrics = {"val/acc": 0.8, "val/f1": 0.7, "val/mcc": 0.3, "val/spearman": 0.6, "val/mnli_m_acc": 0.5, "val/mnli_mm_acc": 0.4}
+    metrics = {"val/acc": 0.8, "val/f1": 0.7, "val/mcc": 0.3, "val/spearman": 0.6, "val/mnli_m_acc": 0.5,
+               "val/mnli_mm_acc": 0.4}
     fill(table, lambda sweep, args: metrics if "cola" not in sweep.name else None)
     row = collect(table, REFERENCE)["main"][0]
     assert row.cells["average"].status == "missing" and "cola" in row.cells["average"].reason
     fill(table, lambda sweep, args: metrics)
     row = collect(table, REFERENCE)["main"][0]
-    expected = [50, 40, 70, 80, 80, 30, 60, 70, 80]  # mnli-m, mm, qqp f1, qnli, sst2, cola, stsb, mrpc f1, rte
-    assert row.cells["average"].value == pytest.approx(sum(expected) / 9) and row.cells["average"].paper == 79.6
+    # mnli-m, mm, qqp f1, qnli, sst2, cola, stsb, mrpc f1, rte
+    expected = [50, 40, 70, 80, 80, 30, 60, 70, 80]
+    average = row.cells["average"]
+    assert average.value == pytest.approx(sum(expected) / 9) and average.paper == 79.6
 
 
 def test_figures_are_written_as_png_and_pdf(tmp_path):
     for name in ("figure4", "table6"):
         table = build(name, "smoke", tmp_path / "runs")
-        fill(table, lambda sweep, args: {"val/mlm_loss": 4.0, "val/mlm_ppl": 60.0} if sweep.stage == "pretrain"
+        fill(table, lambda sweep, args: {"val/mlm_loss": 4.0, "val/mlm_ppl": 60.0}
+             if sweep.stage == "pretrain"
              else {"val/acc": 0.5, "val/mnli_m_acc": 0.4 + 0.1 * ("k300" in sweep.name)})
         paths = write_all(table, collect(table, REFERENCE), REFERENCE, tmp_path / "results")
         figures = [p for p in paths if p.suffix in (".png", ".pdf")]
         assert len(figures) == 2, paths
         for figure in figures:
             head = figure.read_bytes()[:8]
-            assert head.startswith(b"\x89PNG" if figure.suffix == ".png" else b"%PDF") and figure.stat().st_size > 5000
+            assert head.startswith(b"\x89PNG" if figure.suffix == ".png" else b"%PDF")
+            assert figure.stat().st_size > 5000
 
 
 def test_malformed_results_json_is_an_error_naming_the_file(table5, tmp_path):
@@ -186,7 +201,8 @@ def test_malformed_results_json_is_an_error_naming_the_file(table5, tmp_path):
     with pytest.raises(TableError, match=f"{bad}: malformed results.json"):
         collect(table5, REFERENCE)
     bad.write_text(json.dumps({"status": "complete", "task": "mrpc"}))
-    with pytest.raises(TableError, match=f"{bad}: malformed results.json \\(missing seed, monitor, metrics, config\\)"):
+    missing = "missing seed, monitor, metrics, config"
+    with pytest.raises(TableError, match=f"{bad}: malformed results.json \\({missing}\\)"):
         collect(table5, REFERENCE)
 
 
@@ -202,12 +218,52 @@ def test_every_table_config_builds_its_sweeps(scale, tmp_path):
     for name in TABLES:
         table = build(name, scale, tmp_path, inits={"*": "/ckpt/given"})
         finetune = [s for s in table.sweeps.values() if s.stage == "finetune"]
-        assert finetune and all(s.overrides["task"] != "pretrain" and s.overrides.get("init") for s in finetune), name
+        assert finetune, name
+        assert all(s.overrides["task"] != "pretrain" and s.overrides.get("init") for s in finetune), name
         for sweep in finetune:
             if sweep.needs is not None:  # starts from the table's own pre-training run
                 assert sweep.overrides["init"].startswith(str(sweep.needs.folder)), sweep.name
         for sweep in table.sweeps.values():
             assert all(folder.is_relative_to(tmp_path / name / scale) for _, folder in sweep.jobs())
+
+
+def test_scale_defaults_lie_beneath_each_table_and_a_grid_replaces_the_one_beneath_it(tmp_path):
+    """conf/scale/<scale>.yaml's `tables:` gives the model, grid and fine-tuning overrides; a table's own
+    win."""
+    scales = {s: yaml.safe_load((REPO / "conf" / "scale" / f"{s}.yaml").read_text())["tables"]
+              for s in SCALES}
+    for scale in ("budget", "paper"):  # Table 5 declares no grid and no model: §3.5's grid on BERT-base
+        mnli = build("table5", scale, tmp_path).sweeps["finetune/bert_base/mnli"]
+        assert mnli.params == scales[scale]["grid"] and mnli.overrides["model"] == "base"
+        assert build("table2", scale, tmp_path).sweeps["finetune/bert_base_single/squad_v1"].params == {
+            "seed": "1,2,3"}  # the table's grid replaces the scale's, never adds its keys
+    assert "data.batch_size" in scales["paper"]["grid"] and "data.batch_size" not in scales["budget"]["grid"]
+    smoke = build("table5", "smoke", tmp_path).sweeps["finetune/bert_base/mnli"]
+    assert smoke.params == {"optim.lr": "1e-3"} and smoke.overrides["model"] == "tiny"
+    fixed = {k: smoke.overrides[k] for k in ("optim.epochs", "data.batch_size", "optim.limit_val_batches")}
+    assert fixed == {"optim.epochs": 1, "data.batch_size": 16, "optim.limit_val_batches": 13}  # scale, table
+    table6 = build("table6", "smoke", tmp_path).sweeps["finetune/L3_H768_A12/mrpc"]  # smoke's grid: seeds
+    assert table6.params == {"seed": "1,2"} and table6.overrides["optim.lr"] == 1e-3
+    seeded = build("table5", "smoke", tmp_path, sets=["grid.seed=1,2"]).sweeps["finetune/bert_base/mnli"]
+    assert seeded.params == {"optim.lr": "1e-3", "seed": "1,2"}  # --set adds to the grid in use
+    with pytest.raises(TableError, match="table5_demo .* runs at SCALE=smoke only"):
+        build("table5_demo", "budget", tmp_path)
+
+
+@pytest.mark.parametrize("scale", SCALES)
+def test_no_table_repeats_what_its_scale_gives_every_table(scale):
+    """A table's scales.<scale> block holds only what is its own: no value equal to conf/scale's default,
+    unless the table's top level sets that key too (a grid of its own, replaced whole at this scale)."""
+    from bert_repro.tables.spec import flatten
+
+    shared = flatten(yaml.safe_load((REPO / "conf" / "scale" / f"{scale}.yaml").read_text())["tables"])
+    for path in sorted((REPO / "conf" / "table").glob("*.yaml")):
+        spec = yaml.safe_load(path.read_text())["table"]
+        top = flatten({k: v for k, v in spec.items() if k != "scales"})
+        own = flatten((spec.get("scales") or {}).get(scale))
+        repeated = {k: v for k, v in own.items() if shared.get(k, object()) == v and k not in top
+                    and not (k.startswith("grid.") and "grid" in spec)}
+        assert not repeated, f"{path.name} scales.{scale} repeats conf/scale/{scale}.yaml: {repeated}"
 
 
 def test_runner_skips_complete_runs_relaunches_the_rest_and_force_reruns_all(table5, monkeypatch):
@@ -237,7 +293,8 @@ def test_runner_skips_complete_runs_relaunches_the_rest_and_force_reruns_all(tab
     marker.mkdir()
     (sweep.jobs()[0][1] / ".hydra").mkdir()
     assert runner.run_sweep(sweep, {}, force=True) == {"skipped": 0, "complete": 4, "failed": 0}
-    assert launched == [sweep.params_args()] and not marker.exists() and stale.is_file()  # old folders cleared
+    # old folders cleared
+    assert launched == [sweep.params_args()] and not marker.exists() and stale.is_file()
 
 
 def test_fine_tuning_from_a_failed_pre_training_run_is_marked_with_its_reason(table5, monkeypatch):
@@ -254,19 +311,23 @@ def test_launch_error_names_the_cause():
     compose = ("In 'train': Could not find 'ablation/feature_x'\n\nAvailable options in 'ablation':\n\tnone\n"
                "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
     assert runner.launch_error(compose) == "In 'train': Could not find 'ablation/feature_x'"
-    crash = ("[2026-01-01 00:00:00,000][HYDRA] Launching 1 jobs locally\nError executing job with overrides: ['a=1']\n"
-             "Traceback (most recent call last):\n  File \"x.py\", line 1\nRuntimeError: shapes do not match\n"
+    crash = ("[2026-01-01 00:00:00,000][HYDRA] Launching 1 jobs locally\n"
+             "Error executing job with overrides: ['a=1']\n"
+             "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+             "RuntimeError: shapes do not match\n"
              "\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
     assert runner.launch_error(crash) == "RuntimeError: shapes do not match"
 
 
 def test_dry_run_prints_the_multiruns_and_writes_nothing(capsys, tmp_path):
-    assert cli.main(["run", "table5", "--scale", "smoke", "--dry-run", "--runs-dir", str(tmp_path / "runs")]) == 0
+    assert cli.main(["run", "table5", "--scale", "smoke", "--dry-run",
+                     "--runs-dir", str(tmp_path / "runs")]) == 0
     out = capsys.readouterr().out
     lines = [line for line in out.splitlines() if "src/train.py --multirun" in line]
     assert len(lines) == 3 + 4 * 5  # three pre-training runs, then four rows x five tasks
     mnli = next(line for line in lines if "task=mnli" in line and "/bert_base/" in line)
-    assert "optim.lr=1e-3" in mnli and "data.max_train_examples=256" in mnli and f"init={tmp_path}/runs/table5/smoke/pretrain/none/default/checkpoints/last.ckpt" in mnli
+    assert "optim.lr=1e-3" in mnli and "data.max_train_examples=256" in mnli
+    assert f"init={tmp_path}/runs/table5/smoke/pretrain/none/default/checkpoints/last.ckpt" in mnli
     assert "hydra.sweep.subdir=${hydra.job.override_dirname}" in mnli and "exclude_keys=[" in mnli
     assert not (tmp_path / "runs").exists()
 
@@ -275,7 +336,8 @@ def test_reference_copy_matches_the_shared_one():
     shared = REPO.parent / "shared" / "paper" / "reference.yaml"
     if not shared.is_file():
         pytest.skip("../shared/paper/reference.yaml is absent on this clone")
-    assert yaml.safe_load((REPO / "experiments" / "reference.yaml").read_text()) == yaml.safe_load(shared.read_text())
+    ours = yaml.safe_load((REPO / "experiments" / "reference.yaml").read_text())
+    assert ours == yaml.safe_load(shared.read_text())
 
 
 def test_a_killed_run_that_resumes_itself_keeps_its_folder_unless_forced(table5, monkeypatch):
@@ -301,26 +363,28 @@ def test_a_killed_run_that_resumes_itself_keeps_its_folder_unless_forced(table5,
     assert seen == [True, False]
 
 
-@pytest.mark.parametrize("scale", ["smoke", "budget"])
-def test_every_run_of_every_table_composes(scale):
-    """Each sweep's overrides (its first job) compose with conf/train.yaml: no misspelled key, no missing option."""
+def test_budget_runs_join_the_tables_wandb_group_with_its_axes_as_tags(tmp_path):
+    """Every run of a table composes in the plan (test_tables_plan.py); the W&B keys it leaves out compose
+    here."""
     from hydra import compose, initialize_config_dir
     from hydra.core.global_hydra import GlobalHydra
 
     from bert_repro.tables.spec import CONF_DIR
 
-    tables = {name: build(name, scale, REPO / "experiments" / "runs", inits={"*": "/ckpt/given"}) for name in TABLES}
+    table = build("table5", "budget", tmp_path)
     GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        for name, table in tables.items():
-            for sweep in table.sweeps.values():
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            for name in ("pretrain/ltr_no_nsp/phase1", "finetune/ltr_no_nsp_bilstm/mrpc"):
+                sweep = table.sweeps[name]
                 swept, _ = sweep.jobs()[0]
-                overrides = [o for o in sweep.fixed_args() if not o.startswith("hydra")] + swept
-                cfg = compose("train", overrides=overrides)
-                assert cfg.task.name == sweep.overrides["task"], (name, sweep.name)
-                if scale == "budget":  # W&B: the table is the group, its axes the tags
-                    assert cfg.logger.wandb.group == name and scale in cfg.logger.wandb.tags
-    GlobalHydra.instance().clear()
+                cfg = compose("train", overrides=[o for o in sweep.fixed_args() if not o.startswith("hydra")]
+                              + swept)
+                assert cfg.logger.wandb.group == "table5" and cfg.task.name == sweep.overrides["task"]
+                assert list(cfg.logger.wandb.tags) == ["table5", sweep.overrides["task"], "base",
+                                                       sweep.overrides["ablation"], "budget"]
+    finally:
+        GlobalHydra.instance().clear()
 
 
 def test_collected_table_is_logged_as_a_wandb_table_offline(table5, tmp_path, monkeypatch):
@@ -335,7 +399,8 @@ def test_collected_table_is_logged_as_a_wandb_table_offline(table5, tmp_path, mo
     logged = list(run_dir.rglob("*.table.json"))
     assert run_dir.name.startswith("offline-run-") and logged, sorted(p.name for p in run_dir.rglob("*"))
     content = json.loads(logged[0].read_text())
-    assert content["columns"][:5] == ["part", "row", "column", "ours", "paper"] and len(content["data"]) == 4 * 5
+    assert content["columns"][:5] == ["part", "row", "column", "ours", "paper"]
+    assert len(content["data"]) == 4 * 5
     assert ["main", "bert_base", "mnli_m_acc", 72.0, 84.4] == [round(v, 6) if isinstance(v, float) else v
                                                                  for v in content["data"][0][:5]]
 
@@ -354,13 +419,15 @@ def test_launcher_settings_compose_with_their_hydra_plugins(launcher, tmp_path):
     with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
         for stage in ("pretrain", "finetune"):
             merged = runner.stage_launcher(settings, stage)
-            cfg = compose("train", overrides=[f"{k}={hydra_value(v)}" for k, v in merged.items()], return_hydra_config=True)
+            cfg = compose("train", overrides=[f"{k}={hydra_value(v)}" for k, v in merged.items()],
+                          return_hydra_config=True)
             target = cfg.hydra.launcher._target_
             assert ("Joblib" in target) if launcher == "joblib" else ("Slurm" in target), target
             if launcher == "slurm":
                 expected = 8 if stage == "pretrain" else 1
-                assert cfg.hydra.launcher.gpus_per_node == expected and cfg.hydra.launcher.tasks_per_node == expected
-                assert cfg.hydra.launcher.partition == "gpu" and cfg.hydra.launcher.mem_gb == 64  # common kept
+                hydra_launcher = cfg.hydra.launcher
+                assert hydra_launcher.gpus_per_node == expected and hydra_launcher.tasks_per_node == expected
+                assert hydra_launcher.partition == "gpu" and hydra_launcher.mem_gb == 64  # common kept
     GlobalHydra.instance().clear()
 
 
@@ -369,7 +436,8 @@ def test_launcher_choice_reaches_every_multirun(capsys, tmp_path):
                      "--runs-dir", str(tmp_path)]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "--multirun" in line]
     pretrain = [line for line in lines if "task=pretrain" in line]
-    assert len(pretrain) == 12 and all("hydra/launcher=submitit_slurm" in line for line in lines)  # 2 phases each
+    assert len(pretrain) == 12  # 2 phases each
+    assert all("hydra/launcher=submitit_slurm" in line for line in lines)
     assert all("hydra.launcher.nodes=4" in line and "trainer.num_nodes=4" in line for line in pretrain)
     assert all("hydra.launcher.nodes=1" in line and "hydra.launcher.partition=gpu" in line
                for line in lines if line not in pretrain)

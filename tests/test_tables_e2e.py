@@ -1,8 +1,9 @@
-"""One table end to end on a CPU: `python -m bert_repro.tables run table5` (what `make table5` runs), cut to one
-row and two columns with tiny settings. Real Hydra multiruns: a 2-step pre-training run, an MRPC sweep from its
-checkpoint, and a column whose task does not exist (a compose error) marked failed with Hydra's reason.
-Then a second run of the table launches nothing: every run is complete; and notebooks/tables.ipynb executes top
-to bottom on those results (one table run, shared by both tests)."""
+"""One table end to end on a CPU: `python -m bert_repro.tables run table5` (what `make table5` runs), cut to
+one row and two columns with tiny settings. Real Hydra multiruns: a 2-step pre-training run, an MRPC sweep
+from its checkpoint, and a column whose task does not exist (a compose error) marked failed with Hydra's
+reason.
+Then a second run of the table launches nothing: every run is complete; and notebooks/tables.ipynb executes
+top to bottom on those results (one table run, shared by both tests)."""
 
 import csv
 import json
@@ -29,7 +30,8 @@ SHRINK = [  # --set on the table config: one row, MRPC plus a column that cannot
 
 def tables(tmp_path, *args):
     env = {**os.environ, "OMP_NUM_THREADS": "1", "BERT_REPRO_CACHE": str(tmp_path / "cache")}
-    flags = [f"--set={s}" for s in SHRINK] + ["--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+    flags = [f"--set={s}" for s in SHRINK] + ["--runs-dir", str(tmp_path / "runs"),
+                                               "--results-dir", str(tmp_path / "results")]
     return subprocess.run([sys.executable, "-m", "bert_repro.tables", *args, *flags], cwd=REPO, env=env,
                           capture_output=True, text=True, timeout=600)
 
@@ -59,24 +61,28 @@ def test_table5_in_miniature_runs_collects_and_resumes(table5_run):
     assert mrpc_jobs == ["optim.lr=0.0001", "optim.lr=0.001"]  # Hydra named them as the table expected
     pretrain = json.loads((root / "pretrain" / "none" / "default" / "results.json").read_text())
     assert pretrain["status"] == "complete" and pretrain["global_step"] == 2
-    init = json.loads((root / "finetune" / "bert_base" / "mrpc" / "optim.lr=0.001" / "results.json").read_text())["init"]
+    mrpc_dir = root / "finetune" / "bert_base" / "mrpc"
+    init = json.loads((mrpc_dir / "optim.lr=0.001" / "results.json").read_text())["init"]
     assert init == str(root / "pretrain" / "none" / "default" / "checkpoints" / "last.ckpt")
 
     md = (tmp_path / "results" / "table5.md").read_text()
-    assert "scale=smoke" in md and "Checkpoint, BERT-base (MLM + NSP): our pre-training run pretrain/none (tiny)" in md
+    assert "scale=smoke" in md
+    assert "Checkpoint, BERT-base (MLM + NSP): our pre-training run pretrain/none (tiny)" in md
     cells = csv_cells(tmp_path)
     assert sorted(cells) == ["mrpc_acc", "qnli_acc"]
     mrpc = cells["mrpc_acc"]
-    runs = [json.loads((root / "finetune" / "bert_base" / "mrpc" / job / "results.json").read_text()) for job in mrpc_jobs]
+    runs = [json.loads((mrpc_dir / job / "results.json").read_text()) for job in mrpc_jobs]
     best = max(100 * r["metrics"]["final"]["val/acc"] for r in runs if not r["degenerate"]) if any(
         not r["degenerate"] for r in runs) else max(100 * r["metrics"]["final"]["val/acc"] for r in runs)
-    assert mrpc["status"] == "ok" and float(mrpc["ours"]) == pytest.approx(best) and float(mrpc["paper"]) == 86.7
+    assert mrpc["status"] == "ok" and float(mrpc["ours"]) == pytest.approx(best)
+    assert float(mrpc["paper"]) == 86.7
     assert float(mrpc["diff"]) == pytest.approx(best - 86.7)
     qnli = cells["qnli_acc"]
     assert qnli["status"] == "failed" and qnli["ours"] == "" and "no_such_task" in qnli["reason"]
     assert (tmp_path / "results" / "table5.tex").is_file()
     saved = json.loads((tmp_path / "results" / "table5.json").read_text())
-    assert saved["parts"]["main"]["rows"][0]["cells"]["mrpc_acc"]["restarts"]["n"] == 1  # one seed per grid point
+    # one seed per grid point
+    assert saved["parts"]["main"]["rows"][0]["cells"]["mrpc_acc"]["restarts"]["n"] == 1
     assert saved["comparisons"] == []  # every row they compare was removed above
 
     again = tables(tmp_path, "run", "table5", "--scale", "smoke")
@@ -117,7 +123,8 @@ def test_tables_notebook_runs_top_to_bottom_on_the_smoke_results(table5_run, mon
         assert f"{value:.2f}" in mrpc_line
     assert f"{float(mrpc['diff']):+.2f}" in mrpc_line
     qnli_line = next(line for line in lines if "bert_base" in line and "qnli_acc" in line)
-    assert qnli_line.split()[4] == "failed" and qnli["reason"] in qnli_line  # ours reads failed, the reason in full
+    # ours reads failed, the reason in full
+    assert qnli_line.split()[4] == "failed" and qnli["reason"] in qnli_line
 
     spread = outputs_text(tagged["spread"]).splitlines()
     root = table5_run / "runs" / "table5" / "smoke" / "finetune" / "bert_base" / "mrpc"

@@ -22,16 +22,19 @@ def test_a_step_checkpoint_the_schedule_never_writes_is_refused(tmp_path):
             build("figure4", "budget", tmp_path, sets=[f"columns.k400k.checkpoint={bad}"])
         assert why in str(err.value) and "finetune/mlm/mnli_k400k" in str(err.value)
     with pytest.raises(TableError, match="keeps no step checkpoints"):  # a schedule that saves none
-        build("figure4", "smoke", tmp_path, sets=["pretrain_overrides.scale.pretrain.checkpoint_every_n_steps=null"])
+        build("figure4", "smoke", tmp_path,
+              sets=["pretrain_overrides.scale.pretrain.checkpoint_every_n_steps=null"])
 
 
 def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoint_step(tmp_path):
     for scale in ("budget", "paper"):
         table = build("figure4", scale, tmp_path)
         one, two = table.sweeps["pretrain/mlm/phase1"], table.sweeps["pretrain/mlm"]
-        assert (one.overrides["experiment"], two.overrides["experiment"]) == ("pretrain_phase1", "pretrain_phase2")
-        assert two.needs is one and two.overrides["ckpt_path"] == str(one.jobs()[0][1] / "checkpoints/last.ckpt")
-        assert [c["x"] for c in table.parts[0].columns.values()] == [200_000, 400_000, 600_000, 800_000, 1_000_000]
+        phases = (one.overrides["experiment"], two.overrides["experiment"])
+        assert phases == ("pretrain_phase1", "pretrain_phase2") and two.needs is one
+        assert two.overrides["ckpt_path"] == str(one.jobs()[0][1] / "checkpoints/last.ckpt")
+        x = [c["x"] for c in table.parts[0].columns.values()]
+        assert x == [200_000, 400_000, 600_000, 800_000, 1_000_000]
         # 200k ... 800k are written by phase 1 (900k steps), 1M (last.ckpt) by phase 2
         assert table.sweeps["finetune/ltr/mnli_k800k"].needs is table.sweeps["pretrain/ltr/phase1"]
         assert table.sweeps["finetune/ltr/mnli_k1m"].needs is table.sweeps["pretrain/ltr"]
@@ -41,14 +44,16 @@ def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoin
 
 
 def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(tmp_path, capsys):
-    assert cli.main(["plan", "table5", "--scale", "paper", "--accelerator", "a100", "--runs-dir", str(tmp_path)]) == 0
+    args = ["plan", "table5", "--scale", "paper", "--accelerator", "a100", "--runs-dir", str(tmp_path)]
+    assert cli.main(args) == 0
     out = capsys.readouterr().out
     assert "assumed 30%" in out and "GPU-hours on a100" in out
     plan = json.loads((tmp_path / "table5" / "paper" / "plan.json").read_text())
     assert set(plan) == {"runs", "total_gpu_hours", "accelerator"} and plan["accelerator"] == "a100"
     assert all(tuple(r) == FIELDS for r in plan["runs"])
     pretrain = [r for r in plan["runs"] if r["kind"] == "pretrain"]
-    assert [(r["phase"], r["steps"], r["seq_length"]) for r in pretrain[:2]] == [(1, 900_000, 128), (2, 100_000, 512)]
+    phases = [(r["phase"], r["steps"], r["seq_length"]) for r in pretrain[:2]]
+    assert phases == [(1, 900_000, 128), (2, 100_000, 512)]
     assert len(pretrain) == 6 and pretrain[0]["tokens"] == 900_000 * 256 * 128
     finetune = [r for r in plan["runs"] if r["kind"] == "finetune"]
     assert len(finetune) == 4 * (4 * 12 + 1)  # 4 rows x (4 GLUE grids of 12 + SQuAD's one fixed run)
@@ -64,14 +69,24 @@ def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(
 def test_fine_tuning_beyond_the_trained_positions_is_refused_at_plan_time(tmp_path):
     """Figure 4 from step-200000.ckpt (phase 1: positions trained up to 128) at 256 tokens."""
     table = build("figure4", "budget", tmp_path, sets=["finetune_overrides.data.max_seq_length=256"])
-    with pytest.raises(TableError, match=r"max_seq_length=256 from step-200000.ckpt.*trained up to 128 tokens"):
+    refused = r"max_seq_length=256 from step-200000.ckpt.*trained up to 128 tokens"
+    with pytest.raises(TableError, match=refused):
+        make_plan(table)
+
+
+def test_a_row_whose_ablation_does_not_exist_fails_the_plan_naming_it(tmp_path):
+    """Rows that differ only in their ablation are each composed, not taken from a cached neighbour."""
+    table = build("table7", "budget", tmp_path, inits={"*": "/ckpt/given"},
+                  sets=["rows.last_hidden.overrides.ablation=feature_lats"])
+    with pytest.raises(TableError, match="finetune/last_hidden/conll2003 .*does not compose.*feature_lats"):
         make_plan(table)
 
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", SCALES)
 def test_every_table_plans_at_every_scale(scale, tmp_path):
-    """Every run of every table composes, its checkpoints exist in its schedule, its lengths fit its positions."""
+    """Every run of every table composes, its checkpoints exist in its schedule, its lengths fit its
+    positions."""
     for name in TABLES:
         plan = make_plan(build(name, scale, tmp_path, inits={"*": "/ckpt/given"}))
         phases = [r["phase"] for r in plan["runs"] if r["kind"] == "pretrain"]
@@ -93,12 +108,13 @@ def test_progress_prints_plain_lines_with_jobs_done_the_current_sweep_and_an_eta
     assert lines[-1].startswith("[1/3 jobs] running done")
 
 
-def rehearse(name, scale, tmp_path, monkeypatch):
+def rehearse(name, scale, tmp_path, monkeypatch, *flags):
     monkeypatch.setenv("BERT_REPRO_CACHE", str(tmp_path / "cache"))
     for key, value in {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
         monkeypatch.setenv(key, value)
     runs, results = tmp_path / "runs", tmp_path / "results"
-    assert cli.main(["rehearse", name, "--scale", scale, "--runs-dir", str(runs), "--results-dir", str(results)]) == 0
+    args = ["--scale", scale, "--runs-dir", str(runs), "--results-dir", str(results), *flags]
+    assert cli.main(["rehearse", name, *args]) == 0
     record = json.loads((runs / "rehearsal" / name / scale / "rehearsal.json").read_text())
     assert record["step_problems"] == [] and all(s["failed"] == 0 for s in record["sweeps"]), record
     with (results / "rehearsal" / f"{name}.csv").open() as f:
@@ -110,20 +126,25 @@ def rehearse(name, scale, tmp_path, monkeypatch):
 
 @pytest.mark.slow
 def test_figure4_rehearses_at_budget_scale(tmp_path, monkeypatch, shared_data):
+    """The whole plan by default: both two-phase pre-trainings, every point of the ten learning-rate grids."""
     folder, cells, record = rehearse("figure4", "budget", tmp_path, monkeypatch)
-    assert record["divisor"] == 25_000 and record["runs"] == 34 and record["rehearsed_jobs"] == 4 + 2 * 5
+    assert record["divisor"] == 50_000 and record["runs"] == record["rehearsed_jobs"] == 4 + 2 * 5 * 3
     assert all(c["status"] == "ok" for c in cells if c["row"] in ("mlm", "ltr")) and len(cells) >= 10
+    mnli = folder / "finetune" / "mlm" / "mnli_k200k"
+    jobs = sorted(p.name for p in mnli.iterdir() if p.is_dir())
+    assert jobs == [f"optim.lr={lr}" for lr in ("2e-05", "3e-05", "5e-05")]
     phase1 = folder / "pretrain" / "mlm" / "phase1" / "default"
     assert sorted(p.name for p in (phase1 / "checkpoints").glob("step-*.ckpt")) == [
-        f"step-{n}.ckpt" for n in sorted((4, 8, 12, 16, 20, 24, 28, 32, 36), key=str)]
+        f"step-{n}.ckpt" for n in sorted(range(2, 19, 2), key=str)]  # every 100k of 900k steps, / 50k
     two = json.loads((folder / "pretrain" / "mlm" / "default" / "results.json").read_text())
-    assert two["global_step"] == 40 and two["config"]["data"]["max_seq_length"] == 512
+    assert two["global_step"] == 20 and two["config"]["data"]["max_seq_length"] == 512
     assert (folder / "pretrain" / "mlm" / "launch.log").stat().st_size > 0  # the child's output, kept
 
 
 @pytest.mark.slow
 def test_table5_rehearses_at_paper_scale(tmp_path, monkeypatch, shared_data):
-    _, cells, record = rehearse("table5", "paper", tmp_path, monkeypatch)
+    """Each grid's first point (GRID=first): the full plan's 202 runs would take the suite some 10 minutes."""
+    _, cells, record = rehearse("table5", "paper", tmp_path, monkeypatch, "--rehearse-grid", "first")
     assert record["runs"] == 6 + 4 * (4 * 12 + 1) and record["rehearsed_jobs"] == 6 + 4 * 5
     ours = [c for c in cells if c["status"] != "paper"]
     assert ours and all(c["status"] == "ok" for c in ours), [c for c in ours if c["status"] != "ok"]

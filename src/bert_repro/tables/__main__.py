@@ -1,4 +1,5 @@
-"""``python -m bert_repro.tables run|collect|plan|rehearse <table> --scale smoke|budget|paper`` (``make tableN``).
+"""``python -m bert_repro.tables run|collect|plan|rehearse <table> --scale smoke|budget|paper``
+(``make tableN``).
 
 plan: every run and its cost, written to <runs>/<table>/<scale>/plan.json; nothing runs.
 rehearse: the same plan shrunk (tiny model, steps and data divided down) run on this CPU, then collected.
@@ -43,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("table", help=f"one of {', '.join(TABLES + DEMOS)}")
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
     parser.add_argument("--force", action="store_true", help="re-run complete runs too")
-    parser.add_argument("--init", action="append", default=[], help="external checkpoint(s): PATH or KEY=PATH,...")
+    parser.add_argument("--init", action="append", default=[],
+                        help="external checkpoint(s): PATH or KEY=PATH,...")
     parser.add_argument("--launcher", default="local", choices=LAUNCHERS, help="where the runs execute")
     parser.add_argument("--logger", choices=("csv", "wandb", "none"), help="default: the table's, per scale")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
@@ -51,17 +53,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=REPO / "experiments" / "runs")
     parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    parser.add_argument("--rehearse-grid", choices=("first", "full"), default="first",
-                        help="rehearse each grid's first point (default) or all of it")
+    parser.add_argument("--rehearse-grid", choices=("full", "first"), default="full",
+                        help="rehearse every point of each grid (default), or only its first (quicker)")
     parser.add_argument("--accelerator", default="h100", choices=tuple(ACCELERATORS),
                         help="the GPU the plan's GPU-hours are for (default %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
     start = time.time()
     try:
-        table = build(args.table, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set, args.logger)
+        table = build(args.table, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set,
+                      args.logger)
         reference = load_reference()
-        if args.action == "plan" or (args.action == "run" and args.scale != "smoke" and not args.dry_run):  # a run is planned (and its spec checked) before anything starts
+        # a run is planned (and its spec checked) before anything starts
+        if args.action == "plan" or (args.action == "run" and args.scale != "smoke" and not args.dry_run):
             plan = make_plan(table, args.accelerator)
             if args.action == "plan":
                 print_plan(plan)
@@ -69,12 +73,12 @@ def main(argv: list[str] | None = None) -> int:
                 return 0
             print(f"plan: {len(plan['runs'])} runs, {plan['total_gpu_hours']:,.1f} GPU-hours on "
                   f"{args.accelerator} (`ACTION=plan` for each run)")
-        os.environ.setdefault("BERT_REPRO_WANDB_GROUP", table.name)  # the child runs join the table's W&B group
+        os.environ.setdefault("BERT_REPRO_WANDB_GROUP", table.name)  # the child runs join the table's group
         if args.action == "rehearse":
             from bert_repro.tables.rehearse import rehearse
 
             table, args.results_dir = rehearse(table, args.runs_dir.resolve(), args.results_dir, args.force,
-                                               args.rehearse_grid)
+                                               args.rehearse_grid, args.set)
         elif args.action == "run":
             launcher = table.spec.get("launchers", {}).get(args.launcher)
             if launcher is None:

@@ -62,7 +62,8 @@ def read_results(path: Path) -> dict:
 
 def load_reference(path: Path = REFERENCE) -> dict:
     if not path.is_file():
-        raise TableError(f"{path} does not exist (the paper's numbers; a copy of ../shared/paper/reference.yaml)")
+        raise TableError(f"{path} does not exist (the paper's numbers; a copy of "
+                         "../shared/paper/reference.yaml)")
     return yaml.safe_load(path.read_text())
 
 
@@ -154,7 +155,8 @@ def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
     else:
         value = field(results, column["field"])
     if value is None:
-        return Cell(status="failed", reason=f"{column.get('metric') or column.get('field')} absent from {folder}")
+        absent = column.get("metric") or column.get("field")
+        return Cell(status="failed", reason=f"{absent} absent from {folder}")
     return Cell(value=float(column.get("scale", 1)) * value, run=str(folder), n=1)
 
 
@@ -162,7 +164,8 @@ def average_cell(cells: list[Cell | None], names: list[str]) -> Cell:
     """The mean of other columns of the row (Table 1's GLUE average), only when every one has a number."""
     absent = [n for n, c in zip(names, cells) if c is None or c.status != "ok"]
     if absent:
-        return Cell(status="missing", reason=f"the average needs every one of its columns; no number for {', '.join(absent)}")
+        return Cell(status="missing",
+                    reason=f"the average needs every one of its columns; no number for {', '.join(absent)}")
     return Cell(value=sum(c.value for c in cells) / len(cells), n=len(cells))
 
 
@@ -201,7 +204,8 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
                     sweep = table.finetune_sweep(key, found[0])
                     if sweep.name not in outcomes:
                         outcomes[sweep.name] = outcome(sweep)
-                    cell = finetune_cell(sweep, outcomes[sweep.name], column["metric"], float(column.get("scale", 100)))
+                    cell = finetune_cell(sweep, outcomes[sweep.name], column["metric"],
+                                         float(column.get("scale", 100)))
                 cell.paper = paper_value(reference, part, row.get("paper", key), name)
                 cells[name] = cell
             rows.append(Row(key, row.get("label", key), cells, checkpoint_of(table, part, key)))

@@ -25,14 +25,14 @@ from bert_repro.tables import CONF_DIR, REPO, TableError
 from bert_repro.tables.schedule import schedule_of
 from bert_repro.tables.spec import Sweep, Table
 
-ACCELERATORS = {"h100": "h100-sxm/bf16", "h200": "h200/bf16", "a100": "a100/bf16"}  # keys of flops.PEAK_TFLOPS
+ACCELERATORS = {"h100": "h100-sxm/bf16", "h200": "h200/bf16", "a100": "a100/bf16"}  # flops.PEAK_TFLOPS keys
 ASSUMED_MFU = 0.30  # eager PyTorch on BERT-base (conf/scale/budget.yaml); bench --device cuda replaces it
 BENCH_DIR = REPO / "experiments" / "results" / "gpu"
 # disk: a checkpoint holds fp32 weights and AdamW's two moments (12 bytes a parameter); pre-training instances
 # hold ~6 bytes a token (int32 ids, int8 segments and mask) for dupe_factor passes over the corpus
 CKPT_BYTES_PER_PARAM, INSTANCE_BYTES_PER_TOKEN = 12, 6
-CORPUS_TOKENS = {"hub": 4.3e9}
-FIELDS = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours")  # plan.json's runs  # §3.4: 3.3B words, ~1.3 WordPiece tokens a word (our estimate)
+CORPUS_TOKENS = {"hub": 4.3e9}  # §3.4: 3.3B words, ~1.3 WordPiece tokens a word (our estimate)
+FIELDS = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours")  # plan.json's runs
 
 
 @dataclass
@@ -63,13 +63,15 @@ def peak_and_mfu(accelerator: str) -> tuple[float, float, str]:
                 continue
             if isinstance(record, dict) and record.get("device") == "cuda" and record.get("ours_mfu"):
                 measured.append((record["ours_mfu"], f"measured by bench --device cuda ({path.name})"))
-    mfu, source = max(measured) if measured else (ASSUMED_MFU, f"assumed {ASSUMED_MFU:.0%} (no bench --device "
-                                                  f"cuda results under {BENCH_DIR.relative_to(REPO)})")
+    assumed = (f"assumed {ASSUMED_MFU:.0%} (no bench --device cuda results under "
+               f"{BENCH_DIR.relative_to(REPO)})")
+    mfu, source = max(measured) if measured else (ASSUMED_MFU, assumed)
     return PEAK_TFLOPS[ACCELERATORS[accelerator]] * 1e12, float(mfu), source
 
 
-# overrides that change no step count, length or shape: runs that differ only in them share one composition
-COST_FREE = ("seed=", "optim.lr=", "init=", "ckpt_path=", "ablation=", "logger=", "++logger.")
+# overrides that change no step count, length or shape and name no config: runs that differ only in them share
+# one composition (each ablation is composed, so a misspelled one fails the plan)
+COST_FREE = ("seed=", "optim.lr=", "init=", "ckpt_path=", "logger=", "++logger.")
 
 
 def compose_job(sweep: Sweep, swept: list[str], cache: dict) -> dict:
@@ -119,7 +121,8 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
         every = schedule_of(table.scale, sweep.overrides).every
         saved = 2 + (len(range(start + every, int(optim["max_steps"]) + 1, every)) if every else 0)
         corpus = CORPUS_TOKENS.get(cfg["data.source"], 0) * int(cfg["data.dupe_factor"] or 1)
-        disk = saved * params * CKPT_BYTES_PER_PARAM + (corpus * INSTANCE_BYTES_PER_TOKEN if start == 0 else 0)
+        instances = corpus * INSTANCE_BYTES_PER_TOKEN if start == 0 else 0
+        disk = saved * params * CKPT_BYTES_PER_PARAM + instances
     else:
         task, cap = cfg["task.name"], cfg["data.max_train_examples"]
         if task not in sizes and not cap:
@@ -143,11 +146,13 @@ def check_lengths(table: Table, sweep: Sweep, run: Run) -> None:
         return
     row = sweep.name.split("/")[1]
     pretrain = next(p.rows[row]["pretrain"] for p in table.parts if row in p.rows)
-    trained = schedule_of(table.scale, table.sweeps[f"pretrain/{pretrain}"].overrides).trained_length(sweep.phase)
+    schedule = schedule_of(table.scale, table.sweeps[f"pretrain/{pretrain}"].overrides)
+    trained = schedule.trained_length(sweep.phase)
     if run.seq_length > trained:
-        raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={run.seq_length} from {sweep.checkpoint}, "
-                         f"whose position embeddings were trained up to {trained} tokens only (phase {sweep.phase}"
-                         " of the pre-training schedule); lower the length or start from a later checkpoint")
+        raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={run.seq_length} from "
+                         f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} tokens "
+                         f"only (phase {sweep.phase} of the pre-training schedule); lower the length or "
+                         "start from a later checkpoint")
 
 
 def make_plan(table: Table, accelerator: str = "h100") -> dict:
@@ -177,8 +182,9 @@ def print_plan(plan: dict) -> None:
     print(f"{'run':58} {'kind':8} {'ph':>2} {'steps':>9} {'len':>4} {'tokens':>9} {'FLOPs':>9} "
           f"{'GPU-h':>8} {'disk GB':>8}")
     for r in plan["runs"]:
-        print(f"{r['name'][-58:]:58} {r['kind']:8} {r['phase'] or '':>2} {r['steps']:>9,} {r['seq_length']:>4} "
-              f"{r['tokens']:>9.2e} {r['flops']:>9.2e} {r['gpu_hours']:>8.2f} {r['disk_gb']:>8.2f}")
+        print(f"{r['name'][-58:]:58} {r['kind']:8} {r['phase'] or '':>2} {r['steps']:>9,} "
+              f"{r['seq_length']:>4} {r['tokens']:>9.2e} {r['flops']:>9.2e} {r['gpu_hours']:>8.2f} "
+              f"{r['disk_gb']:>8.2f}")
     print(f"total: {plan['total_flops']:.3e} FLOPs = {plan['total_gpu_hours']:,.1f} GPU-hours on "
           f"{plan['accelerator']}, {plan['total_disk_gb']:,.1f} GB of instances and checkpoints")
 

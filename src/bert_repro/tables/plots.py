@@ -24,7 +24,8 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 
 
 def steps(table: Table, part: Part, rows: list[Row], reference: dict, out_dir: Path) -> list[Path]:
-    """Ours: one curve per pre-training objective over the checkpoints' steps; the paper: its 1M-step values."""
+    """Ours: one curve per pre-training objective over the checkpoints' steps; the paper: its 1M-step
+    values."""
     fig, (ours, paper) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 1]})
     for row in rows:
         points = [(part.columns[c]["x"], cell) for c, cell in row.cells.items() if cell.status == "ok"]
@@ -50,7 +51,8 @@ def steps(table: Table, part: Part, rows: list[Row], reference: dict, out_dir: P
 
 def size(table: Table, part: Part, rows: list[Row], reference: dict, out_dir: Path) -> list[Path]:
     """Held-out MLM perplexity and Dev accuracy per model size: ours solid, the paper's dashed."""
-    pretrain = [c for c, spec in part.columns.items() if spec.get("source") == "pretrain" and "metric" in spec]
+    pretrain = [c for c, spec in part.columns.items()
+                if spec.get("source") == "pretrain" and "metric" in spec]
     tasks = [c for c, spec in part.columns.items() if "task" in spec]
     labels = [row.label for row in rows]
     fig, (ppl, acc) = plt.subplots(1, 2, figsize=(10, 3.8))
@@ -60,7 +62,8 @@ def size(table: Table, part: Part, rows: list[Row], reference: dict, out_dir: Pa
             ours = [row.cells[column].value if row.cells[column].status == "ok" else None for row in rows]
             paper = [row.cells[column].paper for row in rows]
             name = part.columns[column].get("label", column)
-            axis.plot(x, [float("nan") if v is None else v for v in ours], marker="o", color=f"C{i}", label=f"{name} ours")
+            axis.plot(x, [float("nan") if v is None else v for v in ours], marker="o", color=f"C{i}",
+                      label=f"{name} ours")
             axis.plot(x, [float("nan") if v is None else v for v in paper], marker="s", linestyle="--",
                       color=f"C{i}", alpha=0.6, label=f"{name} paper")
         axis.set_xticks(x, labels, rotation=30, ha="right", fontsize=7)

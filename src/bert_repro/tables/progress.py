@@ -43,7 +43,10 @@ class TableProgress:
         """(done, total, ETA) now: the rate of the jobs finished during this launch times the jobs left."""
         done = sum(_done(f) for f in self.folders)
         ran, left = done - self.at_start, len(self.folders) - done
-        eta = _duration((time.time() - self.start) / ran * left) if ran and left else ("0s" if not left else "?")
+        if ran and left:
+            eta = _duration((time.time() - self.start) / ran * left)
+        else:
+            eta = "?" if left else "0s"
         return done, len(self.folders), eta
 
     def refresh(self) -> None:
@@ -51,7 +54,8 @@ class TableProgress:
         if self._rich is not None:
             self._rich.update(self._task, completed=done, description=self.current, eta=eta)
         elif (done, self.current) != self._last:
-            print(f"[{done}/{total} jobs] running {self.current or '-'}; ETA {eta}", file=self.stream, flush=True)
+            print(f"[{done}/{total} jobs] running {self.current or '-'}; ETA {eta}", file=self.stream,
+                  flush=True)
         self._last = (done, self.current)
 
     def sweep(self, name: str) -> None:

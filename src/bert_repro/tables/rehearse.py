@@ -5,12 +5,12 @@ their sequence lengths, the checkpoint cadence relative to the steps (step-<N>.c
 for one divisor D of every step count), which checkpoint each fine-tuning starts from, and the selection.
 Changed: a tiny model (BERT-tiny for our pre-trainings, all-MiniLM-L6-v2 for an external checkpoint), the
 pre-training corpus (CPython's documentation) and its steps / D, the fine-tuning data (the smoke scale's local
-files, REHEARSAL_EXAMPLES train examples, a few Dev batches), the CPU trainer and the csv logger, and, unless
-``grid="full"``, each grid cut to its first value of every swept key (the same keys and job folders; every
-point of the full grid is composed and checked by the plan): a 2-core CPU runs some 8 s a job. Runs go to
-<runs>/rehearsal/<table>/<scale>/, the table to <results>/rehearsal/. Afterwards each fine-tuning's
-checkpoint is checked to hold the step the plan says (Figure 4's x), and every cell to be a number or a mark
-with a reason.
+files, REHEARSAL_EXAMPLES train examples, one Dev batch), the CPU trainer and the csv logger. ``grid="first"``
+cuts each grid to its first value of every swept key (the same keys and job folders; every point is still
+composed and checked by the plan) for a quicker check: a sweep is one process of some 8 s on a 2-core CPU,
+each further job of its grid some 3 s. Runs go to <runs>/rehearsal/<table>/<scale>/, the table to
+<results>/rehearsal/. Afterwards each fine-tuning's checkpoint is checked to hold the step the plan says
+(Figure 4's x), and every cell to be a number or a mark with a reason.
 """
 
 from __future__ import annotations
@@ -26,7 +26,7 @@ from bert_repro.tables.runner import run_table
 from bert_repro.tables.schedule import STEP_CKPT, schedule_of
 from bert_repro.tables.spec import Table, build, flatten, load_spec
 
-PRETRAIN_STEPS = 40  # the longest pre-training of a rehearsal
+PRETRAIN_STEPS = 20  # the longest pre-training of a rehearsal
 REHEARSAL_EXAMPLES = 32  # train examples (questions, sentences) per fine-tuning run
 CPU = {"trainer": "cpu", "logger": "csv", "trainer.enable_progress_bar": False,
        "+trainer.enable_model_summary": False, "+trainer.num_sanity_val_steps": 0}
@@ -34,9 +34,10 @@ DROPPED = ("trainer.", "logger.", "++logger.", "model.", "hydra")  # the GPU's s
 
 
 def divisor(table: Table) -> int:
-    """D: the longest pre-training over PRETRAIN_STEPS, rounded so that every step count of the schedule (steps,
-    phase 1, checkpoint cadence, the checkpoints the spec names) divides by it."""
-    schedules = [schedule_of(table.scale, s.overrides) for s in table.sweeps.values() if s.stage == "pretrain"]
+    """D: the longest pre-training over PRETRAIN_STEPS, rounded so that every step count of the schedule
+    (steps, phase 1, checkpoint cadence, the checkpoints the spec names) divides by it."""
+    schedules = [schedule_of(table.scale, s.overrides) for s in table.sweeps.values()
+                 if s.stage == "pretrain"]
     if not schedules:
         return 1
     counts = {n for s in schedules for n in (s.max_steps, s.phase1_steps, s.every) if n}
@@ -50,11 +51,12 @@ def divisor(table: Table) -> int:
 def _shrink_pretrain(overrides: dict, scale: str, d: int) -> dict:
     s = schedule_of(scale, overrides)
     shrunk = {"scale.pretrain.source": "files", "scale.pretrain.corpus": "builtin:pydoc",
-              "scale.pretrain.vocab_size": 2000, "scale.pretrain.dupe_factor": 1, "scale.pretrain.batch_size": 8,
+              "scale.pretrain.vocab_size": 2000, "scale.pretrain.dupe_factor": 1,
+              "scale.pretrain.batch_size": 8,
               "scale.pretrain.max_steps": s.max_steps // d, "scale.pretrain.warmup_steps": 1,
               "scale.pretrain.lr": 5e-4, "scale.pretrain.limit_val_batches": 1,
               "scale.pretrain.checkpoint_every_n_steps": s.every // d if s.every else None}
-    if s.phases == 2:  # validation where it divides both phases' ends, so last.ckpt is each phase's final state
+    if s.phases == 2:  # validation where it divides both phases' ends: last.ckpt is each phase's final state
         first = s.phase1_steps // d
         shrunk |= {"scale.pretrain.two_phase.phase1_steps": first,
                    "scale.pretrain.two_phase.val_check_interval": math.gcd(first, s.max_steps // d)}
@@ -63,13 +65,14 @@ def _shrink_pretrain(overrides: dict, scale: str, d: int) -> dict:
     return shrunk
 
 
-def shrink(table: Table, runs_dir: Path, d: int, grid: str = "first") -> Table:
-    """The rehearsal's table: the same sweeps over <runs>/rehearsal, each with the overrides above."""
-    small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, logger="csv")
+def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[str] | None = None) -> Table:
+    """The rehearsal's table: the same sweeps (``sets``: the table's --set) over <runs>/rehearsal, each with
+    the overrides above."""
+    small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, sets, logger="csv")
     small.spec |= {"logger": "csv", "data_note": None,
                    "scale_note": f"a rehearsal of the {table.scale} plan on CPU: tiny models, steps / {d}, "
-                                 f"{REHEARSAL_EXAMPLES}-example subsets of ../shared/data; it proves the path, "
-                                 "not the numbers"}
+                                 f"{REHEARSAL_EXAMPLES}-example subsets of ../shared/data; it proves the "
+                                 "path, not the numbers"}
     smoke_data = load_spec(table.name, "smoke")["task_data"]  # the local files each task reads
     for sweep in small.sweeps.values():
         kept = {k: v for k, v in sweep.overrides.items() if not k.startswith(DROPPED)}
@@ -80,8 +83,8 @@ def shrink(table: Table, runs_dir: Path, d: int, grid: str = "first") -> Table:
             for key in flatten(small.spec["task_data"].get(task)):  # the scale's data (the Hub), not here
                 kept.pop(key, None)
             kept |= {k: v for k, v in flatten(smoke_data.get(task)).items() if not k.startswith("optim.")}
-            kept |= {"data.max_train_examples": REHEARSAL_EXAMPLES, "optim.limit_val_batches": 2}
-            if task.startswith("squad"):  # every window of a few questions: the official scorer needs them all
+            kept |= {"data.max_train_examples": REHEARSAL_EXAMPLES, "optim.limit_val_batches": 1}
+            if task.startswith("squad"):  # every window of a few questions: the official scorer needs all
                 kept |= {"data.max_dev_examples": 8, "optim.limit_val_batches": 1.0}
             kept["model"] = "tiny" if sweep.needs is not None else "minilm_l6"
             if sweep.needs is not None and (found := STEP_CKPT.match(sweep.checkpoint)):
@@ -116,24 +119,25 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
     return problems
 
 
-def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False,
-             grid: str = "first") -> tuple[Table, Path]:
-    """Plan (the spec checked at its real scale), shrink, run, check; returns the table to collect and where."""
+def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False, grid: str = "full",
+             sets: list[str] | None = None) -> tuple[Table, Path]:
+    """Plan (the spec checked at its real scale), shrink, run, check; returns the table to collect and
+    where."""
     if table.scale == "smoke":
         raise TableError("ACTION=rehearse shrinks budget or paper scale; SCALE=smoke runs as it is")
     start = time.time()
     plan = make_plan(table)
     d = divisor(table)
-    small = shrink(table, runs_dir, d, grid)
+    small = shrink(table, runs_dir, d, grid, sets)
     summary = run_table(small, {}, force=force)
     problems = check_steps(table, small, d)
     folder = runs_dir / "rehearsal" / table.name / table.scale
     record = {"divisor": d, "runs": len(plan["runs"]), "grid": grid,
-              "rehearsed_jobs": sum(len(s.jobs()) for s in small.sweeps.values()), "wall_s": round(time.time() - start, 1),
-              "sweeps": summary, "step_problems": problems}
+              "rehearsed_jobs": sum(len(s.jobs()) for s in small.sweeps.values()),
+              "wall_s": round(time.time() - start, 1), "sweeps": summary, "step_problems": problems}
     (folder / "rehearsal.json").write_text(json.dumps(record, indent=2) + "\n")
     if problems:
         raise TableError("rehearsal: " + "; ".join(problems))
-    print(f"rehearsal of {table.name} at scale={table.scale}: {record['rehearsed_jobs']} of {len(plan['runs'])} "
-          f"planned runs ({grid} grid), steps / {d}, {time.time() - start:.0f} s")
+    print(f"rehearsal of {table.name} at scale={table.scale}: {record['rehearsed_jobs']} of "
+          f"{len(plan['runs'])} planned runs ({grid} grid), steps / {d}, {time.time() - start:.0f} s")
     return small, results_dir / "rehearsal"

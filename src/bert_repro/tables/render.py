@@ -23,7 +23,9 @@ MARKS = {"failed": "failed", "missing": "not run", "skipped": "skipped"}
 def _num(value: float | None, signed: bool = False) -> str:
     if value is None:
         return "—"
-    return f"{value:+.1f}" if signed else (f"{value:.2f}" if abs(value) < 10 and value != int(value) else f"{value:.1f}")
+    if signed:
+        return f"{value:+.1f}"
+    return f"{value:.2f}" if abs(value) < 10 and value != int(value) else f"{value:.1f}"
 
 
 class Notes:
@@ -82,7 +84,8 @@ def comparison_lines(found: list[dict]) -> list[str]:
 
 def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
     spec = table.spec
-    grid = ", ".join(f"{k} in {{{v}}}" for k, v in flatten(spec.get("grid")).items()) or "no grid"  # --set nests
+    # flattened: a --set nests its dotted keys
+    grid = ", ".join(f"{k} in {{{v}}}" for k, v in flatten(spec.get("grid")).items()) or "no grid"
     lines = [f"Scale: {table.scale}" + (f" ({spec['scale_note']})" if spec.get("scale_note") else "")]
     lines += [f"Checkpoint, {row.label}: {row.checkpoint}" for row in rows if row.checkpoint != "—"]
     lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
@@ -107,15 +110,17 @@ def markdown(table: Table, collected: dict[str, list[Row]],
         out.append("| | " + " | ".join(part.columns[c].get("label", c) for c in part.columns) + " |")
         out.append("|---" * (len(part.columns) + 1) + "|")
         for row in rows:
-            out.append(f"| {row.label} | " + " | ".join(cell_text(row.cells[c], notes) for c in part.columns) + " |")
+            cells = [cell_text(row.cells[c], notes) for c in part.columns]
+            out.append(f"| {row.label} | " + " | ".join(cells) + " |")
         out += [""] + [f"[{i}] {reason}" for i, reason in enumerate(notes.reasons, 1)] + [""]
         out += comparison_lines((checked or {}).get(part.name, []))
     return "\n".join(out).rstrip() + "\n"
 
 
 def _tex_escape(text: str) -> str:
-    for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"), ("#", r"\#"),
-                          ("{", r"\{"), ("}", r"\}"), ("$", r"\$"), ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+    for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
+                          ("#", r"\#"), ("{", r"\{"), ("}", r"\}"), ("$", r"\$"),
+                          ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
         text = text.replace(char, escaped)
     return text
 
@@ -125,12 +130,13 @@ def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list
     for part in table.parts:
         rows, notes = collected[part.name], Notes()
         out += [f"% {_tex_escape(line)}" for line in header(table, part, rows)]
+        labels = [_tex_escape(part.columns[c].get("label", c)) for c in part.columns]
         out += [r"\begin{tabular}{l" + "r" * len(part.columns) + "}", r"\toprule",
-                " & ".join(["", *(_tex_escape(part.columns[c].get("label", c)) for c in part.columns)]) + r" \\",
-                r"\midrule"]
+                " & ".join(["", *labels]) + r" \\", r"\midrule"]
         for row in rows:
             cells = [cell_text(row.cells[c], notes, tex=True) for c in part.columns]
-            out.append(" & ".join([_tex_escape(row.label), *(c.replace("±", r"$\pm$") for c in cells)]) + r" \\")
+            cells = [c.replace("±", r"$\pm$") for c in cells]
+            out.append(" & ".join([_tex_escape(row.label), *cells]) + r" \\")
         out += [r"\bottomrule", r"\end{tabular}"]
         out += [rf"% [{i}] {_tex_escape(reason)}" for i, reason in enumerate(notes.reasons, 1)]
         found = (checked or {}).get(part.name, [])
@@ -141,15 +147,15 @@ def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list
 def write_csv(path: Path, table: Table, collected: dict[str, list[Row]]) -> None:
     with path.open("w", newline="") as f:
         writer = csv.writer(f)
-        writer.writerow(["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread", "n_runs",
-                         "mean", "ci_low", "ci_high", "restarts", "collapsed",
+        writer.writerow(["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread",
+                         "n_runs", "mean", "ci_low", "ci_high", "restarts", "collapsed",
                          "status", "reason", "note", "checkpoint", "selection", "run"])
         for part in table.parts:
             for row in collected[part.name]:
                 for name, cell in row.cells.items():
                     r = cell.restarts
-                    writer.writerow([table.name, table.scale, part.name, row.key, name, cell.value, cell.paper,
-                                     cell.diff, cell.spread, cell.n, r and r.mean, r and r.ci_low,
+                    writer.writerow([table.name, table.scale, part.name, row.key, name, cell.value,
+                                     cell.paper, cell.diff, cell.spread, cell.n, r and r.mean, r and r.ci_low,
                                      r and r.ci_high, r and r.n, cell.collapsed, cell.status, cell.reason,
                                      cell.note, row.checkpoint, part.selection, cell.run])
 
@@ -186,18 +192,21 @@ def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, ou
 
 
 def log_wandb(table: Table, collected: dict[str, list[Row]], written: list[Path], folder: Path) -> Path:
-    """The collected table as a W&B table (and an artifact with its files), in the table's group; offline unless
-    WANDB_MODE says otherwise, so `wandb sync <folder>/wandb/offline-run-*` uploads it later. Returns the run's folder."""
+    """The collected table as a W&B table (and an artifact with its files), in the table's group; offline
+    unless WANDB_MODE says otherwise, so `wandb sync <folder>/wandb/offline-run-*` uploads it later. Returns
+    the run's folder."""
     import os
 
     import wandb
 
     columns = ["part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "status", "reason"]
-    data = [[part.name, row.key, name, cell.value, cell.paper, cell.diff, cell.spread, cell.n, cell.status, cell.reason]
+    data = [[part.name, row.key, name, cell.value, cell.paper, cell.diff, cell.spread, cell.n, cell.status,
+             cell.reason]
             for part in table.parts for row in collected[part.name] for name, cell in row.cells.items()]
     folder.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project="bert-repro", group=table.name, job_type="table", name=f"{table.name}-{table.scale}",
-                     tags=[table.name, table.scale], dir=str(folder), mode=os.environ.get("WANDB_MODE", "offline"),
+    run = wandb.init(project="bert-repro", group=table.name, job_type="table",
+                     name=f"{table.name}-{table.scale}", tags=[table.name, table.scale], dir=str(folder),
+                     mode=os.environ.get("WANDB_MODE", "offline"),
                      config={"table": table.name, "scale": table.scale})
     try:
         cells = wandb.Table(columns=columns, data=data)

@@ -1,4 +1,5 @@
-"""Runs a table's sweeps through ``src/train.py -m``: pre-training first, then the fine-tuning that starts from it.
+"""Runs a table's sweeps through ``src/train.py -m``: pre-training first, then the fine-tuning that starts
+from it.
 
 A job whose results.json says ``complete`` is skipped (an interrupted table resumes); ``force`` re-runs it.
 A job that fails leaves ``failed.json`` (the reason) in its folder and does not stop the table: the jobs a
@@ -49,7 +50,9 @@ def job_state(folder: Path) -> tuple[str, str | None]:
     logged = logged_error(folder)
     if logged:
         return "failed", logged
-    return ("failed", "no results.json (the run stopped early)") if (folder / ".hydra").is_dir() else ("missing", None)
+    if (folder / ".hydra").is_dir():
+        return "failed", "no results.json (the run stopped early)"
+    return "missing", None
 
 
 def logged_error(folder: Path) -> str | None:
@@ -57,14 +60,17 @@ def logged_error(folder: Path) -> str | None:
     for log_file in sorted(folder.glob("*.log")):
         errors = [line for line in log_file.read_text(errors="replace").splitlines() if "][ERROR] - " in line]
         if errors:
-            return errors[-1].split("][ERROR] - ", 1)[1].replace(" (set BERT_REPRO_TRACEBACK=1 for the traceback)", "")
+            message = errors[-1].split("][ERROR] - ", 1)[1]
+            return message.replace(" (set BERT_REPRO_TRACEBACK=1 for the traceback)", "")
     return None
 
 
 def launch_error(output: str) -> str:
-    """The line of a failed launch's output that says what went wrong (Hydra's compose error, the exception)."""
+    """The line of a failed launch's output that says what went wrong (Hydra's compose error, the
+    exception)."""
     lines = [line.strip() for line in output.splitlines() if line.strip()]
-    lines = [line for line in lines if not re.match(r"^\[\d{4}-\d\d-\d\d ", line) and not line.startswith(NOISE)]
+    lines = [line for line in lines
+             if not re.match(r"^\[\d{4}-\d\d-\d\d ", line) and not line.startswith(NOISE)]
     if "Error executing job" in output or "Traceback" in output:
         return lines[-1] if lines else "the run failed"
     return lines[0] if lines else "the run failed without output"
@@ -72,11 +78,13 @@ def launch_error(output: str) -> str:
 
 def mark_failed(folder: Path, reason: str, output: str = "") -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    (folder / "failed.json").write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}, indent=2) + "\n")
+    record = {"reason": reason, "output_tail": output[-4000:]}
+    (folder / "failed.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
 def resumable(folder: Path) -> bool:
-    """A run killed before its results.json that src/train.py continues from its own last.ckpt (ckpt_path=last)."""
+    """A run killed before its results.json that src/train.py continues from its own last.ckpt
+    (ckpt_path=last)."""
     config = folder / ".hydra" / "config.yaml"
     return ((folder / "checkpoints" / "last.ckpt").is_file() and not (folder / "results.json").exists()
             and not (folder / "failed.json").exists() and config.is_file()
@@ -93,9 +101,10 @@ def _clear(folder: Path, force: bool) -> None:
 
 
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
-    """The multirun of ``sweep``: every job's folder is ``sweep.folder/<override_dirname of the swept keys>``."""
+    """The multirun of ``sweep``: every job's folder is ``sweep.folder/<override_dirname of the swept
+    keys>``."""
     fixed = sweep.fixed_args()
-    excluded = [k for k in sweep.overrides]  # fixed keys stay out of the folder name; the sweep folder says them
+    excluded = [k for k in sweep.overrides]  # kept out of the folder name: the sweep folder says them
     subdir = "${hydra.job.override_dirname}" if sweep.params else "default"
     return [sys.executable, str(TRAIN), "--multirun", *fixed, *swept,
             *(f"{k}={hydra_value(v)}" for k, v in flatten(launcher).items()),
@@ -117,14 +126,16 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         out.flush()
         start = out.tell()
-        code = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True, env=env).returncode
+        code = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
+                              env=env).returncode
     with path.open() as written:
         written.seek(start)
         return code, written.read()
 
 
 def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool = False) -> dict[str, int]:
-    """Launch the jobs of ``sweep`` that are not complete; returns counts of skipped / complete / failed jobs."""
+    """Launch the jobs of ``sweep`` that are not complete; returns counts of skipped / complete / failed
+    jobs."""
     jobs = sweep.jobs()
     todo = [(swept, folder) for swept, folder in jobs if force or job_state(folder)[0] != "complete"]
     counts = {"skipped": len(jobs) - len(todo), "complete": 0, "failed": 0}
@@ -149,7 +160,10 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
         counts["failed"] = len(todo)
         return counts
     # the whole grid in one multirun (the launcher may spread it); a partial grid one job at a time
-    batches = [(sweep.params_args(), todo)] if len(todo) == len(jobs) else [(swept, [(swept, f)]) for swept, f in todo]
+    if len(todo) == len(jobs):
+        batches = [(sweep.params_args(), todo)]
+    else:
+        batches = [(swept, [(swept, f)]) for swept, f in todo]
     for swept, members in batches:
         code, output = _launch(sweep, swept, launcher)
         unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
@@ -169,11 +183,13 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
 
 
 def stage_launcher(launcher: dict | None, stage: str) -> dict:
-    """A launcher block's settings for one stage: ``common``, then the stage's own, as dotted override keys."""
+    """A launcher block's settings for one stage: ``common``, then the stage's own, as dotted override
+    keys."""
     return {**flatten((launcher or {}).get("common")), **flatten((launcher or {}).get(stage))}
 
 
-def run_table(table: Table, launcher: dict | None = None, force: bool = False, dry_run: bool = False) -> list[dict]:
+def run_table(table: Table, launcher: dict | None = None, force: bool = False,
+              dry_run: bool = False) -> list[dict]:
     """Every sweep of ``table`` in order (pre-training first); one line of counts per sweep."""
     summary = []
     if dry_run:

@@ -1,11 +1,12 @@
-"""A table's pre-training schedule, read from conf/scale/<scale>.yaml and the table's overrides, and the checks
-that a spec can be trusted against it: which checkpoints the schedule writes, where, and which sequence length
-their position embeddings were trained at.
+"""A table's pre-training schedule, read from conf/scale/<scale>.yaml and the table's overrides, and the
+checks that a spec can be trusted against it: which checkpoints the schedule writes, where, and which sequence
+length their position embeddings were trained at.
 
 At budget and paper scale every pre-training is the v2 two-phase schedule (Appendix A.2: 90% of the steps at
 128 tokens, the rest at 512; ``scale.pretrain.two_phase.in_tables``); phase 2 resumes phase 1's weights,
 optimizer and learning-rate schedule (conf/experiment/pretrain_phase2.yaml). ``step-<N>.ckpt`` is written
-every ``checkpoint_every_n_steps`` global steps by the phase that reaches N; ``last.ckpt`` is the last phase's.
+every ``checkpoint_every_n_steps`` global steps by the phase that reaches N; ``last.ckpt`` is the last
+phase's.
 """
 
 from __future__ import annotations
@@ -37,7 +38,8 @@ class Schedule:
         return self.phase2_seq_length if phase == 2 else self.seq_length
 
     def checkpoint_step(self, name: str, where: str) -> int:
-        """The global step a checkpoint of this schedule holds; a name the schedule never writes is an error."""
+        """The global step a checkpoint of this schedule holds; a name the schedule never writes is an
+        error."""
         if name == "last.ckpt":
             return self.max_steps
         found = STEP_CKPT.match(name)
@@ -73,11 +75,15 @@ def schedule_of(scale: str, overrides: dict) -> Schedule:
     pre = OmegaConf.to_container(OmegaConf.load(path).pretrain)
     phases = pre.get("two_phase") or {}
     max_steps = int(_value(overrides, ("optim.max_steps", "scale.pretrain.max_steps"), pre["max_steps"]))
-    every = _value(overrides, ("scale.pretrain.checkpoint_every_n_steps",), pre.get("checkpoint_every_n_steps"))
+    every = _value(overrides, ("scale.pretrain.checkpoint_every_n_steps",),
+                   pre.get("checkpoint_every_n_steps"))
     if not phases.get("in_tables"):
-        seq = _value(overrides, ("data.max_seq_length", "scale.pretrain.max_seq_length"), pre["max_seq_length"])
+        seq = _value(overrides, ("data.max_seq_length", "scale.pretrain.max_seq_length"),
+                     pre["max_seq_length"])
         return Schedule(max_steps, int(seq), every)
     first = int(_value(overrides, ("scale.pretrain.two_phase.phase1_steps",), phases["phase1_steps"]))
     if not 0 < first < max_steps:
-        raise TableError(f"{path}: two_phase.phase1_steps={first}; expected between 0 and max_steps={max_steps}")
-    return Schedule(max_steps, int(phases["phase1_seq_length"]), every, first, int(phases["phase2_seq_length"]))
+        raise TableError(f"{path}: two_phase.phase1_steps={first}; expected between 0 and "
+                         f"max_steps={max_steps}")
+    return Schedule(max_steps, int(phases["phase1_seq_length"]), every, first,
+                    int(phases["phase2_seq_length"]))

