@@ -1,5 +1,5 @@
-"""The demonstration tasks of `make demo` (bert_repro.data.pydoc_tasks): rows built as documented, from disjoint
-documents, balanced, and written once."""
+"""The demonstration tasks of `make demo` (bert_repro.data.pydoc_tasks): rows built as documented, from
+disjoint documents, balanced, and written once."""
 
 from __future__ import annotations
 
@@ -21,7 +21,8 @@ def read(path: str) -> list[dict]:
 @pytest.fixture(scope="module")
 def documents():
     docs = [[" ".join(s.split()) for s in doc] for doc in pydoc_documents()]
-    return {"train": [d for i, d in enumerate(docs) if i % DEV_EVERY], "dev": [d for i, d in enumerate(docs) if i % DEV_EVERY == 0]}
+    return {"train": [d for i, d in enumerate(docs) if i % DEV_EVERY],
+            "dev": [d for i, d in enumerate(docs) if i % DEV_EVERY == 0]}
 
 
 def test_order_rows_are_sentences_as_written_or_shuffled(tmp_path, documents):
@@ -68,25 +69,27 @@ def test_rows_are_written_once_and_unknown_task_is_named(tmp_path):
         write_task("pydoc_typo", tmp_path, 50, 20)
 
 
-def test_punct_passages_strip_the_marks_and_tag_the_words_they_followed():
-    docs = [["Call it, then return.", "The value: a list; done."],
-            ["One two three four five six seven eight."]]
+def test_punct_passages_strip_the_sentence_ends_and_tag_the_words_they_followed():
+    docs = [["Call it, then return.", "The value: a list; done!"],
+            ["One two three four five six seven eight?", "A heading without a mark"]]
     rows = punct_passages(docs, max_words=8, n=10, rng=np.random.default_rng(0))
-    # a passage ends at the first sentence end past max_words / 2 words
-    assert rows["tokens"][:2] == [["Call", "it", "then", "return"], ["The", "value", "a", "list", "done"]]
-    assert rows["tags"][:2] == [["O", "B-PUNCT", "O", "B-PUNCT"], ["O", "B-PUNCT", "O", "B-PUNCT", "B-PUNCT"]]
-    assert rows["tags"][2] == ["O"] * 7 + ["B-PUNCT"] and len(rows["tokens"]) == 3
-    assert all(not w.endswith(tuple(",.;:")) for s in rows["tokens"] for w in s)
+    # a passage ends at the first sentence end past max_words / 2 words; only the sentence's last mark goes,
+    # commas, colons and semicolons inside it stay; casing stays (the cue is the next sentence's capital)
+    assert rows["tokens"][:2] == [["Call", "it,", "then", "return"], ["The", "value:", "a", "list;", "done"]]
+    assert rows["tags"][:2] == [["O", "O", "O", "B-PUNCT"], ["O", "O", "O", "O", "B-PUNCT"]]
+    assert rows["tags"][2] == ["O"] * 7 + ["B-PUNCT"] and len(rows["tokens"]) == 3  # the heading is dropped
+    assert all(not s[-1].endswith(tuple(".?!:")) for s in rows["tokens"])
 
 
 def test_punct_splits_come_from_disjoint_documents_and_both_tags_occur(documents):
     splits = PydocPunctDataModule(train_examples=64, dev_examples=32).raw_sentences()
     for split, (rows, _) in splits.items():
         assert len(rows["tokens"]) == {"train": 64, "dev": 32}[split]
-        text = " ".join(w.rstrip(",.;:") for doc in documents[split] for s in doc for w in s.split())
-        assert all(" ".join(words) in text for words in rows["tokens"])  # each passage is text of this split
+        # the split's sentences that end in a mark, the mark stripped: each passage is text of this split
+        text = " ".join(s.rstrip(".?!:") for doc in documents[split] for s in doc if s.rstrip(".?!:") != s)
+        assert all(" ".join(words) in text for words in rows["tokens"])
         tags = [t for sentence in rows["tags"] for t in sentence]
-        assert 0.03 < tags.count("B-PUNCT") / len(tags) < 0.3
+        assert 0.02 < tags.count("B-PUNCT") / len(tags) < 0.3
     with pytest.raises(ValueError, match="max_words=4"):
         PydocPunctDataModule(max_words=4)
 

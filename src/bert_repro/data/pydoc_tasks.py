@@ -2,20 +2,20 @@
 reference text), so that ``make demo`` runs Table 5 in miniature with no download. Demonstration tasks, not
 GLUE tasks and not the paper's: their numbers say the pipeline works, nothing about BERT.
 
-``pydoc_order`` (one sentence, like SST-2 / CoLA): is the sentence as written (1), or are its words shuffled (0)?
-Half the sentences of each split are shuffled (a permutation that moves at least one word).
+``pydoc_order`` (one sentence, like SST-2 / CoLA): is the sentence as written (1), or are its words shuffled
+(0)? Half the sentences of each split are shuffled (a permutation that moves at least one word).
 
 ``pydoc_next`` (a pair, like MNLI / QNLI / MRPC): is B the sentence that follows A in its document (1), or a
 sentence of another document of the same split (0)? This is the NSP construction of §3.1, so the BERT-base row
 (pre-trained with NSP on the same text) has a head start here by construction, the demo's version of the
 paper's point that NSP helps the sentence-pair tasks.
 
-``pydoc_punct`` (token-level, like NER / SQuAD's span ends): the passage with its punctuation removed; tag
-each word that a comma, period, colon or semicolon followed (punctuation restoration). Whether a clause ends
-after a word is read mostly from the words after it ("..., which", "... . The"), so the answer needs right
-context as SQuAD's does (§5.1): a left-to-right model sees only the words before. Tagged ``B-PUNCT`` (scored
-as one-word entities by seqeval, i.e. the F1 of the tagged class), ``O`` otherwise; read as CoNLL-style rows
-by :class:`PydocPunctDataModule`.
+``pydoc_punct`` (token-level, like NER / SQuAD's span ends): the passage with the mark that ends each sentence
+(``.?!:``) removed; tag each word that ended a sentence (sentence-end restoration). Read cased, the answer
+sits mostly in the word after ("... variable The value ..."): a capital starting the next sentence. It needs
+right context as SQuAD's does (§5.1); a left-to-right model sees only the words before, and the +BiLSTM row
+reads the next word back in. Tagged ``B-PUNCT`` (scored as one-word entities by seqeval, i.e. the F1 of the
+tagged class), ``O`` otherwise; read as CoNLL-style rows by :class:`PydocPunctDataModule`.
 
 Train and Dev come from disjoint documents (every fifth document is Dev), each a fixed random sample
 (seed 0). Pre-training saw every document's text but never these labels. The rows are written once as
@@ -37,7 +37,7 @@ from bert_repro.data.glue import GlueDataModule, glue_task
 
 TASKS = {name: glue_task(name) for name in ("pydoc_order", "pydoc_next")}  # their facts: data/glue_tasks.yaml
 
-VERSION = 2  # bump when the rows below change
+VERSION = 3  # bump when the rows below change
 DEV_EVERY = 5  # documents 0, 5, 10, ... are Dev
 
 
@@ -91,7 +91,7 @@ def write_task(task: str, folder: Path, train_examples: int, dev_examples: int) 
     for split, n in (("train", train_examples), ("dev", dev_examples)):
         rows = make(split_docs[split], n, np.random.default_rng(0 if split == "train" else 1))
         tmp = paths[split].with_suffix(".tmp")
-        with tmp.open("w", encoding="utf-8") as f:  # literal fields (no tabs or newlines in them), as GLUE's TSVs
+        with tmp.open("w", encoding="utf-8") as f:  # literal fields (no tabs or newlines), as GLUE's TSVs
             f.write("\t".join(rows[0]) + "\n")
             f.writelines("\t".join(row.values()) + "\n" for row in rows)
         tmp.replace(paths[split])
@@ -101,36 +101,40 @@ def write_task(task: str, folder: Path, train_examples: int, dev_examples: int) 
 class PydocTaskDataModule(GlueDataModule):
     """A demonstration task of this module (``pydoc_order``, ``pydoc_next``) as a GLUE-style data module."""
 
-    def __init__(self, task: str, train_examples: int = 1024, dev_examples: int = 256, tokenizer: str | None = None,
-                 lowercase: bool = True, max_seq_length: int = 128, batch_size: int = 32, padding: str = "longest",
-                 num_workers: int = 0, num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None):
+    def __init__(self, task: str, train_examples: int = 1024, dev_examples: int = 256,
+                 tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 128,
+                 batch_size: int = 32, padding: str = "longest", num_workers: int = 0, num_proc: int = 1,
+                 seed: int = 12345, cache_dir: str | None = None):
         if train_examples < 2 or dev_examples < 2:
-            raise ValueError(f"train_examples={train_examples}, dev_examples={dev_examples}: expected at least 2 each")
+            raise ValueError(f"train_examples={train_examples}, dev_examples={dev_examples}: "
+                             "expected at least 2 each")
         cache = Path(cache_dir) if cache_dir is not None else default_cache_dir() / "glue"
         files = write_task(task, cache / "pydoc_tasks", train_examples, dev_examples)
-        super().__init__(task=task, glue_dir=None, files=files, hub=None, tokenizer=tokenizer, lowercase=lowercase,
-                         max_seq_length=max_seq_length, batch_size=batch_size, padding=padding,
-                         num_workers=num_workers, num_proc=num_proc, seed=seed, cache_dir=str(cache))
+        super().__init__(task=task, glue_dir=None, files=files, hub=None, tokenizer=tokenizer,
+                         lowercase=lowercase, max_seq_length=max_seq_length, batch_size=batch_size,
+                         padding=padding, num_workers=num_workers, num_proc=num_proc, seed=seed,
+                         cache_dir=str(cache))
 
 
 PUNCT_LABELS = ("O", "B-PUNCT")
-PUNCT = ",.;:"  # the marks restored; brackets and quotes stay part of their words
+ENDS = ".?!:"  # the marks that end a sentence of the corpus; commas and the rest stay in the text
 
 
 def punct_passages(documents: list[list[str]], max_words: int, n: int,
                    rng: np.random.Generator) -> dict[str, list]:
-    """Passages of consecutive sentences (up to ``max_words`` words) with the marks of PUNCT stripped from the
-    ends of words, each word tagged B-PUNCT where one was stripped; a fixed random sample of ``n``."""
+    """Passages of consecutive sentences (up to ``max_words`` words), cased, with the mark that ends each
+    sentence stripped from its last word, which is tagged B-PUNCT; a fixed random sample of ``n``."""
     passages: list[tuple[list[str], list[str]]] = []
     for doc in documents:
         words: list[str] = []
         tags: list[str] = []
         for sentence in doc:
-            for word in sentence.split():
-                bare = word.rstrip(PUNCT)
-                if bare:
-                    words.append(bare)
-                    tags.append("B-PUNCT" if bare != word else "O")
+            sentence_words = sentence.split()
+            last = sentence_words[-1].rstrip(ENDS)
+            if last and last != sentence_words[-1]:  # a sentence that ends in a mark (not a heading)
+                sentence_words[-1] = last
+                words += sentence_words
+                tags += ["O"] * (len(sentence_words) - 1) + ["B-PUNCT"]
             if len(words) >= max_words // 2:  # passages end at a sentence end, a few sentences long
                 passages.append((words[:max_words], tags[:max_words]))
                 words, tags = [], []
@@ -142,7 +146,7 @@ def punct_passages(documents: list[list[str]], max_words: int, n: int,
 
 
 class PydocPunctDataModule(ConllDataModule):
-    """``pydoc_punct`` (punctuation restoration on the embedded corpus) as CoNLL-style tagged words; the
+    """``pydoc_punct`` (sentence-end restoration on the embedded corpus) as CoNLL-style tagged words; the
     rows are built in memory from ``builtin:pydoc`` (train and Dev from disjoint documents), not files."""
 
     task = "pydoc_punct"
@@ -160,7 +164,7 @@ class PydocPunctDataModule(ConllDataModule):
         self.labels = PUNCT_LABELS
 
     def prepare_tokenizer(self):
-        return super(ConllDataModule, self).prepare_tokenizer()  # uncased is right here (no casing warning)
+        return super(ConllDataModule, self).prepare_tokenizer()  # CoNLL's casing warning is not this task's
 
     def raw_sentences(self) -> dict[str, tuple[dict[str, list], str]]:
         hp = self.hparams
