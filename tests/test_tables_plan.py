@@ -4,6 +4,8 @@ budget/paper plan on this CPU (ACTION=rehearse), and the runner's progress lines
 import csv
 import io
 import json
+import os
+import time
 
 import pytest
 
@@ -106,6 +108,23 @@ def test_progress_prints_plain_lines_with_jobs_done_the_current_sweep_and_an_eta
     assert lines[0] == "[0/3 jobs] running pretrain/none; ETA ?"
     assert lines[1].startswith("[1/3 jobs] running finetune/bert_base/mrpc; ETA ") and "?" not in lines[1]
     assert lines[-1].startswith("[1/3 jobs] running done")
+
+
+def test_progress_under_force_counts_only_what_this_launch_writes(tmp_path):
+    folders = [tmp_path / str(i) for i in range(2)]
+    for folder in folders:  # complete from an earlier launch
+        folder.mkdir()
+        (folder / "results.json").write_text("{}")
+        os.utime(folder / "results.json", (time.time() - 60, time.time() - 60))
+    stream = io.StringIO()
+    with TableProgress(folders, stream=stream, every_s=60, force=True) as progress:
+        progress.sweep("pretrain/none")
+        (folders[0] / "results.json").write_text("{}")  # re-run now
+        progress.sweep("pretrain/no_nsp")
+    lines = stream.getvalue().splitlines()
+    assert lines[0] == "[0/2 jobs] running pretrain/none; ETA ?"
+    assert lines[1].startswith("[1/2 jobs] running pretrain/no_nsp; ETA ")
+    assert "-" not in lines[1].split("ETA")[1]  # the rate of this launch's own jobs: never a negative ETA
 
 
 def rehearse(name, scale, tmp_path, monkeypatch, *flags):

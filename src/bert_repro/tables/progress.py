@@ -12,8 +12,10 @@ from pathlib import Path
 from typing import TextIO
 
 
-def _done(folder: Path) -> bool:
-    return (folder / "results.json").is_file() or (folder / "failed.json").is_file()
+def _done(folder: Path, since: float | None = None) -> bool:
+    """A results.json or failed.json there (written at ``since`` or later: --force re-runs complete jobs)."""
+    files = [folder / "results.json", folder / "failed.json"]
+    return any(f.is_file() and (since is None or f.stat().st_mtime >= since) for f in files)
 
 
 def _duration(seconds: float) -> str:
@@ -22,10 +24,12 @@ def _duration(seconds: float) -> str:
 
 
 class TableProgress:
-    def __init__(self, folders: list[Path], stream: TextIO | None = None, every_s: float = 5.0):
+    def __init__(self, folders: list[Path], stream: TextIO | None = None, every_s: float = 5.0,
+                 force: bool = False):
         self.folders, self.stream, self.every_s = folders, stream or sys.stderr, every_s
         self.current, self.start = "", time.time()
-        self.at_start = sum(_done(f) for f in folders)  # complete before this launch: not in the ETA's rate
+        self.since = self.start if force else None  # with --force, only what this launch writes is done
+        self.at_start = sum(_done(f, self.since) for f in folders)  # done before this launch: not in the ETA
         self._last: tuple | None = None
         self._stop = threading.Event()
         self._thread = threading.Thread(target=self._poll, daemon=True)
@@ -41,7 +45,7 @@ class TableProgress:
 
     def line(self) -> tuple[int, int, str]:
         """(done, total, ETA) now: the rate of the jobs finished during this launch times the jobs left."""
-        done = sum(_done(f) for f in self.folders)
+        done = sum(_done(f, self.since) for f in self.folders)
         ran, left = done - self.at_start, len(self.folders) - done
         if ran and left:
             eta = _duration((time.time() - self.start) / ran * left)

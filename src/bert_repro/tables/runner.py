@@ -197,7 +197,7 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force, dry_run=True)
         return summary
     folders = [folder for sweep in table.sweeps.values() for _, folder in sweep.jobs()]
-    with TableProgress(folders) as progress:
+    with TableProgress(folders, force=force) as progress:
         for sweep in table.sweeps.values():
             start = time.time()
             progress.sweep(sweep.name)
