@@ -118,6 +118,21 @@ def test_pydoc_builtin_corpus(tmp_path):
     assert written.stat().st_mtime_ns == stamp  # written once, then read like any other file
 
 
+def test_two_writers_of_one_cache_file_each_rename_a_whole_copy(tmp_path):
+    """Runs sharing a cache (a joblib launcher's jobs, two test workers) may convert the same corpus at once:
+    here the other writer finishes while this one is half way."""
+    path = tmp_path / "corpora" / "pydoc.txt"
+
+    def documents():
+        yield ["First sentence here.", "Second sentence here."]
+        write_documents([["The other writer's sentence."]], path)
+        yield ["Third sentence here."]
+
+    write_documents(documents(), path)
+    assert path.read_text() == "First sentence here.\nSecond sentence here.\n\nThird sentence here.\n\n"
+    assert [p.name for p in path.parent.iterdir()] == ["pydoc.txt"]  # no temporary file left behind
+
+
 def test_gutenberg_book_converts_to_chapters(tmp_path):
     book = _need(TEXT / "gutenberg" / "11.txt")  # Alice's Adventures in Wonderland: 12 chapters
     path = write_documents(gutenberg_documents(book), tmp_path / "alice.txt")

@@ -26,7 +26,9 @@ import logging
 import os
 import re
 import sys
+import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import numpy as np
@@ -105,17 +107,29 @@ def prose_sentences(paragraph: str) -> list[str]:
     return [s for s in split_sentences(paragraph) if len(s.split()) >= MIN_WORDS]
 
 
+@contextmanager
+def replaced_whole(path: Path) -> Iterator[Path]:
+    """A temporary file beside ``path``, this writer's own, that replaces ``path`` when the block ends without
+    error: no reader sees a half-written cache file, and runs that build the same one at once (a joblib
+    launcher's jobs, two test workers) each rename a whole copy instead of writing into one another's."""
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    try:
+        yield Path(tmp)
+        os.replace(tmp, path)
+    finally:
+        Path(tmp).unlink(missing_ok=True)
+
+
 def write_documents(documents: Iterable[list[str]], path: str | Path) -> Path:
     """Write documents in the original format; empty documents and blank sentences are dropped."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_suffix(".tmp")
-    with open(tmp, "w", encoding="utf-8") as f:
+    with replaced_whole(path) as tmp, open(tmp, "w", encoding="utf-8") as f:
         for sentences in documents:
             sentences = [" ".join(s.split()) for s in sentences if s.strip()]
             if sentences:
                 f.write("\n".join(sentences) + "\n\n")
-    tmp.replace(path)  # never leave a half-written corpus where a later run would read it
     return path
 
 

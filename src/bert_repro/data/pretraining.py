@@ -19,7 +19,7 @@ from torch.utils.data import DataLoader
 
 from bert_repro.data import instances
 from bert_repro.data.batching import eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir, load_documents
+from bert_repro.data.corpus import default_cache_dir, load_documents, replaced_whole
 from bert_repro.data.hub import load_hub_documents
 from bert_repro.progress import datasets_progress
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
@@ -208,9 +208,8 @@ class PretrainDataModule(L.LightningDataModule):
                          for doc in batch["sentences"] for s in doc)
                 self._tokenizer = train_wordpiece(texts, hp.vocab_size, lowercase=hp.lowercase)
                 path.parent.mkdir(parents=True, exist_ok=True)
-                tmp = path.with_suffix(".tmp")
-                tmp.write_text("".join(f"{t}\n" for t in vocab_list(self._tokenizer)), encoding="utf-8")
-                tmp.replace(path)
+                with replaced_whole(path) as tmp:
+                    tmp.write_text("".join(f"{t}\n" for t in vocab_list(self._tokenizer)), encoding="utf-8")
         self.vocab = vocab_list(self._tokenizer)
         if self.vocab[PAD_ID] != "[PAD]":
             raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected "

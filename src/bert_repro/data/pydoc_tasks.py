@@ -32,7 +32,7 @@ from pathlib import Path
 import numpy as np
 
 from bert_repro.data.conll import ConllDataModule
-from bert_repro.data.corpus import default_cache_dir, pydoc_documents
+from bert_repro.data.corpus import default_cache_dir, pydoc_documents, replaced_whole
 from bert_repro.data.glue import GlueDataModule, glue_task
 
 TASKS = {name: glue_task(name) for name in ("pydoc_order", "pydoc_next")}  # their facts: data/glue_tasks.yaml
@@ -90,11 +90,9 @@ def write_task(task: str, folder: Path, train_examples: int, dev_examples: int) 
     out.mkdir(parents=True, exist_ok=True)
     for split, n in (("train", train_examples), ("dev", dev_examples)):
         rows = make(split_docs[split], n, np.random.default_rng(0 if split == "train" else 1))
-        tmp = paths[split].with_suffix(".tmp")
-        with tmp.open("w", encoding="utf-8") as f:  # literal fields (no tabs or newlines), as GLUE's TSVs
-            f.write("\t".join(rows[0]) + "\n")
+        with replaced_whole(paths[split]) as tmp, tmp.open("w", encoding="utf-8") as f:
+            f.write("\t".join(rows[0]) + "\n")  # literal fields (no tabs or newlines), as GLUE's TSVs
             f.writelines("\t".join(row.values()) + "\n" for row in rows)
-        tmp.replace(paths[split])
     return {s: str(p) for s, p in paths.items()}
 
 
