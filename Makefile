@@ -29,12 +29,16 @@ constraints:
 	{ sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
 		| sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > constraints.tmp && mv constraints.tmp constraints.txt
 
-# the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow tests
+# the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow
+# tests. Both on WORKERS pytest-xdist workers, one torch thread each (tests/conftest.py): most of the suite is
+# child processes that spend seconds importing torch on one core. WORKERS=0 runs the tests in this process.
+WORKERS ?= 2
+XDIST   := -n $(WORKERS) --dist loadgroup
 test: install
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q $(XDIST)
 
 test-fast: install
-	$(BIN)/python -m pytest -q -m "not e2e and not slow"
+	$(BIN)/python -m pytest -q $(XDIST) -m "not e2e and not slow"
 
 # Table 5 in miniature, offline: three pre-training objectives on the embedded corpus, fine-tuned with 3 restarts on
 # a token-level and a pair demonstration task derived from it; cells with 95% intervals, the paper's comparisons with
