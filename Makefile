@@ -31,9 +31,10 @@ constraints:
 
 # the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow
 # tests. Both on WORKERS pytest-xdist workers, one torch thread each (tests/conftest.py): most of the suite is
-# child processes that spend seconds importing torch on one core. WORKERS=0 runs the tests in this process.
+# child processes that spend seconds importing torch on one core. A test file runs on one worker (its module
+# fixtures are built once). WORKERS=0 runs the tests in this process.
 WORKERS ?= 2
-XDIST   := -n $(WORKERS) --dist loadgroup
+XDIST   := -n $(WORKERS) --dist loadfile
 test: install
 	$(BIN)/python -m pytest -q $(XDIST)
 

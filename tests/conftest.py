@@ -28,9 +28,10 @@ E2E_TESTS = ("test_convert.py::test_cli_", "test_safe_loading.py::test_train_ref
 SLOW_TESTS = ("test_speed_options.py::test_compiled_model_trains_like_the_eager_one_on_cpu",)
 
 
-# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadgroup: the suite is mostly child
-# processes that each spend seconds importing torch on one core). Each worker, and every process its tests
-# start, keeps to one torch thread: two workers of two threads each would oversubscribe the two cores.
+# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadfile: the suite is mostly child
+# processes that each spend seconds importing torch on one core; a file's tests stay on one worker, so its
+# module-scoped fixtures, training runs its tests read, are built once). Each worker, and every process its
+# tests start, keeps to one torch thread: two workers of two threads each would oversubscribe the two cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
@@ -38,7 +39,6 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-@pytest.hookimpl(tryfirst=True)  # the marks are in place before pytest-xdist reads the xdist_group ones
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
     for item in items:
         name, test = item.path.name, f"{item.path.name}::{item.name}"
@@ -46,14 +46,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
             item.add_marker(pytest.mark.e2e)
         if test.startswith(SLOW_TESTS):
             item.add_marker(pytest.mark.slow)
-        # A module-scoped fixture (a training run the module's tests read) is built once per worker that
-        # runs a test using it: the tests of a module that use one go to one worker as one unit (loadgroup).
-        if any(defs[-1].scope == "module" for defs in item._fixtureinfo.name2fixturedefs.values()):
-            item.add_marker(pytest.mark.xdist_group(name))
-    # Whole files with end-to-end or slow tests first, the unit tier last: the workers take the long runs
-    # early and the short tests fill in at the end instead of one worker finishing a long run alone.
-    long_files = {i.path for i in items if i.get_closest_marker("e2e") or i.get_closest_marker("slow")}
-    items.sort(key=lambda item: item.path not in long_files)
 
 
 def shared_data_dir() -> Path | None:
