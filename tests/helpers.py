@@ -1,6 +1,8 @@
-"""Pieces several test files share: fine-tuning modules validated on one process and on two DDP ranks, and
-pre-training steps taken by hand."""
+"""Pieces several test files share: fine-tuning modules validated on one process and on two DDP ranks,
+pre-training steps taken by hand, and a table rehearsed on this CPU."""
 
+import csv
+import json
 import os
 import subprocess
 import sys
@@ -9,6 +11,8 @@ from pathlib import Path
 from typing import Any
 
 import torch
+
+from bert_repro.tables import __main__ as cli
 
 from .conftest import REPO
 
@@ -58,3 +62,21 @@ def pretrain_losses(module: Any, batches: Iterable[dict[str, torch.Tensor]], lr:
         optimizer.step()
         losses.append(loss.item())
     return losses
+
+
+def rehearse(name: str, scale: str, tmp_path: Path, monkeypatch, *flags: str):
+    """`python -m bert_repro.tables rehearse` on this CPU; checks every cell is filled or marked with a reason
+    and returns the rehearsal's folder, its cells and its record."""
+    monkeypatch.setenv("BERT_REPRO_CACHE", str(tmp_path / "cache"))
+    for key, value in {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
+        monkeypatch.setenv(key, value)
+    runs, results = tmp_path / "runs", tmp_path / "results"
+    args = ["--scale", scale, "--runs-dir", str(runs), "--results-dir", str(results), *flags]
+    assert cli.main(["rehearse", name, *args]) == 0
+    record = json.loads((runs / "rehearsal" / name / scale / "rehearsal.json").read_text())
+    assert record["step_problems"] == [] and all(s["failed"] == 0 for s in record["sweeps"]), record
+    with (results / "rehearsal" / f"{name}.csv").open() as f:
+        cells = list(csv.DictReader(f))
+    for cell in cells:  # every cell a number, or a mark with its reason
+        assert (cell["status"] == "ok" and cell["ours"]) or (cell["ours"] == "" and cell["reason"]), cell
+    return runs / "rehearsal" / name / scale, cells, record

@@ -1,7 +1,7 @@
-"""What a table will run and cost before it runs (ACTION=plan), the spec checks behind it, the rehearsal of a
-budget/paper plan on this CPU (ACTION=rehearse), and the runner's progress lines."""
+"""What a table will run and cost before it runs (ACTION=plan), the spec checks behind it, and the runner's
+progress lines. The rehearsals of a budget and a paper plan on this CPU (ACTION=rehearse) are
+test_rehearse_figure4.py and test_rehearse_table5.py."""
 
-import csv
 import io
 import json
 import os
@@ -125,48 +125,6 @@ def test_progress_under_force_counts_only_what_this_launch_writes(tmp_path):
     assert lines[0] == "[0/2 jobs] running pretrain/none; ETA ?"
     assert lines[1].startswith("[1/2 jobs] running pretrain/no_nsp; ETA ")
     assert "-" not in lines[1].split("ETA")[1]  # the rate of this launch's own jobs: never a negative ETA
-
-
-def rehearse(name, scale, tmp_path, monkeypatch, *flags):
-    monkeypatch.setenv("BERT_REPRO_CACHE", str(tmp_path / "cache"))
-    for key, value in {"OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}.items():
-        monkeypatch.setenv(key, value)
-    runs, results = tmp_path / "runs", tmp_path / "results"
-    args = ["--scale", scale, "--runs-dir", str(runs), "--results-dir", str(results), *flags]
-    assert cli.main(["rehearse", name, *args]) == 0
-    record = json.loads((runs / "rehearsal" / name / scale / "rehearsal.json").read_text())
-    assert record["step_problems"] == [] and all(s["failed"] == 0 for s in record["sweeps"]), record
-    with (results / "rehearsal" / f"{name}.csv").open() as f:
-        cells = list(csv.DictReader(f))
-    for cell in cells:  # every cell a number, or a mark with its reason
-        assert (cell["status"] == "ok" and cell["ours"]) or (cell["ours"] == "" and cell["reason"]), cell
-    return runs / "rehearsal" / name / scale, cells, record
-
-
-@pytest.mark.slow
-def test_figure4_rehearses_at_budget_scale(tmp_path, monkeypatch, shared_data):
-    """The whole plan by default: both two-phase pre-trainings, every point of the ten learning-rate grids."""
-    folder, cells, record = rehearse("figure4", "budget", tmp_path, monkeypatch)
-    assert record["divisor"] == 50_000 and record["runs"] == record["rehearsed_jobs"] == 4 + 2 * 5 * 3
-    assert all(c["status"] == "ok" for c in cells if c["row"] in ("mlm", "ltr")) and len(cells) >= 10
-    mnli = folder / "finetune" / "mlm" / "mnli_k200k"
-    jobs = sorted(p.name for p in mnli.iterdir() if p.is_dir())
-    assert jobs == [f"optim.lr={lr}" for lr in ("2e-05", "3e-05", "5e-05")]
-    phase1 = folder / "pretrain" / "mlm" / "phase1" / "default"
-    assert sorted(p.name for p in (phase1 / "checkpoints").glob("step-*.ckpt")) == [
-        f"step-{n}.ckpt" for n in sorted(range(2, 19, 2), key=str)]  # every 100k of 900k steps, / 50k
-    two = json.loads((folder / "pretrain" / "mlm" / "default" / "results.json").read_text())
-    assert two["global_step"] == 20 and two["config"]["data"]["max_seq_length"] == 512
-    assert (folder / "pretrain" / "mlm" / "launch.log").stat().st_size > 0  # the child's output, kept
-
-
-@pytest.mark.slow
-def test_table5_rehearses_at_paper_scale(tmp_path, monkeypatch, shared_data):
-    """Each grid's first point (GRID=first): the full plan's 202 runs would take the suite some 10 minutes."""
-    _, cells, record = rehearse("table5", "paper", tmp_path, monkeypatch, "--rehearse-grid", "first")
-    assert record["runs"] == 6 + 4 * (4 * 12 + 1) and record["rehearsed_jobs"] == 6 + 4 * 5
-    ours = [c for c in cells if c["status"] != "paper"]
-    assert ours and all(c["status"] == "ok" for c in ours), [c for c in ours if c["status"] != "ok"]
 
 
 def test_a_table_spec_is_not_a_runnable_experiment():
