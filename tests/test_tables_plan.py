@@ -76,6 +76,16 @@ def test_fine_tuning_beyond_the_trained_positions_is_refused_at_plan_time(tmp_pa
         make_plan(table)
 
 
+def test_the_demo_plans_and_fine_tunes_within_its_pre_training_length(tmp_path):
+    """`make demo` pre-trains at 32 tokens, so its fine-tuning runs are held to 32."""
+    plan = make_plan(build("table5_demo", "smoke", tmp_path))
+    lengths = {(r["kind"], r["seq_length"]) for r in plan["runs"]}
+    assert lengths == {("pretrain", 32), ("finetune", 32)} and len(plan["runs"]) == 3 + 4 * 2 * 5
+    longer = build("table5_demo", "smoke", tmp_path, sets=["finetune_overrides.data.max_seq_length=64"])
+    with pytest.raises(TableError, match=r"max_seq_length=64 .*trained up to 32 tokens"):
+        make_plan(longer)
+
+
 def test_a_row_whose_ablation_does_not_exist_fails_the_plan_naming_it(tmp_path):
     """Rows that differ only in their ablation are each composed, not taken from a cached neighbour."""
     table = build("table7", "budget", tmp_path, inits={"*": "/ckpt/given"},

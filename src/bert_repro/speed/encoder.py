@@ -219,13 +219,17 @@ class FastBertModel(BertModel):
 
 
 class FastMLMHead(MLMHead):
-    """W h^T + b, transposed back, rather than h W^T + b: the tied weight's gradient is then a fresh (V, H)
-    product that autograd accumulates the embedding's gradient into in place (F.linear's is a transposed
-    view, costing an out-of-place (V, H) sum per step)."""
+    """W h^T + b, transposed back, rather than h W^T + b, for up to H predicted positions: the tied weight's
+    gradient is then a fresh (V, H) product that autograd accumulates the embedding's gradient into in place
+    (F.linear's is a transposed view, costing an out-of-place (V, H) sum per step). The logits come out
+    transposed, which costs the softmax a copy and the accuracy's argmax a strided pass over (N, V): with more
+    positions than H (a left-to-right LM predicts every one) F.linear is the faster of the two."""
 
     def forward(self, hidden: Tensor, decoder_weight: Tensor) -> Tensor:
         h = self.LayerNorm(F.gelu(self.dense(hidden)))  # (..., H)
         flat = h.reshape(-1, h.shape[-1])  # (N, H)
+        if flat.shape[0] > flat.shape[1]:
+            return F.linear(h, decoder_weight, self.bias)  # (..., V)
         logits = torch.addmm(self.bias[:, None], decoder_weight, flat.t()).t()  # (N, V)
         return logits.reshape(*h.shape[:-1], logits.shape[-1])  # (..., V)
 

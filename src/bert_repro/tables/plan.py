@@ -90,7 +90,8 @@ def _compose(sweep: Sweep, swept: list[str]) -> dict:
     except HydraException as err:
         raise TableError(f"{sweep.name} {' '.join(swept)}: does not compose ({err})") from None
     keys = ("model", "optim", "data.batch_size", "data.max_seq_length", "data.max_predictions_per_seq",
-            "data.max_train_examples", "data.dupe_factor", "data.source", "task.name", "module.features")
+            "data.max_train_examples", "data.train_examples", "data.dupe_factor", "data.source", "task.name",
+            "module.features")
     out = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
@@ -124,7 +125,8 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
         instances = corpus * INSTANCE_BYTES_PER_TOKEN if start == 0 else 0
         disk = saved * params * CKPT_BYTES_PER_PARAM + instances
     else:
-        task, cap = cfg["task.name"], cfg["data.max_train_examples"]
+        # data.train_examples: how many rows the demonstration tasks (data/pydoc_tasks.py) write
+        task, cap = cfg["task.name"], cfg["data.max_train_examples"] or cfg["data.train_examples"]
         if task not in sizes and not cap:
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
                              "train_sizes, and no data.max_train_examples")
