@@ -41,7 +41,7 @@ test: install
 test-fast: install
 	$(BIN)/python -m pytest -q $(XDIST) -m "not e2e and not slow"
 
-# Table 5 in miniature, offline: three pre-training objectives on the embedded corpus, fine-tuned with 3 restarts on
+# Table 5 in miniature, offline: three pre-training objectives on the embedded corpus, fine-tuned with 5 restarts on
 # a token-level and a pair demonstration task derived from it; cells with 95% intervals, the paper's comparisons with
 # verdicts (experiments/results/table5_demo.{md,json}), the paper's Table 5 beside (conf/table/table5_demo.yaml).
 # `make demo-pretrain` is the single 600-step pre-training run of conf/experiment/demo.yaml.
