@@ -129,7 +129,7 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
         task, cap = cfg["task.name"], cfg["data.max_train_examples"] or cfg["data.train_examples"]
         if task not in sizes and not cap:
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
-                             "train_sizes, and no data.max_train_examples")
+                             "train_sizes, and no data.max_train_examples (or data.train_examples)")
         examples = min(sizes.get(task, cap), cap or sizes[task])
         sequences = examples * (4 if task == "swag" else 1)  # SWAG: four [CLS] A [SEP] B_i sequences
         steps = int(optim["max_steps"]) if (optim.get("max_steps") or -1) > 0 else \
