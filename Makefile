@@ -47,7 +47,6 @@ test-fast: install
 # `make demo-pretrain` is the single 600-step pre-training run of conf/experiment/demo.yaml.
 demo: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m bert_repro.tables run table5_demo --scale smoke \
-		--launcher joblib \
 		$(if $(filter 1 yes true,$(FORCE)),--force)
 
 demo-pretrain: install

@@ -5,6 +5,9 @@ errors; how a table spec lies over its scale's defaults."""
 import csv
 import json
 import statistics
+import subprocess
+import threading
+import time
 from pathlib import Path
 
 import pytest
@@ -305,6 +308,72 @@ def test_fine_tuning_from_a_failed_pre_training_run_is_marked_with_its_reason(ta
     assert counts == {"skipped": 0, "complete": 0, "failed": 4}
     row = next(r for r in collect(table5, REFERENCE)["main"] if r.key == "no_nsp")
     assert row.cells["sst2_acc"].reason == "pre-training run pretrain/no_nsp failed: CUDA out of memory"
+
+
+def test_sweeps_at_once_run_side_by_side_longest_chain_first_each_after_its_pre_training(table5, monkeypatch):
+    """Two slots: never more than two sweeps at once, a fine-tuning only after the pre-training it starts
+    from, and the free slot takes the ready sweep with the most work behind it (LTR's pre-training here)."""
+    events, lock = [], threading.Lock()
+
+    def fake_launch(sweep, swept, launcher, dry_run=False):
+        with lock:
+            events.append(("start", sweep.name))
+        time.sleep(0.05)
+        for _, folder in sweep.jobs():
+            write_results(folder, sweep.overrides["task"], {"val/acc": 0.7})
+            if sweep.stage == "pretrain":
+                (folder / "checkpoints").mkdir()
+                (folder / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
+        with lock:
+            events.append(("end", sweep.name))
+        return 0, ""
+
+    costs = {name: 1.0 for name in table5.sweeps}
+    costs.update({"pretrain/none": 10.0, "pretrain/no_nsp": 10.0, "pretrain/ltr_no_nsp": 30.0})
+    monkeypatch.setattr(runner, "_launch", fake_launch)
+    monkeypatch.setattr(runner, "sweep_costs", lambda plan: costs)
+    summary = runner.run_table(table5, {"sweeps_at_once": 2}, plan={"runs": []})
+    assert [line["sweep"] for line in summary] == list(table5.sweeps)  # reported in table order
+    assert all(line["complete"] == len(table5.sweeps[line["sweep"]].jobs()) for line in summary)
+    running, most, ended = set(), 0, set()
+    for kind, name in events:
+        if kind == "start":
+            needs = table5.sweeps[name].needs
+            assert needs is None or needs.name in ended, f"{name} started before {needs.name} ended"
+            running.add(name)
+            most = max(most, len(running))
+        else:
+            running.remove(name)
+            ended.add(name)
+    assert most == 2
+    assert [name for kind, name in events if kind == "start"][:2] == ["pretrain/ltr_no_nsp", "pretrain/none"]
+
+
+def test_critical_path_is_a_sweeps_cost_plus_its_costliest_chain(table5):
+    costs = {name: 1.0 for name in table5.sweeps}
+    costs.update({"pretrain/none": 10.0, "finetune/bert_base/squad_v1": 5.0})
+    chain = runner.critical_path(table5, costs)
+    assert chain["pretrain/none"] == 15.0 and chain["finetune/bert_base/squad_v1"] == 5.0
+    assert chain["pretrain/no_nsp"] == 2.0  # its own 1 and one fine-tuning sweep's 1
+    plan = {"runs": [{"name": "finetune/a/mrpc/seed=1", "flops": 1.0}, {"name": "finetune/a/mrpc/seed=2",
+                                                                         "flops": 2.0}]}
+    assert runner.sweep_costs(plan) == {"finetune/a/mrpc": 3.0}  # a sweep's jobs summed
+
+
+def test_a_launchers_threads_reach_each_process_as_omp_num_threads(table5, monkeypatch):
+    seen = []
+
+    def fake_run(cmd, env=None, **kwargs):
+        seen.append((env.get("OMP_NUM_THREADS"), [c for c in cmd if c.startswith("threads")]))
+        return subprocess.CompletedProcess(cmd, 0)
+
+    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
+    sweep = table5.sweeps["pretrain/none"]
+    runner._launch(sweep, [], runner.stage_launcher({"threads": 1, "common": {"hydra/launcher": "basic"}},
+                                                    "pretrain"))
+    runner._launch(sweep, [], runner.stage_launcher({}, "pretrain"))
+    assert seen == [("1", []), (None, [])]  # an env variable, never a Hydra override
 
 
 def test_launch_error_names_the_cause():

@@ -81,6 +81,11 @@ def test_the_demo_plans_and_fine_tunes_within_its_pre_training_length(tmp_path):
     plan = make_plan(build("table5_demo", "smoke", tmp_path))
     lengths = {(r["kind"], r["seq_length"]) for r in plan["runs"]}
     assert lengths == {("pretrain", 32), ("finetune", 32)} and len(plan["runs"]) == 3 + 4 * 2 * 5
+    # the left-to-right LM predicts the 31 next tokens of a 32-token sequence, the masked LM 5 (1,000 steps of
+    # 128): only their heads differ, 6 (H^2 + H V) FLOPs a prediction, V the WordPiece's 8,000 at most
+    runs = {r["name"]: r for r in plan["runs"]}
+    extra = runs["pretrain/ltr_no_nsp/default"]["flops"] - runs["pretrain/none/default"]["flops"]
+    assert extra == pytest.approx(6 * (128 * 128 + 128 * 8000) * 1000 * 128 * (31 - 5), rel=1e-6)
     longer = build("table5_demo", "smoke", tmp_path, sets=["finetune_overrides.data.max_seq_length=64"])
     with pytest.raises(TableError, match=r"max_seq_length=64 .*trained up to 32 tokens"):
         make_plan(longer)
@@ -110,14 +115,29 @@ def test_progress_prints_plain_lines_with_jobs_done_the_current_sweep_and_an_eta
     folders = [tmp_path / str(i) for i in range(3)]
     stream = io.StringIO()
     with TableProgress(folders, stream=stream, every_s=60) as progress:
-        progress.sweep("pretrain/none")
+        progress.started("pretrain/none")
+        progress.started("pretrain/no_nsp")  # side by side (sweeps_at_once)
         folders[0].mkdir()
         (folders[0] / "results.json").write_text("{}")
-        progress.sweep("finetune/bert_base/mrpc")
+        progress.finished("pretrain/none")
+        progress.started("finetune/bert_base/mrpc")
     lines = stream.getvalue().splitlines()
-    assert lines[0] == "[0/3 jobs] running pretrain/none; ETA ?"
-    assert lines[1].startswith("[1/3 jobs] running finetune/bert_base/mrpc; ETA ") and "?" not in lines[1]
+    assert lines[:2] == ["[0/3 jobs] running pretrain/none; ETA ?",
+                         "[0/3 jobs] running pretrain/none, pretrain/no_nsp; ETA ?"]
+    assert lines[2].startswith("[1/3 jobs] running pretrain/no_nsp; ETA ") and "?" not in lines[2]
+    assert lines[3].startswith("[1/3 jobs] running pretrain/no_nsp, finetune/bert_base/mrpc; ETA ")
     assert lines[-1].startswith("[1/3 jobs] running done")
+
+
+def test_progress_eta_weighs_each_job_by_its_share_of_the_work(tmp_path):
+    """A pre-training run worth 3 fine-tuning jobs, done in 30 s: the one job left is 10 s away (by job
+    count it would say 30 s)."""
+    pretrain, finetune = tmp_path / "pretrain", tmp_path / "finetune"
+    progress = TableProgress([pretrain, finetune], stream=io.StringIO(), weights={pretrain: 3.0, finetune: 1.0})
+    pretrain.mkdir()
+    (pretrain / "results.json").write_text("{}")
+    progress.start = time.time() - 30
+    assert progress.line() == (1, 2, "0m10s")
 
 
 def test_progress_under_force_counts_only_what_this_launch_writes(tmp_path):
@@ -128,13 +148,14 @@ def test_progress_under_force_counts_only_what_this_launch_writes(tmp_path):
         os.utime(folder / "results.json", (time.time() - 60, time.time() - 60))
     stream = io.StringIO()
     with TableProgress(folders, stream=stream, every_s=60, force=True) as progress:
-        progress.sweep("pretrain/none")
+        progress.started("pretrain/none")
         (folders[0] / "results.json").write_text("{}")  # re-run now
-        progress.sweep("pretrain/no_nsp")
+        progress.finished("pretrain/none")
+        progress.started("pretrain/no_nsp")
     lines = stream.getvalue().splitlines()
     assert lines[0] == "[0/2 jobs] running pretrain/none; ETA ?"
-    assert lines[1].startswith("[1/2 jobs] running pretrain/no_nsp; ETA ")
-    assert "-" not in lines[1].split("ETA")[1]  # the rate of this launch's own jobs: never a negative ETA
+    assert lines[2].startswith("[1/2 jobs] running pretrain/no_nsp; ETA ")
+    assert "-" not in lines[2].split("ETA")[1]  # the rate of this launch's own jobs: never a negative ETA
 
 
 def test_a_table_spec_is_not_a_runnable_experiment():

@@ -65,6 +65,7 @@ def main(argv: list[str] | None = None) -> int:
                       args.logger)
         reference = load_reference()
         # a run is planned (and its spec checked) before anything starts
+        plan = None
         if args.action == "plan" or (args.action == "run" and args.scale != "smoke" and not args.dry_run):
             plan = make_plan(table, args.accelerator)
             if args.action == "plan":
@@ -83,7 +84,7 @@ def main(argv: list[str] | None = None) -> int:
             launcher = table.spec.get("launchers", {}).get(args.launcher)
             if launcher is None:
                 raise TableError(f"conf/table/{args.table}.yaml has no launchers.{args.launcher}")
-            summary = run_table(table, launcher, force=args.force, dry_run=args.dry_run)
+            summary = run_table(table, launcher, force=args.force, dry_run=args.dry_run, plan=plan)
             if args.dry_run:
                 return 0
             folder = args.runs_dir / args.table / args.scale

@@ -91,7 +91,7 @@ def _compose(sweep: Sweep, swept: list[str]) -> dict:
         raise TableError(f"{sweep.name} {' '.join(swept)}: does not compose ({err})") from None
     keys = ("model", "optim", "data.batch_size", "data.max_seq_length", "data.max_predictions_per_seq",
             "data.max_train_examples", "data.train_examples", "data.dupe_factor", "data.source", "task.name",
-            "module.features")
+            "module.features", "ablation.ltr", "data.vocab_size")
     out = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
@@ -111,14 +111,18 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
     from bert_repro.flops import encoder_parameters, training_flops
 
     cfg = compose_job(sweep, swept, cache)
-    model, optim = _model(cfg["model"]), cfg["optim"]
+    # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
+    vocab = {"vocab_size": cfg["data.vocab_size"]} if sweep.stage == "pretrain" and cfg["data.vocab_size"] else {}
+    model, optim = _model({**cfg["model"], **vocab}), cfg["optim"]
     seq, batch = int(cfg["data.max_seq_length"]), int(cfg["data.batch_size"])
     params = encoder_parameters(model) + (model.vocab_size + model.max_position) * model.hidden_size
     if sweep.stage == "pretrain":
         start = int(optim.get("resume_step") or 0)
         steps = int(optim["max_steps"]) - start
         tokens = steps * batch * seq
-        flops = training_flops(model, tokens, seq, steps * batch * int(cfg["data.max_predictions_per_seq"]))
+        # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
+        per_seq = seq - 1 if cfg["ablation.ltr"] else int(cfg["data.max_predictions_per_seq"])
+        flops = training_flops(model, tokens, seq, steps * batch * per_seq)
         every = schedule_of(table.scale, sweep.overrides).every
         saved = 2 + (len(range(start + every, int(optim["max_steps"]) + 1, every)) if every else 0)
         corpus = CORPUS_TOKENS.get(cfg["data.source"], 0) * int(cfg["data.dupe_factor"] or 1)

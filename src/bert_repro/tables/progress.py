@@ -1,6 +1,6 @@
 """Progress over a table's jobs: done / total, the sweep running now and an ETA, read from the job folders
 (a job is done when its results.json or failed.json is there), so it also counts the jobs a multirun finishes
-one by one. rich draws it when the output is a terminal, as the training loop's bar does; otherwise one plain
+one by one; the ETA weighs each job by its share of the plan's FLOPs where the runner has a plan. rich draws it when the output is a terminal, as the training loop's bar does; otherwise one plain
 line each time the count or the running sweep changes (a log file, SLURM's output)."""
 
 from __future__ import annotations
@@ -25,13 +25,17 @@ def _duration(seconds: float) -> str:
 
 class TableProgress:
     def __init__(self, folders: list[Path], stream: TextIO | None = None, every_s: float = 5.0,
-                 force: bool = False):
+                 force: bool = False, weights: dict[Path, float] | None = None):
         self.folders, self.stream, self.every_s = folders, stream or sys.stderr, every_s
+        # each job's share of the work (the plan's FLOPs): a pre-training run is not one fine-tuning's worth
+        self.weights = {f: (weights or {}).get(f, 1.0) for f in folders}
+        self.running: list[str] = []  # the sweeps running now, in the order they started
         self.current, self.start = "", time.time()
         self.since = self.start if force else None  # with --force, only what this launch writes is done
-        self.at_start = sum(_done(f, self.since) for f in folders)  # done before this launch: not in the ETA
+        self.before = {f for f in folders if _done(f, self.since)}  # done before this launch: not in the ETA
         self._last: tuple | None = None
         self._stop = threading.Event()
+        self._lock = threading.RLock()  # sweeps start and end from the runner's threads
         self._thread = threading.Thread(target=self._poll, daemon=True)
         self._rich = None
         if self.stream.isatty():
@@ -44,14 +48,16 @@ class TableProgress:
             self._task = self._rich.add_task("table", total=len(folders), eta="?")
 
     def line(self) -> tuple[int, int, str]:
-        """(done, total, ETA) now: the rate of the jobs finished during this launch times the jobs left."""
-        done = sum(_done(f, self.since) for f in self.folders)
-        ran, left = done - self.at_start, len(self.folders) - done
+        """(done, total, ETA) now: the work left at the rate of the work finished during this launch (jobs
+        weighted by ``weights``)."""
+        done = {f for f in self.folders if _done(f, self.since)}
+        ran = sum(self.weights[f] for f in done - self.before)
+        left = sum(self.weights[f] for f in self.folders if f not in done)
         if ran and left:
             eta = _duration((time.time() - self.start) / ran * left)
         else:
-            eta = "?" if left else "0s"
-        return done, len(self.folders), eta
+            eta = "?" if len(done) < len(self.folders) else "0s"
+        return len(done), len(self.folders), eta
 
     def refresh(self) -> None:
         done, total, eta = self.line()
@@ -62,13 +68,22 @@ class TableProgress:
                   flush=True)
         self._last = (done, self.current)
 
-    def sweep(self, name: str) -> None:
-        self.current = name
-        self.refresh()
+    def started(self, name: str) -> None:
+        with self._lock:
+            self.running.append(name)
+            self.current = ", ".join(self.running)
+            self.refresh()
+
+    def finished(self, name: str) -> None:
+        with self._lock:
+            self.running.remove(name)
+            self.current = ", ".join(self.running)
+            self.refresh()
 
     def _poll(self) -> None:
         while not self._stop.wait(self.every_s):
-            self.refresh()
+            with self._lock:
+                self.refresh()
 
     def __enter__(self) -> TableProgress:
         if self._rich is not None:
@@ -79,7 +94,8 @@ class TableProgress:
     def __exit__(self, *exc) -> None:
         self._stop.set()
         self._thread.join()
-        self.current = "done"
-        self.refresh()
+        with self._lock:
+            self.current = "done"
+            self.refresh()
         if self._rich is not None:
             self._rich.stop()

@@ -5,6 +5,10 @@ A job whose results.json says ``complete`` is skipped (an interrupted table resu
 A job that fails leaves ``failed.json`` (the reason) in its folder and does not stop the table: the jobs a
 failed multirun never reached are launched on their own, and fine-tuning from a failed pre-training run is
 marked failed with that reason instead of being started.
+
+A launcher block's ``sweeps_at_once: N`` runs up to N sweeps side by side, each as soon as the pre-training
+run it starts from has ended, the longest chain of work first (the plan's FLOPs); ``threads: K`` gives each
+sweep's processes K torch threads (OMP_NUM_THREADS), so N sweeps share the cores instead of fighting for them.
 """
 
 from __future__ import annotations
@@ -17,6 +21,7 @@ import shutil
 import subprocess
 import sys
 import time
+from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from pathlib import Path
 
 import yaml
@@ -28,6 +33,7 @@ log = logging.getLogger(__name__)
 
 TRAIN = REPO / "src" / "train.py"
 LOG = "launch.log"  # every launch of a sweep, appended: the children's stdout and stderr
+THREADS = "threads"  # a launcher block's torch threads per process (OMP_NUM_THREADS), not a Hydra override
 NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
 
 
@@ -113,12 +119,16 @@ def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
 
 
 def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = False) -> tuple[int, str]:
+    threads = launcher.get(THREADS)
+    launcher = {k: v for k, v in launcher.items() if k != THREADS}
     cmd = command(sweep, swept, launcher)
     if dry_run:
-        print(" ".join(cmd))
+        print(("" if threads is None else f"OMP_NUM_THREADS={threads} ") + " ".join(cmd))
         return 0, ""
     log.info("%s: launching %s", sweep.name, " ".join(swept) or "one run")
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
+    if threads is not None:  # torch sizes its intra-op pool from it at start-up
+        env["OMP_NUM_THREADS"] = str(threads)
     # the child's output streams into the sweep's folder as it runs (tail -f it), and is read back for errors
     sweep.folder.mkdir(parents=True, exist_ok=True)
     path = sweep.folder / LOG
@@ -184,25 +194,82 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
 
 def stage_launcher(launcher: dict | None, stage: str) -> dict:
     """A launcher block's settings for one stage: ``common``, then the stage's own, as dotted override
-    keys."""
-    return {**flatten((launcher or {}).get("common")), **flatten((launcher or {}).get(stage))}
+    keys, and ``threads`` (the runner's own setting, not a Hydra override) where the block sets it."""
+    launcher = launcher or {}
+    stage_keys = {**flatten(launcher.get("common")), **flatten(launcher.get(stage))}
+    return stage_keys if launcher.get("threads") is None else {**stage_keys, THREADS: launcher["threads"]}
+
+
+def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
+    """Each sweep's cost plus that of the costliest chain of sweeps waiting on it: the order in which a
+    scheduler with free slots starts the ready sweeps (longest chain first)."""
+    after: dict[str, list[str]] = {name: [] for name in table.sweeps}
+    for name, sweep in table.sweeps.items():
+        if sweep.needs is not None:
+            after[sweep.needs.name].append(name)
+    chain: dict[str, float] = {}
+    for name in reversed(list(table.sweeps)):  # a sweep comes after the one it needs
+        chain[name] = cost.get(name, 0.0) + max((chain[n] for n in after[name]), default=0.0)
+    return chain
+
+
+def sweep_costs(plan: dict) -> dict[str, float]:
+    """The plan's FLOPs of each sweep (tables.plan.make_plan), summed over its jobs."""
+    costs: dict[str, float] = {}
+    for run in plan["runs"]:
+        sweep = run["name"].rsplit("/", 1)[0]
+        costs[sweep] = costs.get(sweep, 0.0) + run["flops"]
+    return costs
 
 
 def run_table(table: Table, launcher: dict | None = None, force: bool = False,
-              dry_run: bool = False) -> list[dict]:
-    """Every sweep of ``table`` in order (pre-training first); one line of counts per sweep."""
-    summary = []
+              dry_run: bool = False, plan: dict | None = None) -> list[dict]:
+    """Every sweep of ``table``, pre-training first, ``sweeps_at_once`` of them side by side (default 1: in
+    table order; more order them by ``plan``'s costs, made here if not given); one line of counts per sweep,
+    in table order."""
+    at_once = int((launcher or {}).get("sweeps_at_once") or 1)
+    if at_once < 1:
+        raise TableError(f"launcher sweeps_at_once={at_once}: expected 1 or more")
     if dry_run:
         for sweep in table.sweeps.values():
             run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force, dry_run=True)
-        return summary
-    folders = [folder for sweep in table.sweeps.values() for _, folder in sweep.jobs()]
-    with TableProgress(folders, force=force) as progress:
-        for sweep in table.sweeps.values():
-            start = time.time()
-            progress.sweep(sweep.name)
+        return []
+    order = list(table.sweeps)
+    if at_once > 1 and plan is None:
+        from bert_repro.tables.plan import make_plan
+
+        plan = make_plan(table)
+    if at_once > 1:  # a free slot takes the ready sweep with the longest chain of work behind it
+        chain = critical_path(table, sweep_costs(plan))
+        order.sort(key=lambda name: -chain[name])
+    jobs = {f"{sweep.name}/{folder.name}": folder for sweep in table.sweeps.values() for _, folder in sweep.jobs()}
+    weights = {jobs[r["name"]]: r["flops"] for r in (plan or {}).get("runs", []) if r["name"] in jobs}
+    lines: dict[str, dict] = {}
+
+    def one(sweep: Sweep) -> None:
+        start = time.time()
+        progress.started(sweep.name)
+        try:
             counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force)
-            summary.append({"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)})
-            log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
-                     counts["complete"], counts["failed"], time.time() - start)
-    return summary
+        finally:
+            progress.finished(sweep.name)
+        lines[sweep.name] = {"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)}
+        log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
+                 counts["complete"], counts["failed"], time.time() - start)
+
+    with TableProgress(list(jobs.values()), force=force, weights=weights or None) as progress, \
+            ThreadPoolExecutor(at_once) as pool:
+        running: dict = {}
+        ended: set[str] = set()
+        while order or running:
+            ready = [n for n in order if table.sweeps[n].needs is None or table.sweeps[n].needs.name in ended]
+            for name in ready[:at_once - len(running)]:
+                order.remove(name)
+                running[pool.submit(one, table.sweeps[name])] = name
+            if not running:  # cannot happen for a table build() made: every `needs` is one of its sweeps
+                raise TableError(f"sweeps {order} wait on a sweep that is not in the table")
+            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            for future in done:
+                ended.add(running.pop(future))
+                future.result()  # a TableError (a malformed results.json) stops the table, as before
+    return [lines[name] for name in table.sweeps if name in lines]
