@@ -12,6 +12,7 @@ from bert_repro.flops import encoder_parameters, training_flops
 from bert_repro.heads import SequenceClassifier
 from bert_repro.model import BertConfig, BertForPreTraining, BertModel, Layer, count_parameters
 from bert_repro.speed import SpeedOptions, accelerate
+from bert_repro.speed import loss as speed_loss
 from bert_repro.speed.encoder import FastBertModel
 from bert_repro.speed.kernels import CpuDropout
 
@@ -30,14 +31,18 @@ def _grads(model):
     return {n: p.grad.clone() for n, p in model.named_parameters() if p.grad is not None}
 
 
-def _pretrain_loss(model, ids, types, mask, positions, ltr: bool):
+def _predictions(ids, mask, positions, ltr: bool):
+    """The positions to predict, which are real, and their targets (N,): PretrainModule's choice."""
     if ltr:
         B, T = ids.shape
         positions, real = torch.arange(T - 1).expand(B, -1), mask[:, 1:].bool()
-        targets = ids[:, 1:][real]
-    else:
-        real = torch.ones_like(positions, dtype=torch.bool)
-        targets = ids.gather(1, positions)[real]
+        return positions, real, ids[:, 1:][real]
+    real = torch.ones_like(positions, dtype=torch.bool)
+    return positions, real, ids.gather(1, positions)[real]
+
+
+def _pretrain_loss(model, ids, types, mask, positions, ltr: bool):
+    positions, real, targets = _predictions(ids, mask, positions, ltr)
     out = model(ids, types, mask, masked_positions=positions, prediction_mask=real)
     loss = F.cross_entropy(out.mlm_logits, targets)
     if out.nsp_logits is not None:
@@ -93,6 +98,61 @@ def test_pretraining_loss_and_gradients_unchanged(option, ltr):
     assert got.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
+
+
+@pytest.mark.parametrize("option", ["kernels", "pack+unpad"])
+@pytest.mark.parametrize("ltr", [False, True])
+def test_the_fused_decoder_and_loss_equal_the_logits_path(option, ltr, monkeypatch):
+    """Given the targets, the speed path returns the MLM loss and hits (speed/loss.py) in place of the logits:
+    equal to F.cross_entropy and the argmax over model.py's logits, gradients included, over chunks of 7
+    predictions and a shorter last one."""
+    monkeypatch.setattr(speed_loss, "CHUNK_ELEMENTS", 300 * 7)
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, causal=ltr,
+                        hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config, nsp=not ltr).train()
+    fast = _fast(model, **OPTIONS[option])
+    ids, types, mask, positions = _batch(config)
+    positions, real, targets = _predictions(ids, mask, positions, ltr)
+    assert len(targets) % 7  # a ragged last chunk
+    out = model(ids, types, mask, masked_positions=positions, prediction_mask=real)
+    reference = F.cross_entropy(out.mlm_logits, targets)
+    reference.backward()
+    expected, hits = _grads(model), int((out.mlm_logits.argmax(-1) == targets).sum())
+    fused = fast(ids, types, mask, masked_positions=positions, prediction_mask=real, mlm_targets=targets)
+    assert fused.mlm_logits is None and int(fused.mlm_correct) == hits
+    fused.mlm_loss.backward()
+    torch.testing.assert_close(fused.mlm_loss, reference, atol=1e-6, rtol=1e-6)
+    got = _grads(fast)
+    assert got.keys() == expected.keys()
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
+    with torch.no_grad():  # evaluation keeps the logits (and a bf16 step would too)
+        again = fast(ids, types, mask, masked_positions=positions, prediction_mask=real, mlm_targets=targets)
+    assert again.mlm_loss is None and again.mlm_logits.shape == (len(targets), 300)
+
+
+@pytest.mark.parametrize("ltr", [False, True])
+def test_pretrain_module_logs_the_same_loss_and_accuracy_on_the_fused_path(ltr):
+    from bert_repro.tasks.pretrain import PretrainModule
+
+    model = dict(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, causal=ltr, hidden_dropout=0.0,
+                 attention_dropout=0.0)
+    optim = dict(lr=1e-3, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=2, warmup_ratio=None)
+    config = BertConfig(**model)
+    ids, types, mask, positions = _batch(config)
+    batch = {"input_ids": ids, "token_type_ids": types, "attention_mask": mask,
+             "masked_lm_positions": positions,
+             "masked_lm_ids": ids.gather(1, positions), "masked_lm_weights": torch.ones(positions.shape),
+             "next_sentence_labels": torch.tensor([0, 1, 1, 0])}
+    results = []
+    for speed in (None, {"kernels": True}):
+        torch.manual_seed(0)
+        module = PretrainModule(model=model, optim=optim, nsp=not ltr, ltr=ltr, speed=speed)
+        module.log = module.log_dict = lambda *a, **k: None
+        loss = module._step(batch, "train")
+        results.append((loss.item(), module.train_mlm_acc.compute().item()))
+    assert results[1] == pytest.approx(results[0], rel=1e-6)
 
 
 def test_every_option_off_is_the_readable_model():

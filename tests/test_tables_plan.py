@@ -133,7 +133,8 @@ def test_progress_eta_weighs_each_job_by_its_share_of_the_work(tmp_path):
     """A pre-training run worth 3 fine-tuning jobs, done in 30 s: the one job left is 10 s away (by job
     count it would say 30 s)."""
     pretrain, finetune = tmp_path / "pretrain", tmp_path / "finetune"
-    progress = TableProgress([pretrain, finetune], stream=io.StringIO(), weights={pretrain: 3.0, finetune: 1.0})
+    progress = TableProgress([pretrain, finetune], stream=io.StringIO(),
+                             weights={pretrain: 3.0, finetune: 1.0})
     pretrain.mkdir()
     (pretrain / "results.json").write_text("{}")
     progress.start = time.time() - 30

@@ -276,10 +276,13 @@ class BertForPreTraining(nn.Module):
 
 @dataclass
 class PreTrainingOutput:
-    mlm_logits: Tensor  # (B, P, V), (B, T, V), or (N, V) with a prediction mask
+    mlm_logits: Tensor | None  # (B, P, V), (B, T, V), or (N, V) with a prediction mask
     nsp_logits: Tensor | None  # (B, 2)
     last_hidden_state: Tensor  # (B, T, H); speed's sparse last layer: ([CLS] and) the positions (B, [1+]P, H)
     hidden_states: list[Tensor] | None = None
+    # the speed path's fused decoder and loss (bert_repro.speed.loss), given targets: in place of the logits
+    mlm_loss: Tensor | None = None  # mean cross-entropy over the N predictions
+    mlm_correct: Tensor | None = None  # how many of their argmaxes hit
 
 
 def count_parameters(module: nn.Module, non_embedding: bool = False) -> int:

@@ -24,6 +24,7 @@ from bert_repro.model import (
     attention_mask_for_sdpa,
 )
 from bert_repro.speed.kernels import VARLEN_BACKENDS, Packed, attention, varlen_attention
+from bert_repro.speed.loss import fusable, linear_cross_entropy
 from bert_repro.speed.packing import pack_rows
 
 
@@ -233,6 +234,12 @@ class FastMLMHead(MLMHead):
         logits = torch.addmm(self.bias[:, None], decoder_weight, flat.t()).t()  # (N, V)
         return logits.reshape(*h.shape[:-1], logits.shape[-1])  # (..., V)
 
+    def loss(self, hidden: Tensor, decoder_weight: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+        """(mean cross-entropy, hits) of the (N, H) ``hidden`` against ``targets``, the decoder fused with the
+        loss (speed/loss.py): no (N, V) logits."""
+        h = self.LayerNorm(F.gelu(self.dense(hidden)))  # (N, H)
+        return linear_cross_entropy(h, decoder_weight, self.bias, targets)
+
 
 class FastBertForPreTraining(BertForPreTraining):
     """With ``kernels``, only [CLS] (for NSP) and the masked positions leave the last layer (FastBertModel's
@@ -241,9 +248,12 @@ class FastBertForPreTraining(BertForPreTraining):
     def forward(self, input_ids: Tensor, token_type_ids: Tensor | None = None,
                 attention_mask: Tensor | None = None, masked_positions: Tensor | None = None,
                 prediction_mask: Tensor | None = None,
-                output_hidden_states: bool = False) -> PreTrainingOutput:
+                output_hidden_states: bool = False, mlm_targets: Tensor | None = None) -> PreTrainingOutput:
+        """``mlm_targets`` (N,), the tokens the N predictions should give: with ``kernels``, in fp32 training,
+        the output carries the MLM loss and hits (``mlm_loss``, ``mlm_correct``) in place of the logits."""
         if masked_positions is not None and self.bert.speed.pack and not output_hidden_states:
-            return self._packed(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask)
+            return self._packed(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask,
+                                mlm_targets)
         if masked_positions is None or not self.bert.speed.kernels:
             return super().forward(input_ids, token_type_ids, attention_mask, masked_positions,
                                    prediction_mask, output_hidden_states)
@@ -254,10 +264,23 @@ class FastBertForPreTraining(BertForPreTraining):
         out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, positions)
         seq = out.last_hidden_state  # (B, [1+]P, H)
         predicted = seq[:, 1:] if self.nsp is not None else seq  # (B, P, H)
-        return self.heads(predicted, seq, prediction_mask, out.hidden_states)
+        return self.heads(predicted, seq, prediction_mask, out.hidden_states, mlm_targets)
+
+    def heads(self, predicted: Tensor, seq: Tensor, prediction_mask: Tensor | None = None,
+              hidden_states: list[Tensor] | None = None,
+              mlm_targets: Tensor | None = None) -> PreTrainingOutput:
+        if mlm_targets is None or not isinstance(self.mlm, FastMLMHead) or not fusable(predicted):
+            return super().heads(predicted, seq, prediction_mask, hidden_states)
+        if prediction_mask is not None:
+            predicted = predicted[prediction_mask]  # (N, H)
+        loss, correct = self.mlm.loss(predicted.reshape(-1, predicted.shape[-1]),
+                                      self.bert.embeddings.word_embeddings.weight, mlm_targets)
+        nsp_logits = self.nsp(self.bert.pooler(seq)) if self.nsp is not None else None  # (B, 2)
+        return PreTrainingOutput(None, nsp_logits, seq, hidden_states, mlm_loss=loss, mlm_correct=correct)
 
     def _packed(self, input_ids: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None,
-                masked_positions: Tensor, prediction_mask: Tensor | None) -> PreTrainingOutput:
+                masked_positions: Tensor, prediction_mask: Tensor | None,
+                mlm_targets: Tensor | None = None) -> PreTrainingOutput:
         """The batch's instances packed into fewer rows; the predictions and [CLS] read back per instance."""
         token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
         attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
@@ -273,4 +296,4 @@ class FastBertForPreTraining(BertForPreTraining):
         # positions past an instance's end (the LTR objective's unreal ones) are dropped by prediction_mask
         predicted = seq[(p.start[:, None] + masked_positions).clamp(max=seq.shape[0] - 1)]  # (B, P, H)
         cls = seq[p.start][:, None]  # (B, 1, H): each instance's [CLS]
-        return self.heads(predicted, cls, prediction_mask)
+        return self.heads(predicted, cls, prediction_mask, mlm_targets=mlm_targets)

@@ -112,7 +112,8 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
 
     cfg = compose_job(sweep, swept, cache)
     # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
-    vocab = {"vocab_size": cfg["data.vocab_size"]} if sweep.stage == "pretrain" and cfg["data.vocab_size"] else {}
+    trained = sweep.stage == "pretrain" and cfg["data.vocab_size"]
+    vocab = {"vocab_size": cfg["data.vocab_size"]} if trained else {}
     model, optim = _model({**cfg["model"], **vocab}), cfg["optim"]
     seq, batch = int(cfg["data.max_seq_length"]), int(cfg["data.batch_size"])
     params = encoder_parameters(model) + (model.vocab_size + model.max_position) * model.hidden_size

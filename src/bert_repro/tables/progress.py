@@ -1,7 +1,8 @@
-"""Progress over a table's jobs: done / total, the sweep running now and an ETA, read from the job folders
+"""Progress over a table's jobs: done / total, the sweeps running now and an ETA, read from the job folders
 (a job is done when its results.json or failed.json is there), so it also counts the jobs a multirun finishes
-one by one; the ETA weighs each job by its share of the plan's FLOPs where the runner has a plan. rich draws it when the output is a terminal, as the training loop's bar does; otherwise one plain
-line each time the count or the running sweep changes (a log file, SLURM's output)."""
+one by one; the ETA weighs each job by its share of the plan's FLOPs where the runner has a plan. rich draws
+it when the output is a terminal, as the training loop's bar does; otherwise one plain line each time the
+count or the running sweeps change (a log file, SLURM's output)."""
 
 from __future__ import annotations
 

@@ -242,7 +242,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
     if at_once > 1:  # a free slot takes the ready sweep with the longest chain of work behind it
         chain = critical_path(table, sweep_costs(plan))
         order.sort(key=lambda name: -chain[name])
-    jobs = {f"{sweep.name}/{folder.name}": folder for sweep in table.sweeps.values() for _, folder in sweep.jobs()}
+    jobs = {f"{sweep.name}/{folder.name}": folder
+            for sweep in table.sweeps.values() for _, folder in sweep.jobs()}
     weights = {jobs[r["name"]]: r["flops"] for r in (plan or {}).get("runs", []) if r["name"] in jobs}
     lines: dict[str, dict] = {}
 

@@ -72,15 +72,21 @@ class PretrainModule(BertTaskModule):
 
     def _step(self, batch: dict[str, Tensor], split: str) -> Tensor:
         positions, real = self._predictions(batch)
-        out = self.model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
-                         masked_positions=positions, prediction_mask=real)
-        logits = out.mlm_logits  # (N, V)
         targets = (batch["input_ids"][:, 1:] if self.ltr else batch["masked_lm_ids"])[real]  # (N,)
-        mlm_loss = F.cross_entropy(logits.float(), targets)
+        # the speed path may fuse the decoder with the loss (bert_repro.speed.loss): then no logits come back
+        fused = {"mlm_targets": targets} if self.speed.kernels else {}
+        out = self.model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
+                         masked_positions=positions, prediction_mask=real, **fused)
+        if out.mlm_loss is not None:
+            mlm_loss, correct = out.mlm_loss, out.mlm_correct
+        else:
+            logits = out.mlm_logits  # (N, V)
+            mlm_loss = F.cross_entropy(logits.float(), targets)
+            correct = (logits.argmax(-1) == targets).sum()
         loss = mlm_loss
         n = targets.numel()
         getattr(self, f"{split}_mlm_loss").update(mlm_loss.detach(), weight=n)
-        getattr(self, f"{split}_mlm_acc").update((logits.argmax(-1) == targets).float().mean(), weight=n)
+        getattr(self, f"{split}_mlm_acc").update(correct.float() / n, weight=n)
         metrics = {f"{split}/mlm_loss": getattr(self, f"{split}_mlm_loss"),
                    f"{split}/mlm_acc": getattr(self, f"{split}_mlm_acc")}
         if self.nsp:
