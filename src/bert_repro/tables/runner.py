@@ -197,7 +197,7 @@ def stage_launcher(launcher: dict | None, stage: str) -> dict:
     keys, and ``threads`` (the runner's own setting, not a Hydra override) where the block sets it."""
     launcher = launcher or {}
     stage_keys = {**flatten(launcher.get("common")), **flatten(launcher.get(stage))}
-    return stage_keys if launcher.get("threads") is None else {**stage_keys, THREADS: launcher["threads"]}
+    return stage_keys if launcher.get(THREADS) is None else {**stage_keys, THREADS: launcher[THREADS]}
 
 
 def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
