@@ -2,6 +2,7 @@
 mocked at its boundary, torch.cuda.get_device_name), speed.peak_tflops overrides it, CPU measures one;
 the FLOPs of a batch are counted by the Throughput callback from the batch and the module's config."""
 
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -68,3 +69,38 @@ def test_batch_flops_counts_real_tokens_predictions_and_frozen_encoders():
     finetune = {"attention_mask": mask}
     assert batch_flops(config, finetune) == training_flops(config, 26, 16, 0)
     assert batch_flops(config, finetune, trained=False) == training_flops(config, 26, 16, 0) / 3
+
+
+def test_throughput_counts_every_step_and_logs_on_the_loggers_cadence(tmp_path):
+    """Every step after the first is counted; the metrics reach the logger every log_every_n_steps, as
+    Lightning's own ThroughputMonitor does, not at every step."""
+    import lightning as L
+    from lightning.pytorch.loggers import CSVLogger
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch["x"]).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    mask = torch.tensor([[1, 1, 1, 0], [1, 1, 0, 0]])  # 5 real tokens a batch
+    batches = [{"x": torch.randn(2, 4), "attention_mask": mask} for _ in range(7)]
+    callback = Throughput(peak_tflops=1.0)
+    module, steps_logged = Module(), []
+    log_dict = module.log_dict
+    module.log_dict = lambda metrics, **kw: (steps_logged.append(module.trainer.global_step),
+                                             log_dict(metrics, **kw))
+    logger = CSVLogger(tmp_path, name="run")
+    trainer = L.Trainer(max_steps=7, log_every_n_steps=3, logger=logger, callbacks=[callback],
+                        enable_progress_bar=False, enable_model_summary=False, enable_checkpointing=False)
+    trainer.fit(module, torch.utils.data.DataLoader(batches, batch_size=None))
+    assert callback._tokens == 6 * 5 and callback._sequences == 6 * 2  # the first step is warm-up
+    assert callback.tokens_per_s > 0
+    assert len(steps_logged) == 2, steps_logged  # 2 of the 6 counted steps: every third, not every one
+    lines = (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()
+    assert "perf/tokens_per_s" in lines[0]
