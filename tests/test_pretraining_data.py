@@ -269,6 +269,37 @@ def test_trains_its_own_vocab_when_none_is_given(tmp_path):
     assert again.tokenizer is not None and again.vocab == dm.vocab  # read back, not retrained
 
 
+
+def test_runs_side_by_side_train_one_vocab_and_share_it(tmp_path, monkeypatch):
+    """Two runs that start together on one cache (a table's sweeps_at_once) train WordPiece once: the second
+    waits for the first's vocabulary and reads it, where before both trained (and the trainer is not
+    deterministic, huggingface/tokenizers#1794, so they could differ)."""
+    import threading
+    import time
+
+    from bert_repro.data import pretraining
+
+    trainings, train = [], pretraining.train_wordpiece
+
+    def slow_train(*args, **kwargs):  # long enough that both runs ask while the first one trains
+        trainings.append(threading.get_ident())
+        time.sleep(0.5)
+        return train(*args, **kwargs)
+
+    monkeypatch.setattr(pretraining, "train_wordpiece", slow_train)
+    modules = [PretrainDataModule("builtin:pydoc", tokenizer=None, vocab_size=1500, cache_dir=str(tmp_path))
+               for _ in range(2)]
+    for dm in modules:
+        dm._documents()  # the corpus read before the race: only the tokenizer is raced
+    threads = [threading.Thread(target=dm.prepare_tokenizer) for dm in modules]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert len(trainings) == 1
+    assert modules[0].vocab == modules[1].vocab and len(modules[0].vocab) > 1000
+
+
 # --- the ablation data (§5.1, v2 C.2) and determinism -----------------------------------------------
 
 

@@ -14,6 +14,7 @@ import lightning as L
 import numpy as np
 import torch
 from datasets import Dataset
+from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
@@ -201,15 +202,19 @@ class PretrainDataModule(L.LightningDataModule):
             train_docs, _ = self._documents()
             path = (self.cache_dir / "wordpiece" / _key(train_docs._fingerprint, hp.vocab_size, hp.lowercase)
                     / "vocab.txt")
-            if path.is_file():
-                self._tokenizer = load_tokenizer(path, lowercase=hp.lowercase)
-            else:
-                texts = (s for batch in train_docs.iter(batch_size=256)
-                         for doc in batch["sentences"] for s in doc)
-                self._tokenizer = train_wordpiece(texts, hp.vocab_size, lowercase=hp.lowercase)
-                path.parent.mkdir(parents=True, exist_ok=True)
-                with replaced_whole(path) as tmp:
-                    tmp.write_text("".join(f"{t}\n" for t in vocab_list(self._tokenizer)), encoding="utf-8")
+            path.parent.mkdir(parents=True, exist_ok=True)
+            # Runs started side by side (a table's sweeps_at_once) train it once and share it: the trainer is
+            # not deterministic (huggingface/tokenizers#1794), so two trainings would give two vocabularies.
+            with FileLock(path.with_suffix(".lock")):
+                if path.is_file():
+                    self._tokenizer = load_tokenizer(path, lowercase=hp.lowercase)
+                else:
+                    texts = (s for batch in train_docs.iter(batch_size=256)
+                             for doc in batch["sentences"] for s in doc)
+                    self._tokenizer = train_wordpiece(texts, hp.vocab_size, lowercase=hp.lowercase)
+                    with replaced_whole(path) as tmp:
+                        tmp.write_text("".join(f"{t}\n" for t in vocab_list(self._tokenizer)),
+                                       encoding="utf-8")
         self.vocab = vocab_list(self._tokenizer)
         if self.vocab[PAD_ID] != "[PAD]":
             raise ValueError(f"tokenizer {hp.tokenizer}: id {PAD_ID} is {self.vocab[PAD_ID]!r}; expected "
