@@ -141,6 +141,25 @@ def test_progress_eta_weighs_each_job_by_its_share_of_the_work(tmp_path):
     assert progress.line() == (1, 2, "0m10s")
 
 
+
+def test_progress_eta_times_each_kind_of_job_by_its_own_finished_jobs(tmp_path):
+    """Fine-tuning runs at a fraction of pre-training's FLOP rate: a pre-training of 100 units took 90 s and a
+    fine-tuning of 1 unit 10 s, so the fine-tuning left is 10 s of the 100 s spent on 100 s of work, not
+    1/101 of it (about 1 s, what FLOPs alone would say)."""
+    pretrain, done, left = tmp_path / "pretrain", tmp_path / "ft1", tmp_path / "ft2"
+    kinds = {pretrain: "pretrain", done: "finetune", left: "finetune"}
+    progress = TableProgress([pretrain, done, left], stream=io.StringIO(),
+                             weights={pretrain: 100.0, done: 1.0, left: 1.0}, kinds=kinds)
+    for folder, wall in ((pretrain, 90.0), (done, 10.0)):
+        folder.mkdir()
+        (folder / "results.json").write_text(json.dumps({"status": "complete", "wall_time_s": wall}))
+    progress.start = time.time() - 100
+    assert progress.line() == (2, 3, "0m10s")
+    (done / "results.json").write_text("{}")  # a fine-tuning that recorded no wall time
+    progress._walls.clear()
+    progress.start = time.time() - 200  # 200 s for 90.9 s of work at the pre-training's rate, 0.9 s left
+    assert progress.line() == (2, 3, "0m01s")  # (1.98 s): the pre-training's rate for a kind that has none
+
 def test_progress_under_force_counts_only_what_this_launch_writes(tmp_path):
     folders = [tmp_path / str(i) for i in range(2)]
     for folder in folders:  # complete from an earlier launch

@@ -2,10 +2,15 @@
 (a job is done when its results.json or failed.json is there), so it also counts the jobs a multirun finishes
 one by one; the ETA weighs each job by its share of the plan's FLOPs where the runner has a plan. rich draws
 it when the output is a terminal, as the training loop's bar does; otherwise one plain line each time the
-count or the running sweeps change (a log file, SLURM's output)."""
+count or the running sweeps change (a log file, SLURM's output).
+
+FLOPs alone under-weigh fine-tuning, which runs at a fraction of pre-training's FLOP rate (small batches,
+evaluation, start-up): where jobs have a kind, each kind's seconds per planned FLOP are read from the
+``wall_time_s`` of its finished jobs, so a demo's last fine-tunings are not promised in 30 s."""
 
 from __future__ import annotations
 
+import json
 import sys
 import threading
 import time
@@ -26,10 +31,13 @@ def _duration(seconds: float) -> str:
 
 class TableProgress:
     def __init__(self, folders: list[Path], stream: TextIO | None = None, every_s: float = 5.0,
-                 force: bool = False, weights: dict[Path, float] | None = None):
+                 force: bool = False, weights: dict[Path, float] | None = None,
+                 kinds: dict[Path, str] | None = None):
         self.folders, self.stream, self.every_s = folders, stream or sys.stderr, every_s
         # each job's share of the work (the plan's FLOPs): a pre-training run is not one fine-tuning's worth
         self.weights = {f: (weights or {}).get(f, 1.0) for f in folders}
+        self.kinds = {f: (kinds or {}).get(f, "") for f in folders}  # pretrain | finetune (the plan's)
+        self._walls: dict[Path, float | None] = {}  # a finished job's own wall_time_s, read once
         self.running: list[str] = []  # the sweeps running now, in the order they started
         self.current, self.start = "", time.time()
         self.since = self.start if force else None  # with --force, only what this launch writes is done
@@ -52,13 +60,35 @@ class TableProgress:
         """(done, total, ETA) now: the work left at the rate of the work finished during this launch (jobs
         weighted by ``weights``)."""
         done = {f for f in self.folders if _done(f, self.since)}
-        ran = sum(self.weights[f] for f in done - self.before)
-        left = sum(self.weights[f] for f in self.folders if f not in done)
+        cost = self._costs(done - self.before)
+        ran = sum(cost[f] for f in done - self.before)
+        left = sum(cost[f] for f in self.folders if f not in done)
         if ran and left:
             eta = _duration((time.time() - self.start) / ran * left)
         else:
             eta = "?" if len(done) < len(self.folders) else "0s"
         return len(done), len(self.folders), eta
+
+    def _wall(self, folder: Path) -> float | None:
+        if folder not in self._walls:
+            try:
+                self._walls[folder] = float(json.loads((folder / "results.json").read_text())["wall_time_s"])
+            except (OSError, ValueError, KeyError, TypeError):  # failed.json, or a record without it
+                self._walls[folder] = None
+        return self._walls[folder]
+
+    def _costs(self, finished: set[Path]) -> dict[Path, float]:
+        """Each job's weight in seconds of its kind: the seconds per weight of the finished jobs of its kind
+        (of all finished jobs while none of its kind has finished); the weights as they are while no
+        finished job says how long it took."""
+        timed = [(f, w) for f in finished if (w := self._wall(f)) is not None and self.weights[f] > 0]
+        if not timed:
+            return self.weights
+        rate = {kind: sum(w for f, w in timed if self.kinds[f] == kind)
+                / sum(self.weights[f] for f, _ in timed if self.kinds[f] == kind)
+                for kind in {self.kinds[f] for f, _ in timed}}
+        overall = sum(w for _, w in timed) / sum(self.weights[f] for f, _ in timed)
+        return {f: self.weights[f] * rate.get(self.kinds[f], overall) for f in self.folders}
 
     def refresh(self) -> None:
         done, total, eta = self.line()

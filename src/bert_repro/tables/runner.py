@@ -244,7 +244,9 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         order.sort(key=lambda name: -chain[name])
     jobs = {f"{sweep.name}/{folder.name}": folder
             for sweep in table.sweeps.values() for _, folder in sweep.jobs()}
-    weights = {jobs[r["name"]]: r["flops"] for r in (plan or {}).get("runs", []) if r["name"] in jobs}
+    planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
+    weights = {jobs[r["name"]]: r["flops"] for r in planned}
+    kinds = {jobs[r["name"]]: r["kind"] for r in planned}
     lines: dict[str, dict] = {}
 
     def one(sweep: Sweep) -> None:
@@ -258,8 +260,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
                  counts["complete"], counts["failed"], time.time() - start)
 
-    with TableProgress(list(jobs.values()), force=force, weights=weights or None) as progress, \
-            ThreadPoolExecutor(at_once) as pool:
+    progress = TableProgress(list(jobs.values()), force=force, weights=weights or None, kinds=kinds)
+    with progress, ThreadPoolExecutor(at_once) as pool:
         running: dict = {}
         ended: set[str] = set()
         while order or running:
