@@ -153,3 +153,20 @@ def test_schedule_steps_lays_the_schedule_over_both_phases(monkeypatch):
             == pytest.approx(1 / 88))
     with pytest.raises(ValueError, match="max_steps=120 runs past optim.schedule_steps=100"):
         _with_trainer(module, monkeypatch, max_steps=120, estimated=120)
+
+
+@pytest.mark.parametrize("precision", ["32-true", "bf16-mixed"])
+def test_trains_with_gradient_clipping_at_each_precision(precision):
+    """Lightning's mixed-precision plugin refuses to clip for an optimizer that unscales in its own step (the
+    fused AdamW): under bf16-mixed the run takes the foreach kernel and clips, where it stopped at step 1."""
+    import lightning as L
+
+    module = PretrainModule(model=TINY, optim={**OPTIM, "warmup_steps": 1})
+    trainer = L.Trainer(max_steps=3, precision=precision, gradient_clip_val=1.0, accelerator="cpu",
+                        logger=False, enable_checkpointing=False, enable_progress_bar=False,
+                        enable_model_summary=False)
+    before = [p.detach().clone() for p in module.parameters()]
+    trainer.fit(module, torch.utils.data.DataLoader([batch()] * 3, batch_size=None))
+    assert trainer.global_step == 3
+    assert bool(trainer.optimizers[0].defaults["fused"]) == (precision == "32-true")
+    assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))

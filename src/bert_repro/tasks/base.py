@@ -122,9 +122,12 @@ class BertTaskModule(L.LightningModule):
     def configure_optimizers(self):
         o = self.optim
         groups = decay_groups(self, o["weight_decay"])
-        # the fused kernel is the same AdamW update in one pass over the parameters (speed, not science)
-        fused = all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
-                    for g in groups for p in g["params"])
+        # the fused kernel is the same AdamW update in one pass over the parameters (speed, not science).
+        # Lightning's mixed-precision plugin refuses to clip the gradients of an optimizer that unscales them
+        # in its own step, as the fused one does: bf16-mixed with gradient_clip_val takes the foreach kernel.
+        clips_mixed = bool(self.trainer.gradient_clip_val) and str(self.trainer.precision).endswith("-mixed")
+        fused = not clips_mixed and all(p.device.type in ("cpu", "cuda") and p.is_floating_point()
+                                        for g in groups for p in g["params"])
         optimizer = torch.optim.AdamW(groups, lr=o["lr"], betas=tuple(o["betas"]), eps=o["eps"],
                                       fused=fused or None)
         # The schedule's length: this run's optimizer steps, or `schedule_steps` when the run is one part of a
