@@ -159,6 +159,25 @@ def test_speed_and_place_keys_are_one_declaration():
     assert run_name(["init=/a", "optim.lr=1e-5"]) != run_name(["init=/b", "optim.lr=1e-5"])
 
 
+
+@pytest.mark.parametrize(("avx512_bf16", "amx", "expected"), [(True, False, "bf16-mixed"),
+                                                              (False, True, "bf16-mixed"),
+                                                              (False, False, "32-true")])
+def test_cpu_precision_takes_bf16_only_where_the_cpu_has_it(monkeypatch, avx512_bf16, amx, expected):
+    """${cpu_precision:} (make demo's pre-training): bf16 autocast where the CPU multiplies bf16 natively,
+    fp32 where bf16 would be emulated; torch's CPU feature probes mocked at their boundary."""
+    import torch
+
+    from bert_repro.cli import register_resolvers, run_name
+
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    register_resolvers()
+    assert OmegaConf.create({"precision": "${cpu_precision:}"}).precision == expected
+    # a speed key: either precision runs in the same folder, so a finished run is reused
+    assert run_name(["task=pretrain", "trainer.precision=${cpu_precision:}"]) == run_name(["task=pretrain"])
+
+
 def test_callbacks_group_extends_from_the_command_line():
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 

@@ -137,7 +137,8 @@ def test_ltr_model_never_sees_the_future(causal, pad_last):
 
 
 def _with_trainer(module, monkeypatch, max_steps: int, estimated: int):
-    trainer = type("T", (), {"max_steps": max_steps, "estimated_stepping_batches": estimated})()
+    trainer = type("T", (), {"max_steps": max_steps, "estimated_stepping_batches": estimated,
+                             "gradient_clip_val": 1.0, "precision": "32-true"})()
     monkeypatch.setattr(type(module), "trainer", property(lambda self: trainer))
     return module.configure_optimizers()["lr_scheduler"]["scheduler"]
 

@@ -127,10 +127,39 @@ def test_the_fused_decoder_and_loss_equal_the_logits_path(option, ltr, monkeypat
     assert got.keys() == expected.keys()
     for name in expected:
         torch.testing.assert_close(got[name], expected[name], atol=1e-6, rtol=1e-5, msg=name)
-    with torch.no_grad():  # evaluation keeps the logits (and a bf16 step would too)
+    with torch.no_grad():  # evaluation keeps the logits
         again = fast(ids, types, mask, masked_positions=positions, prediction_mask=real, mlm_targets=targets)
     assert again.mlm_loss is None and again.mlm_logits.shape == (len(targets), 300)
 
+
+@pytest.mark.parametrize("ltr", [False, True])
+def test_the_fused_decoder_and_loss_follow_bf16_autocast_as_the_logits_path_does(ltr, monkeypatch):
+    """Under bf16 autocast (bf16-mixed) the fused path multiplies in bf16 as F.linear would and keeps the
+    softmax in fp32 as the logits path's .float(): the same loss, hits and gradients up to bf16 rounding."""
+    monkeypatch.setattr(speed_loss, "CHUNK_ELEMENTS", 300 * 7)
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, causal=ltr,
+                        hidden_dropout=0.0, attention_dropout=0.0)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config, nsp=not ltr).train()
+    fast = _fast(model, **OPTIONS["kernels"])
+    ids, types, mask, positions = _batch(config)
+    positions, real, targets = _predictions(ids, mask, positions, ltr)
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        out = fast(ids, types, mask, masked_positions=positions, prediction_mask=real)
+        assert out.mlm_logits.dtype == torch.bfloat16
+        reference = F.cross_entropy(out.mlm_logits.float(), targets)
+    reference.backward()
+    expected, hits = _grads(fast), int((out.mlm_logits.argmax(-1) == targets).sum())
+    fast.zero_grad()
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        fused = fast(ids, types, mask, masked_positions=positions, prediction_mask=real, mlm_targets=targets)
+    assert fused.mlm_logits is None and fused.mlm_loss.dtype == torch.float32
+    assert abs(int(fused.mlm_correct) - hits) <= 1  # a bf16 near-tie may fall either way
+    fused.mlm_loss.backward()
+    torch.testing.assert_close(fused.mlm_loss, reference, atol=1e-3, rtol=1e-3)
+    got = _grads(fast)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=2e-3, rtol=5e-2, msg=name)
 
 @pytest.mark.parametrize("ltr", [False, True])
 def test_pretrain_module_logs_the_same_loss_and_accuracy_on_the_fused_path(ltr):

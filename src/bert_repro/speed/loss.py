@@ -19,16 +19,21 @@ CHUNK_ELEMENTS = 1 << 19  # logits a chunk holds: 2 MB in fp32, a core's share o
 
 class _LinearCrossEntropy(torch.autograd.Function):
     @staticmethod
-    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
+    def forward(ctx, hidden: Tensor, weight: Tensor, bias: Tensor, targets: Tensor,
+                dtype: torch.dtype) -> tuple[Tensor, Tensor]:
         n = hidden.shape[0]
         rows = max(1, CHUNK_ELEMENTS // weight.shape[0])
+        # The matmuls in ``dtype`` (autocast's: bf16 under bf16-mixed, as F.linear runs them), the softmax
+        # and every accumulation in fp32, as the logits path's .float() before its loss.
+        hidden_m, weight_m, bias_m = hidden.to(dtype), weight.to(dtype), bias.to(dtype)
+        same = dtype == hidden.dtype
         grad_hidden = torch.empty_like(hidden)
         grad_weight, grad_bias = torch.zeros_like(weight), torch.zeros_like(bias)
         loss = hidden.new_zeros(())
         correct = torch.zeros((), dtype=torch.long, device=hidden.device)
         for start in range(0, n, rows):
-            h, t = hidden[start:start + rows], targets[start:start + rows]
-            logits = torch.addmm(bias, h, weight.t())  # (c, V)
+            h, t = hidden_m[start:start + rows], targets[start:start + rows]
+            logits = torch.addmm(bias_m, h, weight_m.t()).float()  # (c, V); no copy in fp32
             top, best = logits.max(-1)  # one pass: the shift that keeps exp finite, and the prediction
             correct += (best == t).sum()
             target = logits.gather(1, t[:, None]).squeeze(1)
@@ -37,28 +42,36 @@ class _LinearCrossEntropy(torch.autograd.Function):
             loss += (total.log() + top - target).sum()  # logsumexp - target logit
             grad.mul_((total * n).reciprocal_()[:, None])  # the softmax, over the n predictions' mean
             grad[torch.arange(len(t), device=t.device), t] -= 1.0 / n  # d loss / d logits: softmax - one-hot
-            torch.mm(grad, weight, out=grad_hidden[start:start + rows])
-            grad_weight.addmm_(grad.t(), h)
             grad_bias += grad.sum(0)
+            if same:  # fp32: straight into the gradients
+                torch.mm(grad, weight_m, out=grad_hidden[start:start + rows])
+                grad_weight.addmm_(grad.t(), h)
+            else:
+                grad = grad.to(dtype)
+                grad_hidden[start:start + rows] = torch.mm(grad, weight_m)
+                grad_weight += torch.mm(grad.t(), h)
         ctx.save_for_backward(grad_hidden, grad_weight, grad_bias)
         ctx.mark_non_differentiable(correct)
         return loss / n, correct
 
     @staticmethod
-    def backward(ctx, grad_loss: Tensor, _grad_correct: Tensor) -> tuple[Tensor, Tensor, Tensor, None]:
+    def backward(ctx, grad_loss: Tensor, _grad_correct: Tensor) -> tuple[Tensor, Tensor, Tensor, None, None]:
         grad_hidden, grad_weight, grad_bias = ctx.saved_tensors
-        return grad_hidden * grad_loss, grad_weight * grad_loss, grad_bias * grad_loss, None
+        return grad_hidden * grad_loss, grad_weight * grad_loss, grad_bias * grad_loss, None, None
 
 
 def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor,
                          targets: Tensor) -> tuple[Tensor, Tensor]:
     """(mean cross-entropy of ``hidden @ weight.T + bias`` (N, V) against ``targets`` (N,), how many of
-    their argmaxes hit): ``hidden`` (N, H), ``weight`` (V, H) the tied word embeddings."""
-    return _LinearCrossEntropy.apply(hidden, weight, bias, targets)
+    their argmaxes hit): ``hidden`` (N, H), ``weight`` (V, H) the tied word embeddings. Under autocast the
+    matmuls take its dtype and the rest stays fp32."""
+    device = hidden.device.type
+    dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+    with torch.autocast(device, enabled=False):  # the dtypes are set above, not per op
+        return _LinearCrossEntropy.apply(hidden.float(), weight, bias, targets, dtype)
 
 
 def fusable(hidden: Tensor) -> bool:
-    """Training in fp32 outside autocast: a bf16 or fp16 step keeps the readable path, whose logits it
-    upcasts for the loss."""
-    return (torch.is_grad_enabled() and hidden.dtype == torch.float32
-            and not torch.is_autocast_enabled(hidden.device.type))
+    """A training step on the CPU, under autocast or not. Evaluation keeps the readable path, and so do GPUs:
+    chunks sized for a CPU's cache would be a few rows of a 30,522-token vocabulary, a kernel launch each."""
+    return torch.is_grad_enabled() and hidden.device.type == "cpu"
