@@ -39,7 +39,15 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
+# The two rehearsals are the suite's longest files, one test each (Table 5's: 340 s alone on one AMD EPYC
+# core). xdist's default order (the files with the most tests first) handed them out last, and one ran alone
+# at the end for minutes; `make test` keeps the collection order (--no-loadscope-reorder): one starts on each
+# worker.
+LONGEST_FIRST = ("test_rehearse_table5.py", "test_rehearse_figure4.py")
+
+
 def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    items.sort(key=lambda item: item.path.name not in LONGEST_FIRST)  # stable: the rest keep their order
     for item in items:
         name, test = item.path.name, f"{item.path.name}::{item.name}"
         if name in E2E_FILES or name.endswith("_e2e.py") or test.startswith(E2E_TESTS):
