@@ -224,10 +224,13 @@ class MLMHead(nn.Module):
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
 
+    def transform(self, hidden: Tensor) -> Tensor:
+        """dense + GELU + LayerNorm before the decoder (google-research/bert's cls/predictions/transform)."""
+        return self.LayerNorm(F.gelu(self.dense(hidden)))  # (..., H)
+
     def forward(self, hidden: Tensor, decoder_weight: Tensor) -> Tensor:
         """``decoder_weight`` is the word-embedding matrix (V, H): tied, so it is passed, not owned."""
-        h = self.LayerNorm(F.gelu(self.dense(hidden)))  # (..., H)
-        return F.linear(h, decoder_weight, self.bias)  # (..., V)
+        return F.linear(self.transform(hidden), decoder_weight, self.bias)  # (..., V)
 
 
 class BertForPreTraining(nn.Module):

@@ -227,7 +227,7 @@ class FastMLMHead(MLMHead):
     positions than H (a left-to-right LM predicts every one) F.linear is the faster of the two."""
 
     def forward(self, hidden: Tensor, decoder_weight: Tensor) -> Tensor:
-        h = self.LayerNorm(F.gelu(self.dense(hidden)))  # (..., H)
+        h = self.transform(hidden)  # (..., H)
         flat = h.reshape(-1, h.shape[-1])  # (N, H)
         if flat.shape[0] > flat.shape[1]:
             return F.linear(h, decoder_weight, self.bias)  # (..., V)
@@ -237,8 +237,7 @@ class FastMLMHead(MLMHead):
     def loss(self, hidden: Tensor, decoder_weight: Tensor, targets: Tensor) -> tuple[Tensor, Tensor]:
         """(mean cross-entropy, hits) of the (N, H) ``hidden`` against ``targets``, the decoder fused with the
         loss (speed/loss.py): no (N, V) logits."""
-        h = self.LayerNorm(F.gelu(self.dense(hidden)))  # (N, H)
-        return linear_cross_entropy(h, decoder_weight, self.bias, targets)
+        return linear_cross_entropy(self.transform(hidden), decoder_weight, self.bias, targets)
 
 
 class FastBertForPreTraining(BertForPreTraining):
@@ -249,8 +248,9 @@ class FastBertForPreTraining(BertForPreTraining):
                 attention_mask: Tensor | None = None, masked_positions: Tensor | None = None,
                 prediction_mask: Tensor | None = None,
                 output_hidden_states: bool = False, mlm_targets: Tensor | None = None) -> PreTrainingOutput:
-        """``mlm_targets`` (N,), the tokens the N predictions should give: with ``kernels``, in fp32 training,
-        the output carries the MLM loss and hits (``mlm_loss``, ``mlm_correct``) in place of the logits."""
+        """``mlm_targets`` (N,), the tokens the N predictions should give: with ``kernels``, in CPU training
+        (under autocast or not), the output carries the MLM loss and hits (``mlm_loss``, ``mlm_correct``) in
+        place of the logits."""
         if masked_positions is not None and self.bert.speed.pack and not output_hidden_states:
             return self._packed(input_ids, token_type_ids, attention_mask, masked_positions, prediction_mask,
                                 mlm_targets)

@@ -6,7 +6,7 @@ in cache. Equal to ``F.cross_entropy(F.linear(h, W, b), targets)`` and its argma
 step (one AMD EPYC thread, L=2 H=128 V=3,701 at 128 x 32 tokens: 480 -> 372 ms). A chunk's logits are read
 once for their max and argmax together, shifted and exponentiated in place, and scaled into the gradient:
 five passes over (c, V), where logsumexp, argmax and the softmax took nine (372 -> 350 ms, two runs side by
-side)."""
+side). Under autocast the matmuls take its dtype (bf16: LTR step 328 ms through the logits, 232 ms here)."""
 
 from __future__ import annotations
 
