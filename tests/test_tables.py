@@ -346,7 +346,10 @@ def test_sweeps_at_once_run_side_by_side_longest_chain_first_each_after_its_pre_
             running.remove(name)
             ended.add(name)
     assert most == 2
-    assert [name for kind, name in events if kind == "start"][:2] == ["pretrain/ltr_no_nsp", "pretrain/none"]
+    # the two slots take the two longest chains (table order would start no_nsp before LTR); which thread
+    # records its start first is up to the scheduler
+    first_two = [name for kind, name in events if kind == "start"][:2]
+    assert set(first_two) == {"pretrain/ltr_no_nsp", "pretrain/none"}
 
 
 def test_critical_path_is_a_sweeps_cost_plus_its_costliest_chain(table5):
