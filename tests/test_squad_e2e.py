@@ -36,7 +36,8 @@ def train(task, tmp_path, minilm_dir, shared_data, *extra):
 def dev_ids(shared_data, name, version, count=16):
     import numpy as np
 
-    from bert_repro.data.squad import HELD_OUT_SEED, read_squad_json
+    from bert_repro.data.base import HELD_OUT_SEED
+    from bert_repro.data.squad import read_squad_json
 
     rows = read_squad_json(shared_data / name, version)
     chosen = np.sort(np.random.default_rng(HELD_OUT_SEED).choice(len(rows), count, replace=False))

@@ -1,33 +1,82 @@
 """Typed configs (Hydra structured configs): a value of the wrong type fails when the config is composed,
 with OmegaConf's message naming the key (``optim.lr=abc``), not an hour into a run. A misspelled key
-(``optim.lrr=1``) fails there too, as every composed node is closed to new keys. Ranges and relations
-between keys are checked at run start (``checks.check_inputs``)."""
+(``optim.lrr=1``) fails there too, as every composed node is closed to new keys.
+
+Ranges (``optim.warmup_ratio=5``) and the model's shape (``model.hidden_size=770 model.num_heads=12``) are
+declared here too, beside each key, and ``check`` tests them on the composed config. OmegaConf types a node
+but never runs a dataclass's ``__post_init__``, so ``RangeCheck`` (conf/train.yaml hydra.callbacks, inherited
+by conf/evaluate.yaml) runs ``check`` when a job starts: before any download, tokenizer training or Trainer.
+Relations that need the run's inputs (paths, devices, checkpoints) stay in ``checks.check_inputs``."""
 
 from __future__ import annotations
 
-from dataclasses import dataclass, field
+import sys
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
+from hydra.experimental.callback import Callback
+from omegaconf import DictConfig, OmegaConf
+
+
+def _whole(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _number(value: Any) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _rates(value: Any) -> bool:  # Adam's beta1, beta2
+    return isinstance(value, Sequence) and len(value) == 2 and all(_number(b) and 0 <= b < 1 for b in value)
+
+
+def ranged(default: Any, test: Callable[[Any], bool], expected: str) -> Any:
+    """A field whose value, when not null, passes ``test``; ``expected`` completes "expected ..."."""
+    metadata = {"test": test, "expected": expected}
+    if isinstance(default, list):  # a dataclass field takes no mutable default
+        return field(default_factory=lambda: list(default), metadata=metadata)
+    return field(default=default, metadata=metadata)
+
+
+def positive(default: Any, what: str = "number") -> Any:
+    return ranged(default, lambda v: _number(v) and v > 0, f"a positive {what}")
+
+
+def whole_positive(default: Any, what: str) -> Any:
+    return ranged(default, lambda v: _whole(v) and v > 0, f"a positive whole number of {what}")
+
+
+def fraction(default: Any, interval: str = "[0, 1]") -> Any:
+    low, high = interval[0] == "[", interval[-1] == "]"  # which ends are inside
+
+    def test(v: Any) -> bool:
+        return _number(v) and (0 <= v if low else 0 < v) and (v <= 1 if high else v < 1)
+
+    return ranged(default, test, f"a fraction in {interval}")
 
 
 @dataclass
 class OptimConfig:
-    """The optimizer recipe and run length (§3.4, §4): conf/base/finetune.yaml and task/pretrain.yaml."""
+    """The optimizer recipe and run length (§3.4, §4): conf/base/finetune.yaml and task/pretrain.yaml.
+    (lr, epochs and max_steps are checked in checks.check_inputs.)"""
 
     lr: float = 2e-5
-    betas: list[float] = field(default_factory=lambda: [0.9, 0.999])
-    eps: float = 1e-6
-    weight_decay: float = 0.01
-    warmup_steps: int | None = None
-    warmup_ratio: float | None = None
+    betas: list[float] = ranged([0.9, 0.999], _rates, "two decay rates in [0, 1)")
+    eps: float = positive(1e-6)
+    weight_decay: float = ranged(0.01, lambda v: _number(v) and v >= 0, "0 or more")
+    warmup_steps: int | None = ranged(None, lambda v: _whole(v) and v >= 0, "0 or more steps, or null")
+    warmup_ratio: float | None = fraction(None)
     max_steps: int = -1
     epochs: int | None = None
-    gradient_clip_val: float | None = None
-    val_check_interval: Any = 1.0  # a fraction of an epoch, or a number of steps
-    limit_val_batches: Any = 1.0  # a fraction, or a number of batches
-    schedule_steps: int | None = None  # the two-phase schedule's length (v2 A.2)
-    resume_step: int | None = None  # phase 2: the step phase 1 stopped at
+    gradient_clip_val: float | None = positive(None, "norm, or null (no clipping)")
+    val_check_interval: Any = positive(1.0, "fraction of an epoch or number of steps")
+    limit_val_batches: Any = ranged(1.0, lambda v: _number(v) and v >= 0,
+                                    "a fraction or a number of batches (0: no validation)")
+    schedule_steps: int | None = whole_positive(None, "steps, or null")  # the two-phase schedule (v2 A.2)
+    # phase 2: the step phase 1 stopped at
+    resume_step: int | None = ranged(None, lambda v: _whole(v) and v >= 0, "0 or more steps")
 
 
 @dataclass
@@ -47,8 +96,97 @@ class SpeedConfig:
     padding: str = "longest"
 
 
+@dataclass
+class ModelConfig:
+    """The encoder's shape (§3.1) as conf/base/model.yaml declares it; model.BertConfig builds it (vocab_size
+    comes from the tokenizer at run time)."""
+
+    hidden_size: int = whole_positive(768, "units")
+    num_layers: int = whole_positive(12, "layers")
+    num_heads: int = whole_positive(12, "heads")
+    intermediate_size: int | None = whole_positive(None, "units, or null (4H)")
+    max_position: int = whole_positive(512, "positions")
+    type_vocab_size: int = whole_positive(2, "segment types")
+    hidden_dropout: float = fraction(0.1, "[0, 1)")
+    attention_dropout: float = fraction(0.1, "[0, 1)")
+    layer_norm_eps: float = positive(1e-12)
+    initializer_range: float = positive(0.02)
+    causal: bool = False
+
+    @staticmethod
+    def relations(node: DictConfig) -> str | None:
+        if node.hidden_size % node.num_heads:  # each head takes hidden_size / num_heads dimensions
+            return (f"model.hidden_size={node.hidden_size} is not divisible by model.num_heads="
+                    f"{node.num_heads}: expected a hidden size that splits evenly across the heads (e.g. "
+                    "H=768 with A=3, 4, 6, 12)")
+        return None
+
+
+@dataclass
+class DataConfig:
+    """What a task's data node may hold beyond its DataModule's own arguments, with the ranges the command
+    line is held to. Not composed as a structured config: each task's data node is its DataModule's
+    arguments, and a closed node of the keys shared here would refuse the others (glue_dir, squad_dir ...);
+    the values are checked, types included, by ``check``."""
+
+    max_seq_length: int = whole_positive(128, "tokens")
+    max_train_examples: int | None = whole_positive(None, "examples, or null (all)")
+    max_dev_examples: int | None = whole_positive(None, "examples, or null (all)")
+    dev_from_train: Any = ranged(None, lambda v: _whole(v) and v > 0 or _number(v) and 0 < v < 1,
+                                 "a number of rows, or a fraction in (0, 1)")
+    doc_stride: int = whole_positive(128, "tokens")
+    max_query_length: int = whole_positive(64, "tokens")
+    train_examples: int = whole_positive(1024, "examples")
+    dev_examples: int = whole_positive(256, "examples")
+    max_words: int = whole_positive(48, "words")
+    vocab_size: int = whole_positive(30522, "tokens")
+    max_predictions_per_seq: int = whole_positive(20, "tokens")
+    masked_lm_prob: float = fraction(0.15)
+    short_seq_prob: float = fraction(0.1)
+    dupe_factor: int = whole_positive(1, "rounds")
+    val_fraction: float = fraction(0.05, "[0, 1)")
+    max_documents: int | None = whole_positive(None, "documents, or null (all)")
+
+
+SCHEMAS = {"optim": OptimConfig, "model": ModelConfig, "data": DataConfig}
+
+
+def _shown(value: Any) -> str:
+    return f"{value:g}" if isinstance(value, float) else str(value)  # warmup_ratio=5 reads back as 5.0
+
+
+def check(cfg: DictConfig) -> None:
+    """A ValueError naming the first key of ``cfg`` whose value is out of its declared range."""
+    for name, schema in SCHEMAS.items():
+        node = cfg.get(name)
+        if not isinstance(node, DictConfig):
+            continue
+        for spec in fields(schema):
+            if "test" not in spec.metadata or spec.name not in node or OmegaConf.is_missing(node, spec.name):
+                continue
+            value = node[spec.name]
+            if value is not None and not spec.metadata["test"](value):
+                raise ValueError(f"{name}.{spec.name}={_shown(value)}: expected {spec.metadata['expected']}")
+        problem = schema.relations(node) if hasattr(schema, "relations") else None
+        if problem:
+            raise ValueError(problem)
+
+
+class RangeCheck(Callback):
+    """``check`` as a job starts (conf/train.yaml hydra.callbacks): an out-of-range value ends the run with a
+    message naming the key, exit 2, before the task function does any work."""
+
+    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
+        try:
+            check(config)
+        except ValueError as err:
+            print(err, file=sys.stderr)
+            raise SystemExit(2) from None
+
+
 def register() -> None:
-    """conf/ composes /schema/optim and /schema/speed under the YAML that sets their values."""
+    """conf/ composes /schema/optim, /schema/model and /schema/speed under the YAML that sets their values."""
     store = ConfigStore.instance()
     store.store(group="schema", name="optim", node=OptimConfig)
+    store.store(group="schema", name="model", node=ModelConfig)
     store.store(group="schema", name="speed", node=SpeedConfig)

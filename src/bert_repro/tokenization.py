@@ -36,14 +36,25 @@ def tokenizer_from_vocab(vocab: list[str], lowercase: bool) -> Tokenizer:
     missing = [t for t in SPECIAL_TOKENS if t not in vocab]
     if missing:
         raise ValueError(f"vocabulary of {len(vocab)} tokens lacks the special tokens {missing}")
-    ids = {}
-    for i, token in enumerate(vocab):
-        ids[token] = i  # a duplicated token keeps its last id, as transformers' load_vocab does
-    if len(ids) != len(vocab):
-        log.warning("vocabulary has %d duplicated tokens", len(vocab) - len(ids))
+    repeated = first_repeat(vocab)
+    if repeated is not None:
+        token, first, again = repeated
+        raise ValueError(f"token {token!r} is both id {first} and id {again}; expected each token once")
+    ids = {token: i for i, token in enumerate(vocab)}
     # strip_accents follows lowercase, as in the original uncased/cased models.
     return BertWordPieceTokenizer(vocab=ids, lowercase=lowercase,
                                   wordpieces_prefix=CONTINUATION_PREFIX)._tokenizer
+
+
+def first_repeat(vocab: list[str]) -> tuple[str, int, int] | None:
+    """The first token that appears twice, with both its ids. A repeat cannot be tokenized: one of its ids
+    would never be produced, and the list no longer maps ids to tokens one to one."""
+    seen: dict[str, int] = {}
+    for i, token in enumerate(vocab):
+        if token in seen:
+            return token, seen[token], i
+        seen[token] = i
+    return None
 
 
 def train_wordpiece(texts: Iterable[str], vocab_size: int, lowercase: bool = True) -> Tokenizer:
@@ -100,6 +111,11 @@ def _read_vocab_txt(path: Path) -> list[str]:
         vocab.pop()
     if not vocab:
         raise ValueError(f"vocabulary file {path} is empty; expected one WordPiece token per line")
+    repeated = first_repeat(vocab)
+    if repeated is not None:  # line i + 1 holds id i
+        token, first, again = repeated
+        raise ValueError(f"{path} line {again + 1}: token {token!r} repeats line {first + 1}; expected each "
+                         "WordPiece token on one line only")
     return vocab
 
 
@@ -129,6 +145,9 @@ def load_tokenizer(path: str | Path, lowercase: bool | None = None) -> Tokenizer
     if not path.exists():
         raise FileNotFoundError(f"tokenizer {path} does not exist; expected vocab.txt, tokenizer.json or a "
                                 "directory")
+    if path.suffix == ".ckpt":  # a checkpoint carries its vocabulary: the run reads it (run.resolve_vocab)
+        raise ValueError(f"tokenizer {path} is a checkpoint; pass its vocabulary (a list of tokens), or give "
+                         "data.tokenizer=<.ckpt> to a run, which reads it from the checkpoint")
     stored_lowercase = None
     if path.is_dir():
         config = path / "tokenizer_config.json"

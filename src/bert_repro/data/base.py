@@ -1,12 +1,18 @@
 """What the fine-tuning data modules (GLUE, SQuAD, CoNLL-2003, SWAG) share: their hyper-parameters, the
 pre-trained model's vocabulary, and the loaders (``batching.train_loader`` / ``eval_loader``). Each task
-module keeps its own checks, rows and tokenization; it declares the columns its collator reads."""
+module keeps its own checks, rows and tokenization; it declares the columns its collator reads.
+
+What every data module (pre-training too) shares is here as well: cache keys, the held-out seed, fixed
+subsets, and the check that refuses an empty text wherever a reader takes one."""
 
 from __future__ import annotations
 
+import hashlib
+import json
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 from datasets import Dataset
 from lightning.fabric.utilities.data import AttributeDict
 from tokenizers import Tokenizer
@@ -15,6 +21,32 @@ from torch.utils.data import DataLoader
 from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir
 from bert_repro.tokenization import fine_tuning_tokenizer
+
+# Carved dev splits, train subsets and pre-training's val split and masks do not move with the restart
+# seed: restarts then differ in data order only (§4.1), and val/ppl compares across runs.
+HELD_OUT_SEED = 0
+
+
+def cache_key(*parts) -> str:
+    """A short stable hash of a cache file's inputs and settings (part of its name)."""
+    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+
+
+def fixed_subset(size: int, limit: int | None) -> list[int] | None:
+    """``limit`` of ``size`` rows drawn with HELD_OUT_SEED, in file order; None when limit is None or not
+    below size (all rows)."""
+    if limit is None or limit >= size:
+        return None
+    return np.sort(np.random.default_rng(HELD_OUT_SEED).choice(size, limit, replace=False)).tolist()
+
+
+def require_text(text, where: str, what: str) -> None:
+    """Refuse an empty or whitespace-only text: it tokenizes to nothing, and a question or answer of nothing
+    is scored as if it were one (a blank SQuAD context and answer gave a random model EM 50). ``where`` names
+    the file and its line, row or question; ``what`` the field."""
+    if text is None or not str(text).strip():
+        raise ValueError(f"{where}: {what} is {'missing' if text is None else repr(text)}; expected text "
+                         "(not empty or whitespace only)")
 
 
 class FineTuningDataModule(L.LightningDataModule):

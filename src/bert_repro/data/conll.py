@@ -12,8 +12,6 @@ what the paper describes), off by default.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from collections import defaultdict
 from pathlib import Path
@@ -23,7 +21,7 @@ import torch
 from datasets import ClassLabel, Dataset, Features, Sequence, Value, load_dataset
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
@@ -35,7 +33,6 @@ IGNORE = -100  # not in the loss, not predicted (torch's cross-entropy ignore_in
 SPLIT_FILES = {"train": ("eng.train", "train.txt"), "dev": ("eng.testa", "valid.txt", "dev.txt"),
                "test": ("eng.testb", "test.txt")}
 HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
-HELD_OUT_SEED = 0  # train subsets do not move with the restart seed
 CACHE_VERSION = 1
 
 
@@ -99,10 +96,6 @@ def read_conll(path: str | Path, labels: tuple[str, ...] = CONLL2003_LABELS) -> 
     if not out["tokens"]:
         raise ValueError(f"{path}: no sentences; expected CoNLL column lines (word POS chunk NER)")
     return out
-
-
-def _key(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def _fill(start: int, end: int, size: int, room: int) -> tuple[int, int]:
@@ -226,6 +219,9 @@ class ConllDataModule(FineTuningDataModule):
         hub = self.hparams.hub or {"path": "eriktks/conll2003"}
         rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
                             revision=hub.get("revision"), cache_dir=str(self.cache_dir / "hub"))
+        for i, tokens in enumerate(rows["tokens"]):
+            for w, token in enumerate(tokens or [None]):  # a sentence of no words: its first is missing
+                require_text(token, f"{hub['path']} ({split}) row {i}", f"word {w + 1}")
         feature = rows.features["ner_tags"].feature
         names = feature.names if isinstance(feature, ClassLabel) else CONLL2003_LABELS
         tags = [iob1_to_iob2([names[t] for t in sentence]) for sentence in rows["ner_tags"]]
@@ -248,12 +244,9 @@ class ConllDataModule(FineTuningDataModule):
         label_ids = {t: i for i, t in enumerate(self.labels)}
         rows = Dataset.from_dict({"tokens": sentences["tokens"], "document": sentences["document"],
                                   "tags": [[label_ids[t] for t in s] for s in sentences["tags"]]})
-        labelled = None
-        if split == "train" and hp.max_train_examples is not None and hp.max_train_examples < len(rows):
-            rng = np.random.default_rng(HELD_OUT_SEED)
-            labelled = sorted(rng.choice(len(rows), hp.max_train_examples, replace=False).tolist())
-        key = _key(CACHE_VERSION, source, _key(sentences), _key(self.vocab), self.lowercase,
-                   hp.max_seq_length, hp.document_context, labelled)
+        labelled = fixed_subset(len(rows), hp.max_train_examples) if split == "train" else None
+        key = cache_key(CACHE_VERSION, source, cache_key(sentences), cache_key(self.vocab), self.lowercase,
+                        hp.max_seq_length, hp.document_context, labelled)
         features = Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int16")),
                              "word": Sequence(Value("int16")), "sentence": Value("int64"),
                              "length": Value("int32")})

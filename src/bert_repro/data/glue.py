@@ -11,8 +11,6 @@ their own longest sequence (or to max_seq_length, as the released code), optiona
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,14 +20,13 @@ import yaml
 from datasets import Dataset, Features, Value, load_dataset
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.base import HELD_OUT_SEED, FineTuningDataModule, cache_key, fixed_subset, require_text
 from bert_repro.data.batching import PadCollator
 from bert_repro.data.tabular import FileSpec, normalise_rows, read_rows
 
 log = logging.getLogger(__name__)
 
-HELD_OUT_SEED = 0  # carved dev splits and train subsets do not move with the restart seed
-CACHE_VERSION = 1  # bump when the row format below changes
+CACHE_VERSION = 2  # bump when the row format below changes (2: rows with a blank text are refused)
 
 
 @dataclass(frozen=True)
@@ -92,10 +89,6 @@ def truncated_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
     if 2 * short <= budget:  # only the longer side is cut
         return (budget - len_b, len_b) if len_a > len_b else (len_a, budget - len_a)
     return (budget + 1) // 2, budget // 2  # both cut down to halves, A keeping the odd token
-
-
-def _key(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
 
 
 def _tokenize(batch: dict, indices: list[int], tokenizer: Tokenizer, max_seq_length: int) -> dict:
@@ -195,8 +188,8 @@ class GlueDataModule(FineTuningDataModule):
                         label_map=file.label_map, where=file.path, unit=unit, first=first)
         # the rows' fingerprint names the file; `where` (the path as spelled, for messages) stays out of the
         # key
-        key = _key(CACHE_VERSION, rows._fingerprint, {k: v for k, v in settings.items() if k != "where"},
-                   self.spec.labels is None)
+        key = cache_key(CACHE_VERSION, rows._fingerprint, {k: v for k, v in settings.items() if k != "where"},
+                        self.spec.labels is None)
         features = {"text_a": Value("string"),
                     "label": Value("float32" if self.spec.labels is None else "int64"),
                     "idx": Value("string")}
@@ -213,6 +206,9 @@ class GlueDataModule(FineTuningDataModule):
                                                                 split.replace("dev", "validation"))
         rows = load_dataset(hub["path"], name, split=hub_split, cache_dir=str(self.cache_dir / "hub"))
         a, b = self.spec.hub_text
+        for column in filter(None, (a, b)):
+            for i, text in enumerate(rows[column]):
+                require_text(text, f"{hub['path']} {name} ({hub_split}) row {i}", f"column {column!r}")
         rows = rows.rename_columns({a: "text_a", **({b: "text_b"} if b else {})})
         return rows.cast_column("idx", Value("string"))
 
@@ -243,16 +239,16 @@ class GlueDataModule(FineTuningDataModule):
             splits["train"], splits[dev] = parts["train"], parts["test"]
             log.info("%s: dev carved out of train: %d rows (train keeps %d)", self.task, len(parts["test"]),
                      len(parts["train"]))
-        if hp.max_train_examples is not None and hp.max_train_examples < len(splits["train"]):
-            rng = np.random.default_rng(HELD_OUT_SEED)
-            subset = np.sort(rng.choice(len(splits["train"]), hp.max_train_examples, replace=False))
+        subset = fixed_subset(len(splits["train"]), hp.max_train_examples)
+        if subset is not None:
             splits["train"] = splits["train"].select(subset)
         return splits
 
     # -- tokens ----------------------------------------------------------------------------------
     def _encoded(self, split: str, rows: Dataset) -> Dataset:
         hp = self.hparams
-        key = _key(CACHE_VERSION, rows._fingerprint, _key(self.vocab), self.lowercase, hp.max_seq_length)
+        key = cache_key(CACHE_VERSION, rows._fingerprint, cache_key(self.vocab), self.lowercase,
+                        hp.max_seq_length)
         features = Features({"input_ids": [Value("int32")], "token_type_ids": [Value("int8")],
                              "length": Value("int32"), "label": rows.features["label"],
                              "idx": Value("string"), "row": Value("int64")})

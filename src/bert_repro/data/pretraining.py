@@ -4,8 +4,6 @@ masked-LM corruption) is in `instances.py`; the corpora are in `corpus.py` (file
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 import time
 from pathlib import Path
@@ -19,6 +17,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from bert_repro.data import instances
+from bert_repro.data.base import HELD_OUT_SEED, cache_key
 from bert_repro.data.batching import eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir, load_documents, replaced_whole
 from bert_repro.data.hub import load_hub_documents
@@ -28,8 +27,6 @@ from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_
 log = logging.getLogger(__name__)
 
 PAD_ID = 0  # [PAD] is id 0 in google-research/bert vocabularies (checked against the tokenizer)
-# the val split and its masks do not move with the training seed, so val/ppl compares across runs
-HELD_OUT_SEED = 0
 CACHE_FORMAT = 2  # bump when the cached token or instance layout changes, so old caches are not read back
 
 
@@ -86,11 +83,6 @@ class PretrainingCollator:
         return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
-def _key(*parts) -> str:
-    return hashlib.sha256(
-        json.dumps([CACHE_FORMAT, *parts], sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
 class PretrainDataModule(L.LightningDataModule):
     """Masked LM + NSP pre-training data (§3.3) and its ablations: No NSP, LTR (§5.1), MASK/SAME/RND
     shares (v2 C.2), static vs dynamic masking, whole-word masking.
@@ -98,8 +90,9 @@ class PretrainDataModule(L.LightningDataModule):
     Pipeline (each step cached under cache_dir, keyed by its inputs and settings): documents (`source`:
     "files" reads `corpus`, "hub" the Hugging Face datasets listed in `hub`) -> train/val split by
     document -> WordPiece vocab (trained on the train documents unless `tokenizer` names one: a vocab.txt,
-    tokenizer.json, HF directory, or one of our .ckpt files, whose vocabulary it carries) -> token ids ->
-    instances (`dupe_factor` rounds with different randomness, as the original's default 10) -> batches.
+    tokenizer.json, HF directory, or the run's vocabulary as a list, as run.resolve_vocab reads it from a
+    .ckpt) -> token ids -> instances (`dupe_factor` rounds with different randomness, as the original's
+    default 10) -> batches.
     The val set is always masked statically with HELD_OUT_SEED.
     """
 
@@ -173,7 +166,7 @@ class PretrainDataModule(L.LightningDataModule):
             # documents.
             folder = self.cache_dir / "pretrain"
             folder.mkdir(parents=True, exist_ok=True)
-            key = _key(docs._fingerprint, n_val, HELD_OUT_SEED)
+            key = cache_key(CACHE_FORMAT, docs._fingerprint, n_val, HELD_OUT_SEED)
 
             def part(name: str, rows: np.ndarray) -> Dataset:
                 return docs.select(np.sort(rows),
@@ -187,21 +180,12 @@ class PretrainDataModule(L.LightningDataModule):
         hp = self.hparams
         if isinstance(hp.tokenizer, (list, tuple)):  # the run's vocabulary itself (run.resolve_vocab)
             self._tokenizer = tokenizer_from_vocab(list(hp.tokenizer), hp.lowercase)
-        elif hp.tokenizer is not None and str(hp.tokenizer).endswith(".ckpt"):
-            # e.g. phase 2 of the two-phase schedule: phase 1's vocabulary, which its checkpoint carries
-            from bert_repro.convert.loaders import load_checkpoint
-
-            loaded = load_checkpoint(hp.tokenizer)
-            if loaded.vocab is None:
-                raise ValueError(f"tokenizer {hp.tokenizer}: the checkpoint carries no vocabulary")
-            self.lowercase = bool(loaded.lowercase if loaded.lowercase is not None else hp.lowercase)
-            self._tokenizer = tokenizer_from_vocab(loaded.vocab, self.lowercase)
         elif hp.tokenizer is not None:
             self._tokenizer = load_tokenizer(hp.tokenizer, lowercase=hp.lowercase)
         else:
             train_docs, _ = self._documents()
-            path = (self.cache_dir / "wordpiece" / _key(train_docs._fingerprint, hp.vocab_size, hp.lowercase)
-                    / "vocab.txt")
+            key = cache_key(CACHE_FORMAT, train_docs._fingerprint, hp.vocab_size, hp.lowercase)
+            path = self.cache_dir / "wordpiece" / key / "vocab.txt"
             path.parent.mkdir(parents=True, exist_ok=True)
             # Runs started side by side (a table's sweeps_at_once) train it once and share it: the trainer is
             # not deterministic (huggingface/tokenizers#1794), so two trainings would give two vocabularies.
@@ -237,7 +221,7 @@ class PretrainDataModule(L.LightningDataModule):
         folder = self.cache_dir / "pretrain"
         folder.mkdir(parents=True, exist_ok=True)
         num_proc = hp.num_proc if hp.num_proc > 1 else None
-        tokens_key = _key(docs._fingerprint, self.vocab, self.lowercase)
+        tokens_key = cache_key(CACHE_FORMAT, docs._fingerprint, self.vocab, self.lowercase)
         start = time.perf_counter()
         # Small batches, written out as they come: a batch of books is the largest thing held in memory.
         with datasets_progress(f"{split}: tokenizing {len(docs)} documents"):
@@ -251,8 +235,8 @@ class PretrainDataModule(L.LightningDataModule):
         settings = dict(seed=seed, dupe_factor=dupe_factor, max_seq_length=hp.max_seq_length,
                         short_seq_prob=hp.short_seq_prob, nsp=hp.nsp, cls_id=self.special_ids["[CLS]"],
                         sep_id=self.special_ids["[SEP]"], mask=mask)
-        key = _key(tokens_key,
-                   {**settings, "mask": mask and {k: v for k, v in mask.items() if k != "is_continuation"}})
+        mask_key = mask and {k: v for k, v in mask.items() if k != "is_continuation"}
+        key = cache_key(CACHE_FORMAT, tokens_key, {**settings, "mask": mask_key})
         cache_file = folder / f"instances-{split}-{key}.arrow"
         # with num_proc, datasets writes one file per shard
         cached = any(folder.glob(f"{cache_file.stem}*.arrow"))

@@ -25,12 +25,11 @@ labels are in data/glue_tasks.yaml beside the GLUE tasks'.
 
 from __future__ import annotations
 
-import hashlib
-import json
 from pathlib import Path
 
 import numpy as np
 
+from bert_repro.data.base import cache_key
 from bert_repro.data.conll import ConllDataModule
 from bert_repro.data.corpus import default_cache_dir, pydoc_documents, replaced_whole
 from bert_repro.data.glue import GlueDataModule, glue_task
@@ -78,7 +77,7 @@ def write_task(task: str, folder: Path, train_examples: int, dev_examples: int) 
     """The task's train.tsv and dev.tsv (written once, then reused); returns their paths."""
     if task not in TASKS:
         raise ValueError(f"unknown demonstration task {task!r}; expected one of {', '.join(TASKS)}")
-    key = hashlib.sha256(json.dumps([VERSION, task, train_examples, dev_examples]).encode()).hexdigest()[:12]
+    key = cache_key(VERSION, task, train_examples, dev_examples)[:12]
     out = folder / f"{task}-{key}"
     paths = {split: out / f"{split}.tsv" for split in ("train", "dev")}
     if all(p.is_file() for p in paths.values()):

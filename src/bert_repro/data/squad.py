@@ -15,7 +15,6 @@ does not tokenize again.
 from __future__ import annotations
 
 import bisect
-import hashlib
 import json
 import logging
 from pathlib import Path
@@ -26,13 +25,12 @@ from datasets import Dataset, Features, Sequence, Value, load_dataset
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
 log = logging.getLogger(__name__)
 
-HELD_OUT_SEED = 0  # train / dev subsets do not move with the restart seed
 CACHE_VERSION = 1  # bump when the window format below changes
 FILES = {1: {"train": "train-v1.1.json", "dev": "dev-v1.1.json"},
          2: {"train": "train-v2.0.json", "dev": "dev-v2.0.json"}}
@@ -54,9 +52,12 @@ WINDOW_FEATURES = Features({
 
 # -- questions ---------------------------------------------------------------------------------------
 def check_question(row: dict, version: int, where: str) -> None:
-    """Refuse what the SQuAD files never hold: an answer that is not the context's text at its answer_start
-    (or lies outside the context), an unanswerable question in v1.1, an answerable one without answers."""
+    """Refuse what the SQuAD files never hold: an empty context, question or answer, an answer that is not the
+    context's text at its answer_start (or lies outside the context), an unanswerable question in v1.1, an
+    answerable one without answers."""
     qid, context, answers = row["id"], row["context"], row["answers"]
+    for what in ("context", "question"):
+        require_text(row[what], f"{where}: question {qid}", f"its {what}")
     impossible = row.get("is_impossible", False) or not answers["text"]
     if version == 1 and impossible:
         raise ValueError(f"{where}: question {qid} has no answer; every SQuAD v1.1 question has one "
@@ -66,8 +67,9 @@ def check_question(row: dict, version: int, where: str) -> None:
         raise ValueError(f"{where}: question {qid} has is_impossible={row['is_impossible']} but "
                          f"{len(answers['text'])} answers; expected answers only on possible questions")
     for text, start in zip(answers["text"], answers["answer_start"]):
+        require_text(text, f"{where}: question {qid}", "an answer")
         end = start + len(text)
-        if start < 0 or end > len(context) or not text:
+        if start < 0 or end > len(context):
             raise ValueError(f"{where}: question {qid}: answer {text!r} at answer_start {start} lies outside "
                              f"its context ({len(context)} characters)")
         if context[start:end] != text:
@@ -108,6 +110,8 @@ def read_squad_json(path: str | Path, version: int) -> list[dict]:
     except (KeyError, TypeError) as err:
         raise ValueError(f"{path}: not in the SQuAD layout (missing {err}); expected data > paragraphs > "
                          "context, qas > id, question, answers > text, answer_start") from err
+    if not rows:
+        raise ValueError(f"{path}: no questions; expected data > paragraphs > qas with at least one question")
     return rows
 
 
@@ -182,10 +186,6 @@ def make_windows(batch: dict, indices: list[int], tokenizer: Tokenizer, max_seq_
     return out
 
 
-def _key(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
-
-
 class SpanCollator:
     """Pads a batch of windows to its longest one; ``window`` indexes the split's windows (for
     post-processing)."""
@@ -242,16 +242,14 @@ class SquadDataModule(FineTuningDataModule):
         return rows.cast(EXAMPLE_FEATURES)
 
     def _subset(self, rows: Dataset, limit: int | None) -> Dataset:
-        if limit is None or limit >= len(rows):
-            return rows
-        rng = np.random.default_rng(HELD_OUT_SEED)
-        return rows.select(np.sort(rng.choice(len(rows), limit, replace=False)))
+        subset = fixed_subset(len(rows), limit)
+        return rows if subset is None else rows.select(subset)
 
     # -- windows -----------------------------------------------------------------------------------
     def _windows(self, split: str, rows: Dataset) -> Dataset:
         hp = self.hparams
         settings = (hp.max_seq_length, hp.doc_stride, hp.max_query_length)
-        key = _key(CACHE_VERSION, rows._fingerprint, _key(self.vocab), self.lowercase, settings)
+        key = cache_key(CACHE_VERSION, rows._fingerprint, cache_key(self.vocab), self.lowercase, settings)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         windows = rows.map(
             make_windows, batched=True, batch_size=500, with_indices=True,
@@ -260,7 +258,7 @@ class SquadDataModule(FineTuningDataModule):
                        "doc_stride": hp.doc_stride, "max_query_length": hp.max_query_length},
             features=WINDOW_FEATURES, new_fingerprint=key,
             cache_file_name=str(self.cache_dir / f"windows-v{self.version}-{split}-{key}.arrow"))
-        return windows.add_column("window", np.arange(len(windows)), new_fingerprint=_key(key, "window"))
+        return windows.add_column("window", np.arange(len(windows)), new_fingerprint=cache_key(key, "window"))
 
     def build(self) -> None:
         hp = self.hparams

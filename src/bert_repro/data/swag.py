@@ -7,17 +7,14 @@ is (B, 4, T), padded to its longest sequence.
 
 from __future__ import annotations
 
-import hashlib
-import json
 import logging
 from pathlib import Path
 
-import numpy as np
 import torch
 from datasets import Dataset, Features, Sequence, Value, load_dataset
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule
+from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.glue import truncated_lengths
 from bert_repro.data.tabular import FileSpec, read_rows
@@ -28,12 +25,7 @@ NUM_CHOICES = 4
 SPLIT_FILES = {"train": "train.csv", "dev": "val.csv", "test": "test.csv"}
 HUB_SPLITS = {"train": "train", "dev": "validation", "test": "test"}
 COLUMNS = ("sent1", "sent2", *(f"ending{i}" for i in range(NUM_CHOICES)))
-HELD_OUT_SEED = 0  # train subsets do not move with the restart seed
-CACHE_VERSION = 1
-
-
-def _key(*parts) -> str:
-    return hashlib.sha256(json.dumps(parts, sort_keys=True, default=str).encode()).hexdigest()[:20]
+CACHE_VERSION = 2  # bump when the rows below change (2: rows with a blank field are refused)
 
 
 def _examples(batch: dict, indices: list[int], where: str, labelled: bool) -> dict:
@@ -41,6 +33,8 @@ def _examples(batch: dict, indices: list[int], where: str, labelled: bool) -> di
     row."""
     out: dict[str, list] = {"context": [], "endings": [], "label": [], "idx": [], "row": []}
     for r, i in enumerate(indices):
+        for column in COLUMNS:
+            require_text(batch[column][r], f"{where} row {i + 1} (after the header)", f"column {column!r}")
         out["context"].append(batch["sent1"][r])
         out["endings"].append([f"{batch['sent2'][r]} {batch[f'ending{k}'][r]}" for k in range(NUM_CHOICES)])
         label = -1
@@ -134,7 +128,7 @@ class SwagDataModule(FineTuningDataModule):
     def _encoded(self, split: str, rows: Dataset, where: str) -> Dataset:
         hp = self.hparams
         labelled = split != "test" and "label" in rows.column_names
-        key = _key(CACHE_VERSION, rows._fingerprint, labelled)
+        key = cache_key(CACHE_VERSION, rows._fingerprint, labelled)
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         examples = rows.map(_examples, batched=True, with_indices=True, remove_columns=rows.column_names,
                             fn_kwargs={"where": where, "labelled": labelled},
@@ -143,13 +137,10 @@ class SwagDataModule(FineTuningDataModule):
                                                "idx": Value("string"), "row": Value("int64")}),
                             new_fingerprint=f"examples-{key}",
                             cache_file_name=str(self.cache_dir / f"examples-{split}-{key}.arrow"))
-        subset = None
-        if split == "train" and hp.max_train_examples is not None and hp.max_train_examples < len(examples):
-            rng = np.random.default_rng(HELD_OUT_SEED)
-            subset = np.sort(rng.choice(len(examples), hp.max_train_examples, replace=False))
+        subset = fixed_subset(len(examples), hp.max_train_examples) if split == "train" else None
+        if subset is not None:
             examples = examples.select(subset)
-        key = _key(key, _key(self.vocab), self.lowercase, hp.max_seq_length,
-                   None if subset is None else subset.tolist())
+        key = cache_key(key, cache_key(self.vocab), self.lowercase, hp.max_seq_length, subset)
         return examples.map(_tokenize, batched=True, batch_size=1000, remove_columns=["context", "endings"],
                             fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
                             features=Features({"label": Value("int64"), "idx": Value("string"),

@@ -15,6 +15,7 @@ from pathlib import Path
 from datasets import Dataset, Features, Value, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
+from bert_repro.data.base import require_text
 from bert_repro.data.textfiles import require_utf8
 
 
@@ -53,20 +54,24 @@ def _root_cause(err: BaseException) -> BaseException:
     return err
 
 
-def _check_field_counts(path: Path, sep: str, quoting: int, expected: int, first_line: int) -> None:
-    """Every row has the header's number of fields (pandas would fill a short row with empty strings)."""
+def _check_field_counts(path: Path, sep: str, quoting: int, expected: int, first_line: int) -> int:
+    """Every row has the header's number of fields (pandas would fill a short row with empty strings); returns
+    the number of rows."""
+    rows = 0
     with path.open(encoding="utf-8-sig", newline="") as f:
         reader = csv.reader(f, delimiter=sep, quoting=quoting)
         for _ in range(first_line - 1):
             next(reader, None)
         try:
             for row in reader:
+                rows += bool(row)
                 if row and len(row) != expected:
                     layout = " (tab-separated, quotes literal, as GLUE's files)" if sep == "\t" else ""
                     raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields, "
                                      f"expected {expected}{layout}")
         except csv.Error as err:  # e.g. a field past csv's size limit, where a quote was never closed
             raise ValueError(f"{path} line {reader.line_num}: not a readable row ({err})") from None
+    return rows
 
 
 def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
@@ -81,14 +86,25 @@ def read_rows(spec: FileSpec, cache_dir: Path) -> Dataset:
     resolved = str(path.resolve())  # datasets fingerprints the path as spelled: one spelling, one cache
     try:
         if spec.format == "json":
-            return load_dataset("json", data_files=resolved, field=spec.json_field, cache_dir=cache,
-                                split="train").flatten()
+            # no records: the json builder fails with messages that name no file (or stops iterating)
+            if not path.read_text(encoding="utf-8-sig").strip():
+                raise ValueError(f"{path}: empty; expected at least one example")
+            try:
+                return load_dataset("json", data_files=resolved, field=spec.json_field, cache_dir=cache,
+                                    split="train").flatten()
+            except ValueError as err:
+                if "corresponds to no data" not in str(err):
+                    raise
+                raise ValueError(f"{path}: no records; expected at least one example") from None
         sep, quoting = ("\t", csv.QUOTE_NONE) if spec.format == "tsv" else (",", csv.QUOTE_MINIMAL)
         names = spec.names
         if names is None:
             with path.open(encoding="utf-8-sig", newline="") as f:  # utf-8-sig: MRPC starts with a BOM
                 names = next(csv.reader(f, delimiter=sep, quoting=quoting), [])
-        _check_field_counts(path, sep, quoting, len(names), first_line=2 if spec.header else 1)
+        # a file without rows: the csv builder's own message names no file
+        if not names or not _check_field_counts(path, sep, quoting, len(names), 2 if spec.header else 1):
+            raise ValueError(f"{path}: no rows{' after the header line' if names and spec.header else ''}; "
+                             "expected at least one example")
         # Every column as a string: no type guessing, and "NA" / "null" / "" stay text (na_filter off).
         return load_dataset("csv", data_files=resolved, sep=sep, quoting=quoting,
                             header=0 if spec.header else None, names=list(names),
@@ -112,6 +128,7 @@ def normalise_rows(batch: dict, indices: list[int], columns: dict, labels: tuple
                 text = batch[columns[key]][r]
                 if text is None:
                     raise ValueError(f"{line}: no value in column {columns[key]!r} (too few fields?)")
+                require_text(text, line, f"column {columns[key]!r}")
                 out[key].append(str(text))
         label = -1
         if columns["label"]:
