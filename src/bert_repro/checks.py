@@ -3,13 +3,14 @@
 from __future__ import annotations
 
 import logging
-import tempfile
 from pathlib import Path
 
 import torch
 from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
+
+from bert_repro.cli import unwritable
 
 log = logging.getLogger(__name__)
 
@@ -112,10 +113,14 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
                 "rank by rerunning the command line, which would start the sweep again inside every job. Run "
                 "the sweep with hydra/launcher=submitit_slurm (one SLURM task per device), or its cells one "
                 "by one")
-    try:  # writable before any work: a run that cannot write its results has nothing to show
-        output_dir.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=output_dir):
-            pass
-    except OSError as err:
-        raise UsageError(f"output folder {output_dir} is not writable ({err.strerror}); choose another with "
-                         "hydra.run.dir=... (or hydra.sweep.dir=... for -m)") from None
+    check_writable(output_dir, Path(cfg.paths.cache_dir))
+
+
+def check_writable(output_dir: Path, cache_dir: Path) -> None:
+    """The two folders a run writes, before any work: a run that cannot write its results has nothing to show,
+    and one that cannot write its cache fails at its first tokenization, deep inside the datasets library."""
+    for folder, what, key in ((output_dir, "output", "hydra.run.dir=... (or hydra.sweep.dir=... for -m)"),
+                              (cache_dir, "cache", "paths.cache_dir=... (or the BERT_REPRO_CACHE variable)")):
+        reason = unwritable(folder)
+        if reason is not None:
+            raise UsageError(f"{what} folder {folder} is not writable ({reason}); choose another with {key}")

@@ -2,6 +2,8 @@
 
 - ``AtomicCheckpointIO``: checkpoints written to a temporary file in the same folder, synced, then renamed
   over the old one, so ``last.ckpt`` is always a whole checkpoint; read back with ``weights_only=True`` only.
+- ``machine_faults_named``: a full disk, a read-only folder, a missing permission reported as what it is,
+  with the path and the checkpoint that is kept (``MachineFault``), not as a traceback.
 - ``RNGState``: the torch / numpy / python RNG states in every checkpoint (Lightning saves none), put back
   when training resumes, so dropout continues the uninterrupted run's stream.
 - ``SameRun``: a checkpoint found in the run folder (``ckpt_path=last``) is resumed only by the same settings.
@@ -12,12 +14,15 @@
 
 from __future__ import annotations
 
+import errno
 import logging
 import os
 import random
+import shutil
 import signal
 import tempfile
-from contextlib import suppress
+from collections.abc import Iterator
+from contextlib import contextmanager, suppress
 from pathlib import Path
 from typing import Any
 
@@ -41,7 +46,9 @@ def safe_load(path: str | Path, map_location: Any = "cpu") -> Any:
 class AtomicCheckpointIO(TorchCheckpointIO):
     """Lightning's torch checkpoint IO, made atomic (temporary file + fsync + rename in the same folder) and
     safe to read (``weights_only=True``). Lightning's own save goes through a temporary file in /tmp that
-    is moved, which is a copy, not a rename, when /tmp is another file system."""
+    is moved, which is a copy, not a rename, when /tmp is another file system. A failed write is raised as
+    the OSError it is, with the checkpoint's path: torch.save reports one as ``RuntimeError: [enforce fail at
+    inline_container.cc:...]``, raised while handling the OSError of the write."""
 
     def save_checkpoint(self, checkpoint: dict[str, Any], path: str | Path,
                         storage_options: Any = None) -> None:
@@ -54,9 +61,12 @@ class AtomicCheckpointIO(TorchCheckpointIO):
                 f.flush()
                 os.fsync(f.fileno())
             os.replace(tmp, path)
-        except BaseException:
+        except BaseException as err:
             with suppress(FileNotFoundError):
                 os.unlink(tmp)
+            cause = _os_error(err)
+            if cause is not None and cause.errno in FAULTS:
+                raise OSError(cause.errno, cause.strerror, str(path)) from err
             raise
         folder = os.open(path.parent, os.O_RDONLY)  # the rename itself survives a power cut
         try:
@@ -69,6 +79,65 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         if not Path(path).is_file():
             raise FileNotFoundError(f"checkpoint {path} does not exist")
         return safe_load(path, map_location=map_location or "cpu")
+
+
+def _os_error(err: BaseException | None) -> OSError | None:
+    """``err`` when it is an OSError, else the one it was raised while handling."""
+    while err is not None and not isinstance(err, OSError):
+        err = err.__cause__ or err.__context__
+    return err
+
+
+# -- faults of the machine ---------------------------------------------------------------------------
+FAULTS = {  # errno -> what it is, what to do
+    errno.ENOSPC: ("no space left on device writing", "free space and rerun"),
+    errno.EDQUOT: ("disk quota exceeded writing", "free space or raise the quota, and rerun"),
+    errno.EROFS: ("read-only file system writing", "make it writable and rerun"),
+    errno.EACCES: ("permission denied on", "give this user access and rerun"),
+    errno.EPERM: ("operation not permitted on", "give this user access and rerun"),
+    errno.EIO: ("input/output error on", "the disk or network file system failed: check it and rerun"),
+}
+FULL = 1 << 20  # bytes free under which a file system counts as full
+
+
+class MachineFault(Exception):
+    """A fault of the machine, not of the input or the code: a full disk, a read-only or forbidden folder."""
+
+
+@contextmanager
+def machine_faults_named(places: dict[str, Path], checkpoint: Path | None = None) -> Iterator[None]:
+    """Turns an OSError of the machine (``FAULTS``) into a ``MachineFault`` that says what it is, the path,
+    the config key that chose the folder (``places``: key -> folder) and the last good ``checkpoint`` kept
+    (checkpoints and results.json are written atomically: a failed write leaves the earlier file whole)."""
+    try:
+        yield
+    except OSError as err:
+        if err.errno not in FAULTS:
+            raise
+        what, advice = FAULTS[err.errno]
+        path = err.filename
+        if path is None:  # a write to an open file (results.json, a log) names none: the place that is full
+            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
+                raise  # no path, and no way to find one: as it came
+            path = next((p for p in places.values() if _free(p) < FULL), next(iter(places.values())))
+        key = next((k for k, p in places.items() if _within(Path(path), p)), None)
+        if key is not None:
+            now = f" (now {places[key]})" if Path(path) != places[key] else ""
+            advice += f", or choose another folder with {key}=...{now}"
+        if checkpoint is not None and checkpoint.is_file():
+            advice += f"; the last good checkpoint {checkpoint} is kept"
+        raise MachineFault(f"{what} {path}: {advice}") from err
+
+
+def _free(folder: Path) -> int:
+    try:
+        return shutil.disk_usage(folder).free
+    except OSError:
+        return FULL
+
+
+def _within(path: Path, folder: Path) -> bool:
+    return path.resolve().is_relative_to(folder.resolve())
 
 
 def slurm_plugins() -> list:

@@ -1,0 +1,112 @@
+"""One process per run folder (bert_repro.locks): src/train.py or src/evaluate.py started into a live run's
+folder is refused at once, naming the holder, and leaves the folder as it was; so is a multirun job
+(run.main); a lock whose holder was killed is taken over with one log line; the DDP ranks a run starts work
+under their launcher's lock."""
+
+import logging
+import os
+import signal
+import socket
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from hydra import compose, initialize_config_dir
+from hydra.core.global_hydra import GlobalHydra
+
+from bert_repro.locks import LOCK_FILE, FolderInUse, RunFolderLock
+
+from .conftest import CONF, REPO
+from .test_bad_inputs import FAST, fingerprint
+
+
+def earlier_run(folder: Path) -> Path:
+    """A run folder with results and a checkpoint; refused processes must not read or touch them."""
+    (folder / "checkpoints").mkdir(parents=True)
+    (folder / "results.json").write_text('{"status": "complete"}\n')
+    (folder / "checkpoints" / "last.ckpt").write_bytes(os.urandom(1024))
+    return folder
+
+
+@contextmanager
+def held_by_another_process(folder: Path) -> Iterator[int]:
+    """``folder`` locked by a live process (its pid) for the duration."""
+    code = ("import sys; from bert_repro.locks import RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+
+
+@pytest.mark.e2e
+def test_a_second_process_into_a_live_run_folder_is_refused(tmp_path):
+    folder = earlier_run(tmp_path / "run")
+    before = fingerprint(folder)
+    commands = {"train.py": FAST, "evaluate.py": ["task=rte", f"init={folder}/checkpoints/last.ckpt"]}
+    with held_by_another_process(folder) as pid:
+        for script, args in commands.items():
+            command = [sys.executable, str(REPO / "src" / script), *args, f"hydra.run.dir={folder}",
+                       f"paths.cache_dir={tmp_path / 'cache'}"]
+            proc = subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=300,
+                                  env={**os.environ, "OMP_NUM_THREADS": "1"})
+            output = proc.stdout + proc.stderr
+            assert proc.returncode == 2, output[-3000:]
+            assert f"run folder {folder} is in use by pid {pid} on host {socket.gethostname()}" in output
+            assert "Traceback" not in output
+    assert fingerprint(folder) == before
+    assert not (folder / ".hydra").exists()  # refused before Hydra wrote this command's config into it
+
+
+def test_run_main_into_a_live_run_folder_is_refused(tmp_path, caplog):
+    from bert_repro.run import main  # where each job of a multirun locks its own folder
+
+    folder = earlier_run(tmp_path / "run")
+    before = fingerprint(folder)
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[*FAST, f"paths.output_dir={folder}", f"paths.cache_dir={tmp_path}"])
+    with held_by_another_process(folder) as pid, pytest.raises(SystemExit) as exit_:
+        main(cfg)
+    assert exit_.value.code == 2
+    assert f"run folder {folder} is in use by pid {pid}" in caplog.text
+    assert fingerprint(folder) == before
+
+
+def test_a_lock_left_by_a_killed_process_is_taken_over_once(tmp_path, caplog):
+    folder = tmp_path / "run"
+    killed = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; from bert_repro.locks import "
+                               "RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
+                               "os.kill(os.getpid(), signal.SIGKILL)", str(folder)], cwd=REPO)
+    assert killed.wait(timeout=60) == -signal.SIGKILL
+    assert (folder / LOCK_FILE).read_text()  # its record stays, its OS lock went with it
+    with caplog.at_level(logging.INFO, logger="bert_repro.locks"):
+        with RunFolderLock(folder):
+            pass
+        lines = [r.getMessage() for r in caplog.records]
+        assert len(lines) == 1, lines
+        assert f"taking over the lock left by pid {killed.pid} on host {socket.gethostname()}" in lines[0]
+        caplog.clear()
+        with RunFolderLock(folder):  # released in order: nothing left to take over
+            pass
+        assert not caplog.records
+
+
+def test_ddp_ranks_run_under_their_launchers_lock(tmp_path, monkeypatch):
+    folder = tmp_path / "run"
+    with held_by_another_process(folder) as pid:
+        with pytest.raises(FolderInUse, match=f"run folder {folder} is in use by pid {pid}"):
+            with RunFolderLock(folder):
+                pass
+        for rank in ("LOCAL_RANK", "RANK", "SLURM_PROCID"):  # Lightning's DDP children, torchrun, SLURM
+            with monkeypatch.context() as env:
+                env.setenv(rank, "1")
+                with RunFolderLock(folder):
+                    pass
