@@ -372,6 +372,36 @@ def test_cli_to_hf_and_a_tolerance_that_fails(tmp_path, capsys):
     assert "FAIL" in capsys.readouterr().out
 
 
+def snapshot(folder: Path) -> dict[str, bytes]:
+    return {str(p.relative_to(folder)): p.read_bytes() for p in sorted(folder.rglob("*")) if p.is_file()}
+
+
+def test_cli_to_hf_refuses_a_folder_with_files_and_force_replaces_it_whole(hf_pretraining, tmp_path, capsys):
+    src, _ = hf_pretraining  # no vocabulary: an export of it writes no tokenizer files
+    out = tmp_path / "exported"
+    out.mkdir()
+    for name, text in {"config.json": '{"old": 1}', "vocab.txt": "[PAD]\nold\n",
+                       "tokenizer_config.json": '{"do_lower_case": false}', "notes.md": "mine"}.items():
+        (out / name).write_text(text)
+    before = snapshot(out)
+    refused = run_cli("to-hf", str(src), str(out))
+    assert refused.returncode == 2, refused.stdout + refused.stderr
+    assert f"error: {out} is not empty" in refused.stderr and "--force" in refused.stderr
+    assert "Traceback" not in refused.stderr and snapshot(out) == before
+    (plain := tmp_path / "plain").write_text("a file")
+    assert main(["to-hf", str(src), str(plain)]) == 2 and plain.read_text() == "a file"
+    assert main(["to-hf", str(tmp_path / "no_such_checkpoint"), str(out), "--force"]) == 2
+    assert snapshot(out) == before  # a failed export replaces nothing
+    capsys.readouterr()
+
+    assert main(["to-hf", str(src), str(out), "--force"]) == 0
+    assert sorted(snapshot(out)) == ["config.json", "model.safetensors"]  # no old tokenizer beside the model
+    assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
+    said = capsys.readouterr().out
+    assert f"deleted the earlier contents of {out}: config.json, notes.md" in said
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["exported", "plain"]  # no temporary folder left
+
+
 # ---------------------------------------------------------------------------------------- fine-tuned export
 
 TINY = dict(vocab_size=99, hidden_size=32, num_layers=2, num_heads=4, intermediate_size=37)

@@ -1,5 +1,6 @@
 """``python -m bert_repro.convert check|to-hf``: the parity check against transformers, and export to
-Hugging Face format of any checkpoint ``load_checkpoint`` reads (a fine-tuned one with its task head)."""
+Hugging Face format of any checkpoint ``load_checkpoint`` reads (a fine-tuned one with its task head), into
+an empty or new folder (``--force`` replaces a non-empty one whole)."""
 
 from __future__ import annotations
 
@@ -9,7 +10,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from bert_repro.convert.export import export_finetuned, export_hf, finetuned_architecture
+from bert_repro.convert.export import export_finetuned, export_hf, finetuned_architecture, fresh_folder
 from bert_repro.convert.loaders import build_model, load_checkpoint
 from bert_repro.convert.names import ARCHITECTURES, HEADS
 from bert_repro.convert.parity import (
@@ -86,21 +87,24 @@ def task_module(path: Path, strict: bool = True):
                           "task module (classification, tagging, span, choice)")
 
 
-def _to_hf(src: str, out: str, encoder_only: bool) -> int:
-    module = None if encoder_only else task_module(Path(src))
-    if module is not None:
-        try:
-            architecture = finetuned_architecture(module)
-        except ValueError as err:
-            raise CheckpointError(f"{src}: {err}") from None
-        export_finetuned(module, out)
-        print(f"wrote {out} ({architecture})")
-        return 0
-    loaded = load_checkpoint(src)
-    model = build_model(loaded, nsp="nsp" not in loaded.missing_heads)
-    export_hf(model, out, loaded.vocab, loaded.lowercase is not False, loaded.missing_heads)
-    has = [head not in loaded.missing_heads for head in HEADS]
-    print(f"wrote {out} ({ARCHITECTURES[tuple(has)]})")
+def _to_hf(src: str, out: str, encoder_only: bool, force: bool) -> int:
+    replaced = sorted(p.name for p in Path(out).iterdir()) if force and Path(out).is_dir() else []
+    with fresh_folder(out, force) as new:  # refuses a non-empty folder unless force, before any work
+        module = None if encoder_only else task_module(Path(src))
+        if module is not None:
+            try:
+                architecture = finetuned_architecture(module)
+            except ValueError as err:
+                raise CheckpointError(f"{src}: {err}") from None
+            export_finetuned(module, new)
+        else:
+            loaded = load_checkpoint(src)
+            model = build_model(loaded, nsp="nsp" not in loaded.missing_heads)
+            export_hf(model, new, loaded.vocab, loaded.lowercase is not False, loaded.missing_heads)
+            architecture = ARCHITECTURES[tuple(head not in loaded.missing_heads for head in HEADS)]
+    if replaced:
+        print(f"--force: deleted the earlier contents of {out}: {', '.join(replaced)}")
+    print(f"wrote {out} ({architecture})")
     return 0
 
 
@@ -116,11 +120,13 @@ def main(argv: list[str] | None = None) -> int:
     to_hf.add_argument("out_dir")
     to_hf.add_argument("--encoder-only", action="store_true",
                        help="export a fine-tuned checkpoint's encoder without its task head")
+    to_hf.add_argument("--force", action="store_true",
+                       help="replace OUT_DIR when it is not empty (everything in it is deleted)")
     args = parser.parse_args(argv)
     try:
         if args.command == "check":
             return _check(args.src, args.tol)
-        return _to_hf(args.src, args.out_dir, args.encoder_only)
+        return _to_hf(args.src, args.out_dir, args.encoder_only, args.force)
     except (ValueError, ImportError, OSError) as err:  # CheckpointError is a ValueError
         print(f"error: {err}", file=sys.stderr)
         return 2

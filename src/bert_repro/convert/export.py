@@ -4,6 +4,11 @@ fine-tuned task model with its head and label names, loadable by transformers' `
 from __future__ import annotations
 
 import json
+import os
+import shutil
+import tempfile
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import torch
@@ -30,6 +35,40 @@ def _write(out_dir: str | Path, config: dict, weights: dict[str, Tensor], vocab:
                "model_max_length": max_position}
         (out / "tokenizer_config.json").write_text(json.dumps(tok, indent=2) + "\n")
     return out
+
+
+@contextmanager
+def fresh_folder(out_dir: str | Path, force: bool = False) -> Iterator[Path]:
+    """A new folder beside ``out_dir`` to write a model into, put in its place once written whole: no file of
+    an earlier model stays beside the new ones (an old vocab.txt would be read as this model's), and a failed
+    export leaves ``out_dir`` as it was. A non-empty ``out_dir`` is refused (FileExistsError) unless
+    ``force``, and then replaced with everything in it."""
+    out = Path(out_dir)
+    if out.exists() and not out.is_dir():
+        raise FileExistsError(f"{out} is a file, not a folder; choose another output folder")
+    earlier = sorted(p.name for p in out.iterdir()) if out.is_dir() else []
+    if earlier and not force:
+        shown = ", ".join(earlier[:4]) + (", ..." if len(earlier) > 4 else "")
+        raise FileExistsError(f"{out} is not empty ({shown}); to-hf writes a whole model folder and will not "
+                              "mix one with another's files: choose an empty folder, or pass --force to "
+                              "replace this one (everything in it is deleted)")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    new = Path(tempfile.mkdtemp(dir=out.parent, prefix=f".{out.name}.new-"))
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(new, out.stat().st_mode if out.is_dir() else 0o777 & ~umask)  # mkdtemp's 0700 is not a model's
+    try:
+        yield new
+        if earlier:  # the old folder steps aside first: a rename cannot replace a folder that holds files
+            old = new.with_name(new.name.replace(".new-", ".old-"))
+            os.rename(out, old)
+            os.rename(new, out)
+            shutil.rmtree(old)
+        else:
+            os.replace(new, out)  # over an empty folder, or where there was none
+    finally:
+        if new.exists():  # the export failed: its partial files go, out_dir is untouched
+            shutil.rmtree(new)
 
 
 def _pad_id(vocab: list[str] | None) -> int:

@@ -3,6 +3,8 @@
 
 plan: every run and its cost, written to <runs>/<table>/<scale>/plan.json; nothing runs.
 rehearse: the same plan shrunk (tiny model, steps and data divided down) run on this CPU, then collected.
+run, rehearse: SIGTERM or SIGINT (Ctrl-C) stops the runs, each saving a checkpoint, and exits non-zero; the
+same command again resumes them.
 """
 
 from __future__ import annotations
@@ -16,6 +18,7 @@ import time
 from pathlib import Path
 
 from bert_repro.tables import DEMOS, SCALES, TABLES
+from bert_repro.tables.children import Interrupted
 from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.plan import ACCELERATORS, make_plan, print_plan, write_plan
 from bert_repro.tables.render import log_wandb, write_all
@@ -43,7 +46,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("action", choices=("run", "collect", "plan", "rehearse"))
     parser.add_argument("table", help=f"one of {', '.join(TABLES + DEMOS)}")
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
-    parser.add_argument("--force", action="store_true", help="re-run complete runs too")
+    parser.add_argument("--force", action="store_true",
+                        help="re-run complete runs too, deleting every earlier attempt's run folder first")
     parser.add_argument("--init", action="append", default=[],
                         help="external checkpoint(s): PATH or KEY=PATH,...")
     parser.add_argument("--launcher", default="local", choices=LAUNCHERS, help="where the runs execute")
@@ -98,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     except TableError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Interrupted as err:  # the children were stopped first (runner.py), each saving a checkpoint
+        print(f"error: {err}", file=sys.stderr)
+        return 128 + err.signum  # as a shell reports a process the signal ended
     print((args.results_dir / f"{args.table}.md").read_text(), end="")
     print(f"wrote {', '.join(str(p) for p in written)} in {time.time() - start:.0f} s")
     return 0

@@ -126,7 +126,7 @@ class TableProgress:
         self._stop.set()
         self._thread.join()
         with self._lock:
-            self.current = "done"
+            self.current = "done" if exc[0] is None else "stopped"  # an interrupt or an error ended it
             self.refresh()
         if self._rich is not None:
             self._rich.stop()

@@ -2,9 +2,15 @@
 from it.
 
 A job whose results.json says ``complete`` is skipped (an interrupted table resumes); ``force`` re-runs it.
-A job that fails leaves ``failed.json`` (the reason) in its folder and does not stop the table: the jobs a
-failed multirun never reached are launched on their own, and fine-tuning from a failed pre-training run is
-marked failed with that reason instead of being started.
+A job's state is its results.json, which src/train.py writes for every run it started, a failed one with its
+reason. The runner writes ``failed.json`` only for what it decides itself: a job its launch never reached (a
+Hydra compose error: the launch's output says why), fine-tuning from a failed pre-training run (not started),
+a folder it will not re-run without --force. A failure does not stop the table: the jobs a failed multirun
+never reached are launched on their own.
+
+The runner owns its children (tables/children.py): SIGTERM or SIGINT stops them, each saving a checkpoint,
+and the table with them; a relaunch resumes. Nothing is deleted without --force, and never a folder that a
+live process is sweeping into.
 
 A launcher block's ``sweeps_at_once: N`` runs up to N sweeps side by side, each as soon as the pre-training
 run it starts from has ended, the longest chain of work first (the plan's FLOPs); ``threads: K`` gives each
@@ -18,6 +24,7 @@ import logging
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
@@ -26,6 +33,9 @@ from pathlib import Path
 
 import yaml
 
+from bert_repro.locks import FolderInUse, RunFolderLock
+from bert_repro.results import read_results
+from bert_repro.tables.children import CHILDREN, Interrupted, live_processes
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value
 
@@ -38,42 +48,32 @@ NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error ex
 
 
 def job_state(folder: Path) -> tuple[str, str | None]:
-    """(complete | failed | missing, reason) of one job folder, from the files it left."""
+    """(complete | failed | missing, reason) of one job folder: its results.json (src/train.py's record, a
+    failure's reason in it), else the runner's failed.json, else a folder Hydra made for a run that stopped
+    before its record (killed, or stopped by the runner: a relaunch resumes it)."""
     results = folder / "results.json"
     if results.is_file():
         try:
-            record = json.loads(results.read_text())
-        except json.JSONDecodeError as err:
-            raise TableError(f"{results}: malformed results.json ({err})") from None
-        if not isinstance(record, dict):
-            raise TableError(f"{results}: malformed results.json (not a JSON object)")
-        status = record.get("status")
+            record = read_results(results)
+        except ValueError as err:  # names the file and what it lacks
+            raise TableError(str(err)) from None
+        status = record["status"]
         return ("complete", None) if status == "complete" else (
             "failed", record.get("reason") or f"run ended with status {status!r}")
     failed = folder / "failed.json"
     if failed.is_file():
         return "failed", json.loads(failed.read_text()).get("reason")
-    logged = logged_error(folder)
-    if logged:
-        return "failed", logged
     if (folder / ".hydra").is_dir():
         return "failed", "no results.json (the run stopped early)"
     return "missing", None
 
 
-def logged_error(folder: Path) -> str | None:
-    """The last ERROR line of a job's Hydra log (run.py logs a wrong input there before exiting)."""
-    for log_file in sorted(folder.glob("*.log")):
-        errors = [line for line in log_file.read_text(errors="replace").splitlines() if "][ERROR] - " in line]
-        if errors:
-            message = errors[-1].split("][ERROR] - ", 1)[1]
-            return message.replace(" (set BERT_REPRO_TRACEBACK=1 for the traceback)", "")
-    return None
-
-
 def launch_error(output: str) -> str:
-    """The line of a failed launch's output that says what went wrong (Hydra's compose error, the
-    exception)."""
+    """The line of a failed launch's output that says what went wrong: Hydra's compose error, the error
+    src/train.py logged before stopping the whole sweep (run.SweepUsageError), the exception."""
+    logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
+    if logged:
+        return logged[-1].replace(" (set BERT_REPRO_TRACEBACK=1 for the traceback)", "").strip()
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     lines = [line for line in lines
              if not re.match(r"^\[\d{4}-\d\d-\d\d ", line) and not line.startswith(NOISE)]
@@ -82,39 +82,70 @@ def launch_error(output: str) -> str:
     return lines[0] if lines else "the run failed without output"
 
 
+def unrecorded(code: int, output: str) -> str:
+    """Why a launch left a job without results.json: it never reached the job (the launch's error), or a
+    signal killed the process before it could write one."""
+    if code < 0:
+        return f"the run was killed by {signal.Signals(-code).name} before writing results.json"
+    return launch_error(output) if code else "the launcher ran no job here"
+
+
 def mark_failed(folder: Path, reason: str, output: str = "") -> None:
     folder.mkdir(parents=True, exist_ok=True)
     record = {"reason": reason, "output_tail": output[-4000:]}
     (folder / "failed.json").write_text(json.dumps(record, indent=2) + "\n")
 
 
-def resumable(folder: Path) -> bool:
-    """A run killed before its results.json that src/train.py continues from its own last.ckpt
-    (ckpt_path=last)."""
+def _live(sweep_folder: Path, job_folders: list[Path]) -> list[str]:
+    """What holds a sweep's folders now: a run's lock on a job folder (locks.py), or a process sweeping into
+    them, which holds no lock while it starts up."""
+    live = [f"process {pid} is sweeping into {sweep_folder}" for pid in live_processes(sweep_folder)]
+    for folder in job_folders:
+        if folder.is_dir():
+            try:
+                with RunFolderLock(folder):
+                    pass
+            except FolderInUse as err:
+                live.append(str(err).split(";")[0])  # the holder; its advice is for a single run
+    return live
+
+
+def resumes_itself(folder: Path) -> bool:
+    """A re-run in ``folder`` continues from the folder's own last.ckpt (its command has ckpt_path=last)."""
     config = folder / ".hydra" / "config.yaml"
-    return ((folder / "checkpoints" / "last.ckpt").is_file() and not (folder / "results.json").exists()
-            and not (folder / "failed.json").exists() and config.is_file()
-            and (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") == "last")
+    return config.is_file() and (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") == "last"
 
 
-def _clear(folder: Path, force: bool) -> None:
-    """An earlier attempt's folder, before a re-run (Lightning would version new checkpoints beside old ones),
-    unless it is a killed run that resumes itself; FORCE clears that too."""
-    if not folder.is_dir() or (not force and resumable(folder)):
-        return
-    if (folder / ".hydra").is_dir() or (folder / "failed.json").is_file():
-        shutil.rmtree(folder)
+def _make_way(folder: Path, force: bool) -> str | None:
+    """Readies an earlier attempt's folder for a re-run, or says why it will not be re-run.
+
+    FORCE deletes the folder, saying so. Otherwise nothing of it is deleted (it was not made by this
+    invocation) but the runner's own failed.json, the verdict this re-run replaces: src/train.py resumes from
+    the folder's last.ckpt and writes its results.json over the old one. Checkpoints that the re-run would not
+    resume stay, and so does the job, failed with the reason (Lightning would save new checkpoints beside them
+    as last-v1.ckpt)."""
+    if not (folder / ".hydra").is_dir() and not (folder / "failed.json").is_file():
+        return None  # no earlier attempt here
+    if force:
+        log.warning("--force: deleting %s, an earlier attempt's run folder, to run it afresh", folder)
+        with RunFolderLock(folder):  # no run may start into it meanwhile
+            shutil.rmtree(folder)
+        return None
+    if any((folder / "checkpoints").glob("*.ckpt")) and not resumes_itself(folder):
+        return (f"{folder} holds checkpoints of an earlier attempt that a re-run would not resume (its "
+                "ckpt_path is not last); run the table with --force to delete that folder and run it afresh")
+    (folder / "failed.json").unlink(missing_ok=True)
+    return None
 
 
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
-    """The multirun of ``sweep``: every job's folder is ``sweep.folder/<override_dirname of the swept
-    keys>``."""
+    """The multirun of ``sweep``: every job's folder is ``sweep.folder/<run folder name of the swept keys>``
+    (conf/train.yaml's hydra.sweep.subdir, as Sweep.jobs names it)."""
     fixed = sweep.fixed_args()
     excluded = [k for k in sweep.overrides]  # kept out of the folder name: the sweep folder says them
-    subdir = "${hydra.job.override_dirname}" if sweep.params else "default"
     return [sys.executable, str(TRAIN), "--multirun", *fixed, *swept,
             *(f"{k}={hydra_value(v)}" for k, v in flatten(launcher).items()),
-            f"hydra.sweep.dir={sweep.folder}", f"hydra.sweep.subdir={subdir}",
+            f"hydra.sweep.dir={sweep.folder}",
             f"hydra.job.config.override_dirname.exclude_keys=[{','.join(k.lstrip('+') for k in excluded)}]"]
 
 
@@ -136,8 +167,10 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         out.flush()
         start = out.tell()
-        code = subprocess.run(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, text=True,
-                              env=env).returncode
+        code = CHILDREN.wait(CHILDREN.start(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env))
+    if CHILDREN.signum is not None:  # stopped by the runner: its jobs are not failed, a relaunch resumes them
+        log.warning("%s: stopped (%s)", sweep.name, signal.Signals(CHILDREN.signum).name)
+        raise Interrupted(CHILDREN.signum)
     with path.open() as written:
         written.seek(start)
         return code, written.read()
@@ -155,6 +188,10 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
         swept = sweep.params_args() if len(todo) == len(jobs) else todo[0][0]
         _launch(sweep, swept, launcher, dry_run=True)
         return counts
+    if live := _live(sweep.folder, [folder for _, folder in todo]):
+        raise TableError(f"{sweep.name}: {'; '.join(live)} (a sweep that a killed runner left behind, or "
+                         "another runner's): wait for it to end or stop it, then run the table again; "
+                         "nothing was deleted or launched")
     reason = sweep.skip
     if reason is None and sweep.needs is not None:
         upstream, why = job_state(sweep.needs.jobs()[0][1])
@@ -162,12 +199,13 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
             reason = f"pre-training run {sweep.needs.name} {upstream}" + (f": {why}" if why else "")
         elif not sweep.init_path().is_file():
             reason = f"pre-training run {sweep.needs.name} left no {sweep.checkpoint}"
-    for _, folder in todo:
-        _clear(folder, force)
-    if reason is not None:
-        for _, folder in todo:
-            mark_failed(folder, reason)
-        counts["failed"] = len(todo)
+    not_run = {folder: _make_way(folder, force) or reason for _, folder in todo}
+    for folder, why in not_run.items():
+        if why is not None:
+            mark_failed(folder, why)
+            counts["failed"] += 1
+    todo = [(swept, folder) for swept, folder in todo if not_run[folder] is None]
+    if not todo:
         return counts
     # the whole grid in one multirun (the launcher may spread it); a partial grid one job at a time
     if len(todo) == len(jobs):
@@ -179,15 +217,12 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
         unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
         if code != 0 and len(members) > 1 and len(unreached) < len(members):  # stopped at a failed job
             for s, f in unreached:
-                _, out_one = _launch(sweep, s, launcher)
-                if job_state(f)[0] == "missing":
-                    mark_failed(f, launch_error(out_one), out_one)
-        for _, folder in members:
-            state, _ = job_state(folder)
-            if state == "missing":  # nothing ran (a compose error): the launch's own message is the reason
-                mark_failed(folder, launch_error(output) if code else "the launcher ran no job here", output)
-            elif state == "failed" and not (folder / "failed.json").is_file():
-                mark_failed(folder, job_state(folder)[1] or launch_error(output), output)
+                code_one, out_one = _launch(sweep, s, launcher)
+                if not (f / "results.json").is_file():
+                    mark_failed(f, unrecorded(code_one, out_one), out_one)
+        for _, folder in members:  # src/train.py recorded every job it ran; the launch says why one is not
+            if not (folder / "results.json").is_file() and not (folder / "failed.json").is_file():
+                mark_failed(folder, unrecorded(code, output), output)
             counts["complete" if job_state(folder)[0] == "complete" else "failed"] += 1
     return counts
 
@@ -261,7 +296,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
                  counts["complete"], counts["failed"], time.time() - start)
 
     progress = TableProgress(list(jobs.values()), force=force, weights=weights or None, kinds=kinds)
-    with progress, ThreadPoolExecutor(at_once) as pool:
+    # SIGTERM / SIGINT stop the children, each saving a checkpoint; the sweeps then end with Interrupted
+    with CHILDREN.handling_signals(), progress, ThreadPoolExecutor(at_once) as pool:
         running: dict = {}
         ended: set[str] = set()
         while order or running:
@@ -273,6 +309,12 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
                 raise TableError(f"sweeps {order} wait on a sweep that is not in the table")
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                ended.add(running.pop(future))
-                future.result()  # a TableError (a malformed results.json) stops the table, as before
+                name = running.pop(future)
+                ended.add(name)
+                try:
+                    future.result()  # a TableError (a malformed results.json) stops the table, as before
+                except Interrupted as stop:  # leaving the pool waits for the other sweeps' children to stop
+                    raise Interrupted(stop.signum, [name, *running.values()]) from None
+        if CHILDREN.signum is not None:  # the signal came as the last sweep ended
+            raise Interrupted(CHILDREN.signum)
     return [lines[name] for name in table.sweeps if name in lines]

@@ -1,0 +1,261 @@
+"""The table runner owns its children: SIGTERM or SIGINT to `python -m bert_repro.tables run` stops its sweeps
+(each gets SIGTERM once: src/train.py saves a checkpoint and stops), leaves no process behind, marks nothing
+failed and exits non-zero saying so; a relaunch redoes no finished job. A folder a live process sweeps into is
+neither deleted nor launched into, even with --force. A failed job is read from its results.json; the runner's
+failed.json holds only what it decides, with the launch's own error.
+
+The quick tests run the runner on a stand-in for src/train.py (a few lines of Python, no torch); the last
+one on the real src/train.py, a tiny Table 5 (a 2-step pre-training, an MRPC sweep of two)."""
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+import time
+from pathlib import Path
+
+import pytest
+
+from bert_repro.tables import runner
+from bert_repro.tables.spec import TableError, build
+
+from .conftest import REPO, shared_data_dir
+from .test_tables_e2e import SHRINK
+
+# runs the table CLI with runner.TRAIN replaced by the stand-in (argv[1])
+DRIVER = ("import sys; from pathlib import Path; from bert_repro.tables import runner, __main__ as cli; "
+          "runner.TRAIN = Path(sys.argv[1]); sys.exit(cli.main(sys.argv[2:]))")
+
+# a sweep that waits: records its pid and session, starts a grandchild in its group, and logs the signals it
+# gets; on SIGTERM it exits as src/train.py does after its checkpoint (128 + 15), leaving the grandchild
+STAND_IN = textwrap.dedent("""
+    import os, signal, subprocess, sys, time
+    from pathlib import Path
+    sweep = Path(next(a for a in sys.argv if a.startswith("hydra.sweep.dir=")).split("=", 1)[1])
+    sweep.mkdir(parents=True, exist_ok=True)
+    def note(signum, frame):
+        with open(sweep / "signals", "a") as f:
+            f.write(signal.Signals(signum).name + "\\n")
+        if signum == signal.SIGTERM and os.environ.get("STAND_IN") != "stubborn":
+            sys.exit(128 + signum)
+    signal.signal(signal.SIGTERM, note)
+    signal.signal(signal.SIGINT, note)
+    grandchild = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(300)", str(sweep)])
+    (sweep / "child.json").write_text(f'{{"pid": {os.getpid()}, "sid": {os.getsid(0)}, '
+                                      f'"grandchild": {grandchild.pid}}}')
+    while True:
+        time.sleep(0.1)
+""")
+
+
+def group(pgid: int) -> list[int]:
+    """The live (not zombie) processes of process group ``pgid``, from /proc."""
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[2]) == pgid and fields[0] != "Z":
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def mentioning(text: str) -> list[int]:
+    """The processes whose command line mentions ``text`` (a test's folder), from /proc."""
+    pids = []
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            if text.encode() in cmdline.read_bytes():
+                pids.append(int(cmdline.parent.name))
+        except OSError:
+            continue
+    return pids
+
+
+def kill_left(tmp_path: Path) -> None:
+    """What a failing test left running: every process that names its folder."""
+    for pid in mentioning(str(tmp_path)):
+        try:
+            os.kill(pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
+
+
+def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+    deadline = time.time() + timeout
+    while not path.is_file():
+        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert time.time() < deadline, f"{path} never appeared"
+        time.sleep(0.2)
+
+
+@pytest.fixture
+def start_runner(tmp_path):
+    """Starts the table runner on the stand-in; afterwards, kills what a failing test left running."""
+    started = []
+
+    def start(mode: str = "") -> tuple[subprocess.Popen, Path]:
+        stand_in = tmp_path / "train.py"
+        stand_in.write_text(STAND_IN)
+        env = {**os.environ, "STAND_IN": mode}
+        cmd = [sys.executable, "-c", DRIVER, str(stand_in), "run", "table5", "--scale", "smoke", "--logger",
+               "none", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                text=True)
+        started.append(proc)
+        return proc, tmp_path / "runs" / "table5" / "smoke" / "pretrain" / "none"
+
+    yield start
+    kill_left(tmp_path)
+    for proc in started:
+        proc.communicate()
+
+
+@pytest.mark.e2e
+def test_ctrl_c_reaches_the_sweep_once_as_sigterm_and_leaves_no_process(start_runner):
+    proc, sweep = start_runner()
+    wait_for(sweep / "child.json", proc)
+    child = json.loads((sweep / "child.json").read_text())
+    assert child["sid"] == child["pid"]  # its own session: a terminal's Ctrl-C reaches the runner alone
+    proc.send_signal(signal.SIGINT)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    assert "SIGINT received" in err and "pretrain/none" in err and "Run the same command again" in err
+    assert "Traceback" not in err
+    assert (sweep / "signals").read_text() == "SIGTERM\n"  # forwarded once, as src/train.py's stop signal
+    assert group(child["pid"]) == []  # the sweep and the grandchild it left are gone
+    assert not (sweep / "default").exists()  # nothing marked failed
+
+
+@pytest.mark.e2e
+def test_a_second_signal_kills_a_sweep_that_does_not_stop(start_runner):
+    proc, sweep = start_runner("stubborn")
+    wait_for(sweep / "child.json", proc)
+    child = json.loads((sweep / "child.json").read_text())
+    proc.send_signal(signal.SIGTERM)
+    deadline = time.time() + 30
+    while not (sweep / "signals").is_file() and time.time() < deadline:
+        time.sleep(0.1)
+    assert proc.poll() is None  # still waiting for its child, which ignored the stop
+    proc.send_signal(signal.SIGTERM)
+    _, err = proc.communicate(timeout=60)
+    assert proc.returncode == 128 + signal.SIGTERM and "SIGTERM received" in err, err[-3000:]
+    assert group(child["pid"]) == []
+
+
+@pytest.fixture
+def table5(tmp_path):
+    return build("table5", "smoke", tmp_path / "runs")
+
+
+def test_a_folder_a_live_process_sweeps_into_is_neither_deleted_nor_launched_into(table5, monkeypatch):
+    sweep = table5.sweeps["pretrain/none"]
+    folder = sweep.jobs()[0][1]
+    (folder / ".hydra").mkdir(parents=True)
+    (folder / "failed.json").write_text('{"reason": "an earlier attempt"}')
+    # an orphaned sweep of a killed runner, as the process table shows it
+    live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
+                             f"hydra.sweep.dir={sweep.folder}"])
+    monkeypatch.setattr(runner, "_launch", lambda *a, **k: pytest.fail("nothing may be launched"))
+    try:
+        with pytest.raises(TableError, match=f"process {live.pid} is sweeping into {sweep.folder}"):
+            runner.run_sweep(sweep, {}, force=True)
+    finally:
+        live.kill()
+        live.wait()
+    assert (folder / "failed.json").is_file() and (folder / ".hydra").is_dir()
+    # a job folder that a run holds (locks.py), as src/train.py's jobs hold theirs
+    code = ("import sys; from bert_repro.locks import RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        with pytest.raises(TableError, match=f"run folder {folder} is in use by pid {holder.pid}"):
+            runner.run_sweep(sweep, {}, force=True)
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)
+    assert (folder / "failed.json").is_file() and (folder / ".hydra").is_dir()
+
+
+FAILING = textwrap.dedent("""
+    import json, sys
+    from pathlib import Path
+    job = Path(next(a for a in sys.argv if a.startswith("hydra.sweep.dir=")).split("=", 1)[1]) / "default"
+    (job / ".hydra").mkdir(parents=True)
+    if "+mode=recorded" in sys.argv:  # run.record_failure's results.json
+        (job / "results.json").write_text(json.dumps({
+            "status": "failed", "reason": "NonFiniteLoss: training loss is nan at step 3", "task": "pretrain",
+            "seed": 1, "monitor": "val/mlm_loss", "metrics": {"final": {}, "best": {}}, "config": {}}))
+        sys.exit(1)
+    # run.SweepUsageError: logged, and the whole sweep stops before any record
+    print("[2026-01-01 00:00:00,000][bert_repro.run][ERROR] - a local multirun with 2 devices: use submitit")
+    sys.exit(2)
+""")
+
+
+@pytest.mark.parametrize("mode, reason, marked", [
+    ("recorded", "NonFiniteLoss: training loss is nan at step 3", False),
+    ("logged", "a local multirun with 2 devices: use submitit", True)])
+def test_a_failed_job_is_read_from_its_results_json_and_failed_json_holds_the_launchs_own_error(
+        table5, tmp_path, monkeypatch, mode, reason, marked):
+    stand_in = tmp_path / "train.py"
+    stand_in.write_text(FAILING)
+    monkeypatch.setattr(runner, "TRAIN", stand_in)
+    sweep = table5.sweeps["pretrain/none"]
+    folder = sweep.jobs()[0][1]
+    assert runner.run_sweep(sweep, {"+mode": mode}) == {"skipped": 0, "complete": 0, "failed": 1}
+    assert runner.job_state(folder) == ("failed", reason)
+    assert (folder / "failed.json").is_file() == marked  # written only where no results.json says it
+
+
+def mtimes(folder: Path) -> dict[str, tuple[int, bytes]]:
+    return {str(p.relative_to(folder)): (p.stat().st_mtime_ns, p.read_bytes())
+            for p in sorted(folder.rglob("results.json"))}
+
+
+@pytest.mark.e2e
+@pytest.mark.slow
+def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished_job(tmp_path):
+    if shared_data_dir() is None:
+        pytest.skip("../shared/data (MRPC) is absent on this clone; set BERT_REPRO_SHARED_DATA")
+    sets = [s for s in SHRINK if not s.startswith("columns.qnli_acc")] + ["columns.qnli_acc=null"]
+    env = {**os.environ, "OMP_NUM_THREADS": "1", "BERT_REPRO_CACHE": str(tmp_path / "cache")}
+    cmd = [sys.executable, "-m", "bert_repro.tables", "run", "table5", "--scale", "smoke", "--logger", "none",
+           *(f"--set={s}" for s in sets), "--runs-dir", str(tmp_path / "runs"),
+           "--results-dir", str(tmp_path / "results")]
+    root = tmp_path / "runs" / "table5" / "smoke"
+    mrpc = root / "finetune" / "bert_base" / "mrpc"
+    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.time() + 600
+    while not list(mrpc.glob("*/results.json")):  # one MRPC job finished, the other starting or training
+        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        time.sleep(0.2)
+    sweeps = runner.live_processes(mrpc)
+    assert sweeps, "the MRPC sweep ended before the signal"
+    proc.send_signal(signal.SIGTERM)
+    try:
+        _, err = proc.communicate(timeout=300)
+    finally:  # a failing test leaves nothing running either
+        kill_left(tmp_path)
+    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert "SIGTERM received" in err and "finetune/bert_base/mrpc" in err and "Traceback" not in err
+    assert all(group(pid) == [] for pid in sweeps)  # no orphan left to write into the folders
+    assert not list(mrpc.rglob("failed.json"))  # stopped, not failed
+    finished = mtimes(root)
+    assert len(finished) == 2 and "pretrain/none/default/results.json" in finished  # and one MRPC job
+
+    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
+    assert again.returncode == 0, again.stderr[-3000:]
+    assert {k: v for k, v in mtimes(root).items() if k in finished} == finished  # not rerun
+    summary = {s["sweep"]: s for s in json.loads((root / "summary.json").read_text())["sweeps"]}
+    assert summary["pretrain/none"]["skipped"] == 1
+    assert [summary["finetune/bert_base/mrpc"][k] for k in ("skipped", "complete", "failed")] == [1, 1, 0]
+    with (tmp_path / "results" / "table5.csv").open() as f:
+        cells = {row["column"]: row for row in csv.DictReader(f)}
+    assert cells["mrpc_acc"]["status"] == "ok" and cells["mrpc_acc"]["ours"]  # the table came out whole
