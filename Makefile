@@ -77,7 +77,7 @@ clean:
 # point only). Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them.
 # conf/table/<table>.yaml holds each table's sweeps and selection rule, over the `tables:` node of
 # conf/scale/<scale>.yaml.
-TABLES   := table1 table2 table3 table4 table5 table6 table7 table8 figure4
+TABLES   := $(basename $(notdir $(wildcard conf/table/table[0-9].yaml conf/table/figure[0-9].yaml)))  # as tables/__init__.py
 SCALE    ?= smoke
 ACTION   ?= run
 LAUNCHER ?= local

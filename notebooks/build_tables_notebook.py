@@ -40,7 +40,7 @@ import matplotlib.pyplot as plt
 import pandas as pd
 from IPython.display import Image, Markdown, display
 
-from bert_repro import select
+from bert_repro import selection
 from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.plots import PLOTS
 from bert_repro.tables.render import MARKS
@@ -99,7 +99,7 @@ display(compared.astype(object).fillna(""))""", ["comparisons"]),
     ("md", """## The runs behind each cell
 
 The table's sweeps as `bert_repro.tables.spec.build` lays them out, each job folder's state from the runner
-(`job_state`: complete, failed with its reason, or missing), and each complete run read by `bert_repro.select`
+(`job_state`: complete, failed with its reason, or missing), and each complete run read by `bert_repro.selection`
 (its Dev metric and whether it collapsed onto one class, which the selection leaves out while another run
 exists). `selected` marks the run the table's cell reports."""),
     ("code", """table = build(TABLE, SCALE, RUNS_DIR, sets=SETS)
@@ -122,7 +122,7 @@ for part in table.parts:
                 if state == "missing":
                     record["reason"] = sweep.skip or "not run yet"
                 elif state == "complete":
-                    runs, unusable = select.load_runs([folder])
+                    runs, unusable = selection.load_runs([folder])
                     if not runs:
                         record.update(state="failed", reason="; ".join(unusable))
                     else:

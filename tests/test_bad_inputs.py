@@ -1,4 +1,4 @@
-"""A catalogue of wrong inputs, each run as a user runs it (src/train.py, python -m bert_repro.select, the
+"""A catalogue of wrong inputs, each run as a user runs it (src/train.py, python -m bert_repro.selection, the
 table runner behind `make tableN`) into the folder of an earlier good run: each must exit non-zero with a
 short message that names the input and what was expected, no Python traceback, and leave the earlier
 results.json and checkpoints as they were."""
@@ -138,10 +138,10 @@ CASES = [
       "choose another with hydra.run.dir="]),
     ("fsdp-on-cpu", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true"], None,
      ["trainer=fsdp needs GPUs"]),
-    ("collect-malformed-results", ["ROOT/collect"], "bert_repro.select",
+    ("collect-malformed-results", ["ROOT/collect"], "bert_repro.selection",
      ["ROOT/collect/run0/results.json is not a results.json as src/train.py writes it",
       "expected JSON with"]),
-    ("collect-folder-does-not-exist", ["ROOT/nowhere"], "bert_repro.select",
+    ("collect-folder-does-not-exist", ["ROOT/nowhere"], "bert_repro.selection",
      ["ROOT/nowhere is not a folder of runs"]),
     # what `make table5 SCALE=galactic` runs (make would first reinstall the package when pyproject.toml
     # changed)

@@ -138,10 +138,10 @@ def test_typed_configs_refuse_a_wrong_value_when_composed(override, key):
 
 def test_speed_and_place_keys_are_one_declaration():
     """keys.py decides, for every composed key: trainer/, speed/, paths, logger, callbacks are not science;
-    the paper's axes are; a run folder's name and select's restarts follow it."""
+    the paper's axes are; a run folder's name and selection's restarts follow it."""
     from bert_repro.cli import run_name
     from bert_repro.keys import flatten, is_science, science
-    from bert_repro.select import _science
+    from bert_repro.selection import _science
 
     cfg = resolved(compose_cfg(["task=mrpc", "logger=csv"]))
     kept = science(cfg)
@@ -155,7 +155,7 @@ def test_speed_and_place_keys_are_one_declaration():
     old_layout = {**cfg, "data": {**cfg["data"], "num_workers": 4, "padding": "max_length"}}
     assert _science(old_layout) == _science({**cfg, "seed": 7, "speed": {"unpad": True}})
     assert run_name(["task=mrpc", "trainer=gpu", "speed.unpad=true", "trainer.devices=2",
-                     "+trainer.max_time=9", "optim.lr=1e-5", "seed=2"]) == "optim.lr=1e-5,seed=2,task=mrpc"
+                     "+trainer.max_time=9", "optim.lr=1e-5", "seed=2"]) == "optim.lr-1e-05+seed-2+task-mrpc"
     assert run_name(["init=/a", "optim.lr=1e-5"]) != run_name(["init=/b", "optim.lr=1e-5"])
 
 

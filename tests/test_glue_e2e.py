@@ -11,7 +11,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_repro import select
+from bert_repro import selection
 
 from .conftest import REPO
 from .helpers import VARIED, call_in_new_process, validate_on_one_and_two_ranks
@@ -66,7 +66,8 @@ def test_sweep_runs_each_combination_in_its_own_folder(sweep):
 
 def test_select_then_submit(sweep, tmp_path, capsys):
     torch.set_num_threads(1)  # the test predictions of a tiny model, on a shared machine
-    assert select.main([str(sweep), "--submit", "--out", str(tmp_path / "sel")]) == 0, capsys.readouterr().err
+    out = str(tmp_path / "sel")
+    assert selection.main([str(sweep), "--submit", "--out", out]) == 0, capsys.readouterr().err
     summary = json.loads((tmp_path / "sel" / "selection.json").read_text())
     mrpc = next(e for e in summary["selection"] if e["setting"]["task"] == "mrpc")
     runs = results_of(sweep, "mrpc")
@@ -81,7 +82,7 @@ def test_select_then_submit(sweep, tmp_path, capsys):
     assert {line.split("\t")[1] for line in mrpc_lines[1:]} <= {"0", "1"}
     assert len(wnli_lines) == 1 + 146 and {line.split("\t")[1] for line in wnli_lines[1:]} == {"0"}
     assert "CoLA.tsv" in summary["submission"]["missing"] and "AX.tsv" in summary["submission"]["missing"]
-    assert select.main([str(sweep), "--restarts", "--out", str(tmp_path / "restarts")]) == 0
+    assert selection.main([str(sweep), "--restarts", "--out", str(tmp_path / "restarts")]) == 0
     restarts = json.loads((tmp_path / "restarts" / "selection.json").read_text())["selection"]
     entry = next(e for e in restarts if e["setting"]["task"] == "mrpc")
     assert entry["seeds"] == [1, 2] and entry["restarts"]["val/f1"]["n"] == 2

@@ -6,7 +6,7 @@ import statistics
 
 import pytest
 
-from bert_repro import select
+from bert_repro import selection
 
 
 def write_run(root, name, task, seed, lr, final, model="base", monitor=None, mode="max", status="complete",
@@ -31,13 +31,13 @@ def test_best_on_dev_skips_collapsed_runs(tmp_path):
     write_run(tmp_path, "b", "rte", 1, 3e-5, {"val/acc": 0.70, "val/top_class_share": 0.55})
     collapsed = write_run(tmp_path, "c", "rte", 1, 2e-5, {"val/acc": 0.72, "val/top_class_share": 1.0})
     write_run(tmp_path, "d", "rte", 1, 4e-5, {"val/acc": None}, status="failed")
-    runs, skipped = select.load_runs([tmp_path])
-    (entry,) = select.select(runs)
+    runs, skipped = selection.load_runs([tmp_path])
+    (entry,) = selection.select(runs)
     assert entry["selected"].endswith("/b") and entry["hparams"]["lr"] == 3e-5 and entry["runs"] == 3
     assert entry["degenerate"][0]["dir"] == str(collapsed) and len(skipped) == 1 and "failed" in skipped[0]
     # with a stricter collapse threshold the 0.72 run is healthy and wins
-    runs, _ = select.load_runs([tmp_path], collapse_share=1.01)
-    assert select.select(runs)[0]["selected"].endswith("/c")
+    runs, _ = selection.load_runs([tmp_path], collapse_share=1.01)
+    assert selection.select(runs)[0]["selected"].endswith("/c")
 
 
 def test_restarts_report_mean_and_std_per_hyper_parameters(tmp_path):
@@ -45,20 +45,20 @@ def test_restarts_report_mean_and_std_per_hyper_parameters(tmp_path):
     for lr, values in scores.items():
         for seed, value in enumerate(values):
             write_run(tmp_path, f"lr{lr}_s{seed}", "sst2", seed, lr, {"val/acc": value})
-    (entry,) = select.select(select.load_runs([tmp_path])[0], restarts=True)
+    (entry,) = selection.select(selection.load_runs([tmp_path])[0], restarts=True)
     assert entry["hparams"]["lr"] == 5e-5 and entry["seeds"] == [0, 1, 2]
     assert entry["restarts"]["val/acc"]["mean"] == pytest.approx(0.82)
     assert entry["restarts"]["val/acc"]["std"] == pytest.approx(statistics.stdev(scores[5e-5]))
     # a run that differs in anything but the seed (here the warm-up) is not pooled with them
     write_run(tmp_path, "other_warmup", "sst2", 3, 5e-5, {"val/acc": 0.95}, warmup=0.0)
-    (entry,) = select.select(select.load_runs([tmp_path])[0], restarts=True)
+    (entry,) = selection.select(selection.load_runs([tmp_path])[0], restarts=True)
     assert entry["seeds"] == [3] and entry["restarts"]["val/acc"]["n"] == 1
     loss_runs = tmp_path / "loss"
     write_run(loss_runs, "x", "stsb", 1, 1e-5, {"val/loss": 0.9, "val/spearman": 0.5}, monitor="val/loss",
               mode="min")
     write_run(loss_runs, "y", "stsb", 1, 2e-5, {"val/loss": 0.7, "val/spearman": 0.4}, monitor="val/loss",
               mode="min")
-    assert select.select(select.load_runs([loss_runs])[0])[0]["selected"].endswith("/y")
+    assert selection.select(selection.load_runs([loss_runs])[0])[0]["selected"].endswith("/y")
 
 
 def test_table1_average_and_summary(tmp_path, capsys):
@@ -71,7 +71,7 @@ def test_table1_average_and_summary(tmp_path, capsys):
     write_run(tmp_path, "wnli", "wnli", 1, 2e-5, {"val/acc": 0.563, "val/top_class_share": 1.0},
               majority=True)
     other = write_run(tmp_path, "rte_large", "rte", 1, 2e-5, {"val/acc": 0.70}, model="large")
-    assert select.main([str(tmp_path)]) == 0
+    assert selection.main([str(tmp_path)]) == 0
     summary = json.loads((tmp_path / "selection.json").read_text())
     (base,) = [row for row in summary["glue"] if row["model"]["model"] == "base"]
     assert round(base["average"], 1) == 79.6 and base["scores"]["mnli_mm"] == pytest.approx(83.4)
@@ -83,15 +83,15 @@ def test_table1_average_and_summary(tmp_path, capsys):
     assert "GLUE average" in text and "79.6" in text and str(other) in text and capsys.readouterr().out == (
         text + f"wrote {tmp_path / 'selection.json'} and {tmp_path / 'selection.md'}\n")
     # one model per submission: two settings for RTE cannot both go to the server
-    assert select.main([str(tmp_path), "--submit"]) == 2
+    assert selection.main([str(tmp_path), "--submit"]) == 2
     assert "several settings" in capsys.readouterr().err
 
 
 def test_unusable_input_is_reported(tmp_path, capsys):
-    assert select.main([str(tmp_path / "missing")]) == 2
+    assert selection.main([str(tmp_path / "missing")]) == 2
     assert "is not a folder of runs" in capsys.readouterr().err
     (tmp_path / "broken").mkdir()
     (tmp_path / "broken" / "results.json").write_text("{not json")
     # a damaged results.json is an error naming it, not skipped silently
-    assert select.main([str(tmp_path)]) == 2
+    assert selection.main([str(tmp_path)]) == 2
     assert "broken/results.json is not a results.json as src/train.py writes it" in capsys.readouterr().err

@@ -7,7 +7,7 @@ import json
 import pytest
 import torch
 
-from bert_repro import select
+from bert_repro import selection
 from bert_repro.reliability import safe_load
 
 from .conftest import run_py
@@ -43,9 +43,9 @@ def test_sweep_goes_on_past_a_failed_job_and_selection_marks_it(tmp_path, capsys
     status = {r["config"]["optim"]["lr"]: r["status"] for r in results.values()}
     assert status == {5e-4: "complete", 1e30: "failed", 1e-3: "complete"}  # the job after the failure ran too
     failed_dir = next(d for d, r in results.items() if r["status"] == "failed")
-    assert "optim.lr=1e+30" in failed_dir  # folders named by the command, not the clock
+    assert "optim.lr-1e30" in failed_dir  # folders named by the command, not the clock
 
-    assert select.main([str(sweep)]) == 0
+    assert selection.main([str(sweep)]) == 0
     summary = json.loads((sweep / "selection.json").read_text())
     (entry,) = summary["selection"]
     assert entry["runs"] == 2 and entry["failed"][0]["dir"] == str(sweep / failed_dir)
@@ -63,10 +63,10 @@ def test_a_setting_whose_runs_all_failed_is_a_cell_with_its_reason(tmp_path):
         "ablation": "none", "scale": "smoke", "init": None, "seed": 1, "monitor": "val/acc",
         "metrics": {"final": {}}, "config": {"task": {"monitor_mode": "max"}}}))
     failed: list = []
-    runs, _ = select.load_runs([tmp_path], failed=failed)
-    (entry,) = select.select(runs, failed=failed)
+    runs, _ = selection.load_runs([tmp_path], failed=failed)
+    (entry,) = selection.select(runs, failed=failed)
     assert runs == [] and entry["selected"] is None and entry["failed"][0]["reason"].endswith("at step 7")
-    assert "failed: NonFiniteLoss: training loss is inf at step 7" in select.render([entry], [], [], False)
+    assert "failed: NonFiniteLoss: training loss is inf at step 7" in selection.render([entry], [], [], False)
 
 
 def test_collapse_is_flagged_in_results_and_by_selection(tmp_path):
@@ -85,5 +85,5 @@ def test_collapse_is_flagged_in_results_and_by_selection(tmp_path):
             "degenerate": degenerate_reason(final),
             "config": {"task": {"monitor_mode": "max"},
                        "optim": {"lr": 1e-5 if name == "healthy" else 2e-5}}}))
-    (entry,) = select.select(select.load_runs([tmp_path])[0])
+    (entry,) = selection.select(selection.load_runs([tmp_path])[0])
     assert entry["selected"].endswith("healthy") and entry["degenerate"][0]["dir"].endswith("collapsed")

@@ -16,7 +16,7 @@ def test_figure4_rehearses_at_budget_scale(tmp_path, monkeypatch, shared_data):
     assert all(c["status"] == "ok" for c in cells if c["row"] in ("mlm", "ltr")) and len(cells) >= 10
     mnli = folder / "finetune" / "mlm" / "mnli_k200k"
     jobs = sorted(p.name for p in mnli.iterdir() if p.is_dir())
-    assert jobs == [f"optim.lr={lr}" for lr in ("2e-05", "3e-05", "5e-05")]
+    assert jobs == [f"optim.lr-{lr}" for lr in ("2e-05", "3e-05", "5e-05")]
     phase1 = folder / "pretrain" / "mlm" / "phase1" / "default"
     assert sorted(p.name for p in (phase1 / "checkpoints").glob("step-*.ckpt")) == [
         f"step-{n}.ckpt" for n in sorted(range(2, 19, 2), key=str)]  # every 100k of 900k steps, / 50k

@@ -201,3 +201,25 @@ def test_hub_rows_are_read_and_checked_like_the_files(tmp_path, shared_data, min
                                                 "answer_start": bad["answers"]["answer_start"]}}
     with pytest.raises(ValueError, match=f"rajpurkar/squad_v2 \\(train\\): question {bad['id']}: answer 'x"):
         SquadDataModule(2, squad_dir=None, tokenizer=str(minilm_dir), cache_dir=str(tmp_path)).setup()
+
+
+def test_dev_batches_carry_what_scoring_needs_and_training_batches_do_not(tmp_path, shared_data, minilm_dir):
+    """The span module scores Dev from its batches alone (not trainer.datamodule): every dev window carries
+    its question's row, id, context and gold texts and its passage tokens; training batches stay lean."""
+    data = SquadDataModule(2, squad_dir=str(shared_data / "squad_v2"), tokenizer=str(minilm_dir),
+                           cache_dir=str(tmp_path), max_seq_length=64, doc_stride=16, max_query_length=16,
+                           max_train_examples=8, max_dev_examples=8, batch_size=4)
+    data.setup()
+    assert set(next(iter(data.train_dataloader()))) == {"input_ids", "token_type_ids", "attention_mask",
+                                                        "start_positions", "end_positions", "window"}
+    windows, examples = data.datasets["dev"], data.examples["dev"]
+    batches = list(data.val_dataloader())
+    assert {b["num_questions"] for b in batches} == {8}
+    scored = [(int(w), s) for b in batches for w, s in zip(b["window"], b["scoring"])]
+    assert [w for w, _ in scored] == list(range(len(windows))) and len(windows) > 8  # several per question
+    passage = ("example", "context_start", "offsets", "max_context")
+    for w, s in scored:
+        row = windows[w]
+        question = examples[row["example"]]
+        assert s == {**{name: row[name] for name in passage}, "id": question["id"],
+                     "context": question["context"], "answers": question["answers"]["text"]}

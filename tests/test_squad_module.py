@@ -95,3 +95,38 @@ def test_task_configs_build_the_module_with_the_paper_defaults(task, version, ep
     module = instantiate(cfg["module"], model=cfg["model"], optim=cfg["optim"])
     assert module.version == version and module.config.causal and module.model.lstm is not None
     assert (module.n_best_size, module.max_answer_length) == (20, 30)
+
+
+def test_dev_is_scored_from_the_loader_alone(tmp_path, shared_data, minilm_dir, caplog):
+    """The module reads Dev from its batches, not from trainer.datamodule: validating on the loader alone (no
+    datamodule attached) gives the metrics and predictions of validating through the datamodule, and a
+    partly scored Dev is still reported."""
+    import json
+    import logging
+
+    import lightning as L
+
+    from bert_repro.data.squad import SquadDataModule
+
+    from .helpers import VARIED
+
+    data = SquadDataModule(2, squad_dir=str(shared_data / "squad_v2"), tokenizer=str(minilm_dir),
+                           cache_dir=str(tmp_path / "cache"), batch_size=4, max_seq_length=64, doc_stride=16,
+                           max_query_length=16, max_dev_examples=7, max_train_examples=1)
+    data.setup()
+    torch.manual_seed(0)
+    module = SpanExtractionModule(VARIED, {}, version=2)
+
+    def validate(folder, limit=1.0, **loaders):
+        trainer = L.Trainer(accelerator="cpu", logger=False, default_root_dir=tmp_path / folder,
+                            limit_val_batches=limit, enable_progress_bar=False, enable_model_summary=False)
+        metrics = trainer.validate(module, verbose=False, **loaders)[0]
+        return metrics, json.loads((tmp_path / folder / "nbest_predictions.json").read_text())
+
+    through_datamodule = validate("dm", datamodule=data)
+    alone = validate("alone", dataloaders=data.val_dataloader())
+    assert "val/no_ans_f1" in alone[0] and len(alone[1]) == 7
+    assert alone == through_datamodule
+    with caplog.at_level(logging.WARNING, logger="bert_repro.tasks.span"):
+        partial, nbest = validate("partial", limit=1, dataloaders=data.val_dataloader())
+    assert f"scored {len(nbest)} of 7 dev questions" in caplog.text and len(nbest) < 7

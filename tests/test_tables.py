@@ -4,6 +4,7 @@ errors; how a table spec lies over its scale's defaults."""
 
 import csv
 import json
+import re
 import statistics
 import subprocess
 import threading
@@ -81,7 +82,7 @@ def test_best_on_dev_cell_has_ours_paper_difference_and_spread(table5, tmp_path)
     assert mrpc.diff == pytest.approx(100 * max(best) - 86.7)
     # 2 lrs x 2 seeds searched
     assert mrpc.spread == pytest.approx(100 * statistics.stdev(best)) and mrpc.n == 4
-    assert "optim.lr=0.001,seed=2" in mrpc.run  # Hydra's own spelling of the swept values names the folder
+    assert mrpc.run.endswith("/optim.lr-0.001+seed-2")  # the run folder name of the swept values (run_name)
     assert [r.key for r in rows] == ["bert_base", "no_nsp", "ltr_no_nsp", "ltr_no_nsp_bilstm"]
     assert rows[3].cells["mnli_m_acc"].paper == 82.1 and rows[1].cells["sst2_acc"].paper == 92.6
     squad_cell = rows[0].cells["squad_v1_f1"]  # one of four jobs failed, the others never ran
@@ -113,12 +114,13 @@ def test_mean_over_restarts_picks_hyper_parameters_by_mean_and_reports_std(tmp_p
 
 def test_missing_and_failed_cells_show_marks_with_reasons_never_numbers(table5, tmp_path):
     fill(table5, lambda sweep, args: glue_metrics(sweep, args) if "qnli" not in sweep.name else None)
-    for _, folder in table5.sweeps["finetune/no_nsp/mrpc"].jobs():  # a run that logged its error and stopped
-        (folder / "results.json").unlink()
-        (folder / ".hydra").mkdir()
-        (folder / "train.log").write_text(
-            "[2026-01-01 00:00:00,000][bert_repro.run][ERROR] - task=mrpc split dev: "
-            "/x/dev.tsv does not exist (set BERT_REPRO_TRACEBACK=1 for the traceback)\n")
+    for _, folder in table5.sweeps["finetune/no_nsp/mrpc"].jobs():  # failed, as run.record_failure writes
+        write_results(folder, "mrpc", {}, status="failed")
+        record = json.loads((folder / "results.json").read_text())
+        record["reason"] = "FileNotFoundError: task=mrpc split dev: /x/dev.tsv does not exist"
+        (folder / "results.json").write_text(json.dumps(record))
+        (folder / "train.log").write_text("[2026-01-01 00:00:00,000][bert_repro.run][ERROR] - a logged line "
+                                          "is not where a failure is read from\n")
     paths = write_all(table5, collect(table5, REFERENCE), REFERENCE, tmp_path / "results")
     md = paths[0].read_text()
     qnli_line = next(line for line in md.splitlines() if line.startswith("| No NSP"))
@@ -201,11 +203,12 @@ def test_malformed_results_json_is_an_error_naming_the_file(table5, tmp_path):
     fill(table5, glue_metrics)
     bad = table5.sweeps["finetune/bert_base/mrpc"].jobs()[0][1] / "results.json"
     bad.write_text('{"status": "complete", "metrics": ')
-    with pytest.raises(TableError, match=f"{bad}: malformed results.json"):
+    named = re.escape(str(bad))  # a run folder's "+" and "." are regex syntax
+    with pytest.raises(TableError, match=f"{named} is not a results.json as src/train.py writes it"):
         collect(table5, REFERENCE)
     bad.write_text(json.dumps({"status": "complete", "task": "mrpc"}))
     missing = "missing seed, monitor, metrics, config"
-    with pytest.raises(TableError, match=f"{bad}: malformed results.json \\({missing}\\)"):
+    with pytest.raises(TableError, match=f"{named} is not a results.json .*\\({missing}\\); expected"):
         collect(table5, REFERENCE)
 
 
@@ -358,7 +361,7 @@ def test_critical_path_is_a_sweeps_cost_plus_its_costliest_chain(table5):
     chain = runner.critical_path(table5, costs)
     assert chain["pretrain/none"] == 15.0 and chain["finetune/bert_base/squad_v1"] == 5.0
     assert chain["pretrain/no_nsp"] == 2.0  # its own 1 and one fine-tuning sweep's 1
-    plan = {"runs": [{"name": "finetune/a/mrpc/seed=1", "flops": 1.0}, {"name": "finetune/a/mrpc/seed=2",
+    plan = {"runs": [{"name": "finetune/a/mrpc/seed-1", "flops": 1.0}, {"name": "finetune/a/mrpc/seed-2",
                                                                          "flops": 2.0}]}
     assert runner.sweep_costs(plan) == {"finetune/a/mrpc": 3.0}  # a sweep's jobs summed
 
@@ -366,11 +369,12 @@ def test_critical_path_is_a_sweeps_cost_plus_its_costliest_chain(table5):
 def test_a_launchers_threads_reach_each_process_as_omp_num_threads(table5, monkeypatch):
     seen = []
 
-    def fake_run(cmd, env=None, **kwargs):
+    def fake_popen(cmd, env=None, **kwargs):
         seen.append((env.get("OMP_NUM_THREADS"), [c for c in cmd if c.startswith("threads")]))
-        return subprocess.CompletedProcess(cmd, 0)
+        return real_popen(["true"], **kwargs)
 
-    monkeypatch.setattr(runner.subprocess, "run", fake_run)
+    real_popen = subprocess.Popen
+    monkeypatch.setattr(runner.subprocess, "Popen", fake_popen)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     sweep = table5.sweeps["pretrain/none"]
     runner._launch(sweep, [], runner.stage_launcher({"threads": 1, "common": {"hydra/launcher": "basic"}},
@@ -400,7 +404,7 @@ def test_dry_run_prints_the_multiruns_and_writes_nothing(capsys, tmp_path):
     mnli = next(line for line in lines if "task=mnli" in line and "/bert_base/" in line)
     assert "optim.lr=1e-3" in mnli and "data.max_train_examples=256" in mnli
     assert f"init={tmp_path}/runs/table5/smoke/pretrain/none/default/checkpoints/last.ckpt" in mnli
-    assert "hydra.sweep.subdir=${hydra.job.override_dirname}" in mnli and "exclude_keys=[" in mnli
+    assert "hydra.sweep.subdir" not in mnli and "exclude_keys=[" in mnli  # conf/train.yaml names the jobs
     assert not (tmp_path / "runs").exists()
 
 
@@ -412,7 +416,7 @@ def test_reference_copy_matches_the_shared_one():
     assert ours == yaml.safe_load(shared.read_text())
 
 
-def test_a_killed_run_that_resumes_itself_keeps_its_folder_unless_forced(table5, monkeypatch):
+def test_a_killed_run_keeps_its_folder_and_one_that_would_not_resume_waits_for_force(table5, monkeypatch):
     sweep = table5.sweeps["pretrain/none"]
     folder = sweep.jobs()[0][1]
     (folder / "checkpoints").mkdir(parents=True)
@@ -427,11 +431,12 @@ def test_a_killed_run_that_resumes_itself_keeps_its_folder_unless_forced(table5,
         return 0, ""
 
     monkeypatch.setattr(runner, "_launch", fake_launch)
-    assert runner.resumable(folder) and runner.run_sweep(sweep, {})["complete"] == 1
+    assert runner.resumes_itself(folder) and runner.run_sweep(sweep, {})["complete"] == 1
     (folder / "results.json").unlink()
-    (folder / ".hydra" / "config.yaml").write_text("ckpt_path: null\n")  # would start afresh: clear it first
-    (folder / ".hydra").mkdir(exist_ok=True)
-    assert not runner.resumable(folder) and runner.run_sweep(sweep, {})["complete"] == 1
+    (folder / ".hydra" / "config.yaml").write_text("ckpt_path: null\n")  # would start afresh beside them
+    assert runner.run_sweep(sweep, {}) == {"skipped": 0, "complete": 0, "failed": 1}  # not run, not deleted
+    assert "--force" in runner.job_state(folder)[1] and (folder / "checkpoints" / "last.ckpt").is_file()
+    assert runner.run_sweep(sweep, {}, force=True)["complete"] == 1  # --force clears it first
     assert seen == [True, False]
 
 

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import atexit
 import difflib
 import hashlib
+import re
 import sys
 import tempfile
 from pathlib import Path
@@ -15,25 +17,54 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from bert_repro.keys import SCIENCE_PATHS, is_science
+from bert_repro.keys import is_path, is_science
+from bert_repro.locks import FolderInUse, RunFolderLock
 
 MAX_NAME = 160
+# A folder name is made of items "key-value" joined by "+": characters Hydra's override parser takes unquoted
+# in a value and that are safe in paths and shells, so init=<run>/checkpoints/best.ckpt works as typed. Keys
+# hold no "-" and values no "+", so the name reads back one way ("_" would not: ablation-no_nsp_model-large).
+KEY = re.compile(r"[A-Za-z0-9_.]+")
+VALUE = re.compile(r"[A-Za-z0-9_.-]+")
 
 
-def run_name(overrides: list[str]) -> str:
-    """A run's folder name from its command alone (never the clock): the science overrides (``keys``), sorted
-    and joined as Hydra's override_dirname, "default" when there are none, and a hash of the path-valued
-    science overrides when there are any (so init=A and init=B do not share a folder)."""
+def _spelled(value: Any) -> str | None:
+    """``value`` as a folder name spells it, None where it cannot (paths, lists, interpolations ...)."""
+    if isinstance(value, bool) or value is None:
+        text = str(value).lower() if value is not None else "null"
+    elif isinstance(value, float):
+        text = repr(value).replace("e+", "e")  # 1e+30 -> 1e30: Hydra reads both, "+" separates items
+    else:
+        text = str(value)
+    return text if VALUE.fullmatch(text) and ".." not in text else None
+
+
+def run_name(overrides: list[str], exclude: list[str] | tuple[str, ...] = ()) -> str:
+    """A run's folder name from its command alone (never the clock): its science overrides (``keys``) less
+    ``exclude`` (hydra.job.config.override_dirname.exclude_keys: a table's fixed keys, which its sweep folder
+    already says), as ``key-value`` joined by "+" in sorted order (``optim.epochs-3+optim.lr-5e-05``),
+    "default" when there are none. Path-valued ones, and any the spelling cannot hold, go into a hash
+    (``+hash-1a2b3c4d``), so init=A and init=B do not share a folder and no value nests or leaves it."""
     parsed = OverridesParser.create().parse_overrides(list(overrides))
-    science = [o for o in parsed if is_science(o.key_or_group)]
-    named = sorted(o.input_line for o in science if o.key_or_group not in SCIENCE_PATHS)
-    name = ",".join(named) or "default"
-    paths = sorted(o.input_line for o in parsed if o.key_or_group in SCIENCE_PATHS)
-    if paths:
-        name += ",paths=" + hashlib.sha256("\n".join(paths).encode()).hexdigest()[:8]
-    if len(name) > MAX_NAME:  # file systems stop at 255 bytes: keep a readable head, and a hash of the whole
-        name = name[:MAX_NAME - 12] + ",h=" + hashlib.sha256(name.encode()).hexdigest()[:8]
-    return name
+    named, hashed = [], []
+    for o in parsed:
+        key = o.key_or_group
+        if not is_science(key) or key in exclude:
+            continue
+        value = None if is_path(key) or o.is_delete() or not KEY.fullmatch(key) else _spelled(o.value())
+        if value is None:
+            hashed.append(o.input_line)
+        else:
+            named.append(f"{key}-{value}")
+    named.sort()
+
+    def joined() -> str:
+        digest = hashlib.sha256("\n".join(sorted(hashed)).encode()).hexdigest()[:8]
+        return "+".join(named + [f"hash-{digest}"] if hashed else named) or "default"
+
+    while len(joined()) > MAX_NAME:  # file systems stop at 255 bytes: whole items move into the hash
+        hashed.append(named.pop())
+    return joined()
 
 
 def cpu_precision() -> str:
@@ -49,32 +80,58 @@ def cpu_precision() -> str:
 
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver("run_name", lambda overrides: run_name(list(overrides)))
+        OmegaConf.register_new_resolver(
+            "run_name", lambda overrides, exclude=(): run_name(list(overrides), [str(k) for k in exclude]))
     if not OmegaConf.has_resolver("cpu_precision"):
         OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
 
 
 class OutputFolderCheck(Callback):
     """Hydra creates the run (or sweep) folder before src/train.py gets control: one that cannot be created or
-    written to ends the run here with a message naming it, not a traceback (conf/train.yaml
-    hydra.callbacks)."""
+    written to ends the run here with a message naming it, not a traceback; one that a live run holds
+    (locks.py) too, before Hydra writes this command's config and log into it, and before torch loads.
+    A multirun's jobs lock their own folders in run.main (conf/train.yaml hydra.callbacks)."""
+
+    def __init__(self) -> None:
+        self.lock: RunFolderLock | None = None
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
-        _check_writable(Path(str(config.hydra.run.dir)), "hydra.run.dir")
+        folder = Path(str(config.hydra.run.dir))
+        _check_writable(folder, "hydra.run.dir")
+        self.lock = RunFolderLock(folder)
+        try:
+            self.lock.__enter__()
+        except FolderInUse as err:
+            print(err, file=sys.stderr)
+            raise SystemExit(2) from None
+        atexit.register(self.lock.__exit__)  # a run that ends in SystemExit never reaches on_run_end
+
+    def on_run_end(self, config: Any, **kwargs: Any) -> None:
+        if self.lock is not None:
+            self.lock.__exit__()
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         _check_writable(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")
 
 
 def _check_writable(folder: Path, key: str) -> None:
+    reason = unwritable(folder)
+    if reason is not None:
+        print(f"output folder {folder} cannot be written ({reason}); choose another with {key}=...",
+              file=sys.stderr)
+        raise SystemExit(2)
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created or written to, in the OS's words (a read-only file system, a full
+    disk, no permission, a file in the way); None when it can."""
     try:
         folder.mkdir(parents=True, exist_ok=True)
         with tempfile.TemporaryFile(dir=folder):
             pass
     except OSError as err:
-        print(f"output folder {folder} cannot be written ({err.strerror}); choose another with {key}=...",
-              file=sys.stderr)
-        raise SystemExit(2) from None
+        return err.strerror
+    return None
 
 
 def unknown_key_hints(overrides: list[str], config_dir: Path, config_name: str = "train") -> list[str]:

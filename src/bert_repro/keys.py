@@ -17,7 +17,8 @@ NOT_SCIENCE = (
 )
 # group choices that only change speed or places (an experiment's science keys are in results.json)
 NOT_SCIENCE_GROUPS = ("trainer", "logger", "callbacks", "experiment", "hydra/launcher")
-# science, but path-valued (a "/" would nest folders): the run folder's name takes a hash of them instead
+# science, but path-valued (a "/" would nest folders): the run folder's name takes a hash of them instead;
+# each covers its sub-keys too (data.files.train=...)
 SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus", "data.squad_dir",
                  "data.conll_dir", "data.swag_dir", "predict")  # predict: src/evaluate.py's input file
 
@@ -28,6 +29,12 @@ def is_science(key: str) -> bool:
     if key in NOT_SCIENCE_GROUPS or key.startswith("hydra.") or key.startswith("hydra/"):
         return False
     return not any(key == k.rstrip(".") or (k.endswith(".") and key.startswith(k)) for k in NOT_SCIENCE)
+
+
+def is_path(key: str) -> bool:
+    """``key`` (or the node above it) holds a path: ``data.files.train`` as well as ``data.files``."""
+    key = key.lstrip("+~")
+    return any(key == k or key.startswith(k + ".") for k in SCIENCE_PATHS)
 
 
 def science(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:

@@ -125,13 +125,17 @@ def model_on_command_line() -> bool:
     return any(o.split("=", 1)[0].lstrip("+~") == "model" for o in HydraConfig.get().overrides.task)
 
 
+def with_shape(model_cfg: dict[str, Any], checkpoint_config: Any) -> dict[str, Any]:
+    """``model_cfg`` (BertConfig fields) with the checkpoint's shape (SHAPE_KEYS): the one place that says
+    which fields a checkpoint decides and which stay the run's."""
+    loaded = checkpoint_config.to_dict()
+    return {**model_cfg, **{k: loaded[k] for k in SHAPE_KEYS if k in loaded}}
+
+
 def model_shape(model_cfg: dict[str, Any], checkpoint_config: Any, explicit: bool) -> dict[str, Any]:
     """The run's encoder config: the checkpoint's shape unless ``model=`` was given (a mismatch is refused
     later, in tasks.base.load_pretrained, with a message naming both)."""
-    if explicit:
-        return model_cfg
-    loaded = checkpoint_config.to_dict()
-    return {**model_cfg, **{k: loaded[k] for k in SHAPE_KEYS if k in loaded}}
+    return model_cfg if explicit else with_shape(model_cfg, checkpoint_config)
 
 
 def shape_name(model_cfg: dict[str, Any]) -> str:

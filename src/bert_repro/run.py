@@ -11,6 +11,7 @@ import inspect
 import logging
 import os
 import time
+from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
 
@@ -20,18 +21,22 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.errors import InstantiationException
 from hydra.types import RunMode
 from hydra.utils import get_class, instantiate
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.callbacks import Throughput
 from bert_repro.checks import SweepUsageError, UsageError, check_inputs, resolve_ckpt_path, split_batch
+from bert_repro.convert.safe import safe_torch_load
+from bert_repro.identity import checkpoint_identity, describe, head_mismatch, resume_refusal, run_identity
+from bert_repro.keys import science
+from bert_repro.locks import FolderInUse, RunFolderLock, is_launcher
 from bert_repro.metrics import degenerate_reason
-from bert_repro.pretrained import model_name, model_on_command_line, model_shape, resolve_init
+from bert_repro.pretrained import SHAPE_KEYS, model_name, model_on_command_line, model_shape, resolve_init
 from bert_repro.record import RunRecord
-from bert_repro.reliability import NonFiniteLoss, Preempted
-from bert_repro.results import failure_record, floats, git_revision, print_results, read_status, write_results
+from bert_repro.reliability import MachineFault, NonFiniteLoss, Preempted, machine_faults_named
+from bert_repro.results import RESULTS, RunResult, failure_record, floats, print_results, read_status
 from bert_repro.speed import compile_model
-from bert_repro.tracking import close_loggers
+from bert_repro.tracking import close_loggers, wandb_run_name
 from bert_repro.trainer import build_trainer
 
 log = logging.getLogger(__name__)
@@ -103,47 +108,134 @@ def _model_choice() -> str | None:
     return HydraConfig.get().runtime.choices.get("model") if HydraConfig.initialized() else None
 
 
+def speed_options(cfg: DictConfig) -> dict[str, Any]:
+    """speed.SpeedOptions from the speed node: how fast, never what is computed."""
+    return {"kernels": bool(cfg.speed.fast_kernels), "unpad": bool(cfg.speed.unpad),
+            "activation_checkpointing": bool(cfg.speed.activation_checkpointing),
+            "pack": bool(cfg.speed.pack), "attention": str(cfg.speed.attention)}
+
+
+def _labels(datamodule: L.LightningDataModule, module: L.LightningModule) -> list[str] | None:
+    """The task's label names: a GLUE-style task's spec, a tagger's tag set; None for the others."""
+    spec = getattr(datamodule, "spec", None)
+    labels = getattr(spec, "labels", None) or getattr(datamodule, "labels", None)
+    labels = labels or getattr(getattr(module, "hparams", {}), "get", lambda *_: None)("labels")
+    return [str(label) for label in labels] if labels else None
+
+
+@dataclass
+class RunSetup:
+    """What a run, an evaluation and a failure record share: the weights read, the data, the module."""
+
+    init: str | None  # what init= names, after the released default
+    datamodule: L.LightningDataModule
+    module: L.LightningModule
+    model_cfg: dict[str, Any]  # the encoder that runs: the checkpoint's shape unless model= was given
+    model: str | None  # its name in results.json
+    identity: dict[str, Any]
+    missing_heads: list[str]
+    init_head_dropped: str | None
+    per_device: int
+    accumulation: int
+
+
+def record_model(cfg: DictConfig, model_cfg: dict[str, Any]) -> None:
+    """The recorded config (results.json, W&B, the checkpoints' science) says the shape that runs: a run from
+    a 6-layer checkpoint with no model= is not recorded as the default's 12 layers."""
+    with open_dict(cfg):
+        for key in SHAPE_KEYS:
+            if key in cfg.model:
+                cfg.model[key] = model_cfg[key]
+
+
+def load_weights(module: L.LightningModule, loaded: Any, identity: dict[str, Any],
+                 whole_module: bool) -> tuple[list[str], str | None]:
+    """init='s weights into ``module``: (heads left at random, why a trained head was dropped).
+    ``whole_module`` (evaluation): our checkpoint of this very task and head brings the trained head too,
+    another task's or label set's head is refused; training keeps the encoder and drops any task head, saying
+    so."""
+    path, saved = loaded.source, loaded.identity
+    trained_head = bool(loaded.ignored)  # parameters beyond the encoder and pre-training heads: a task's head
+    if whole_module and trained_head:
+        mismatch = head_mismatch(saved, identity)
+        if mismatch:
+            raise UsageError(f"init={path}: {mismatch}; evaluate it with its own task= (or fine-tune it on "
+                             f"task={identity['task']} first)")
+        if Path(path).suffix == ".ckpt":
+            state = safe_torch_load(path, what="a bert_repro Lightning checkpoint")["state_dict"]
+            own = module.state_dict()
+            if set(state) == set(own) and all(state[k].shape == own[k].shape for k in own):
+                module.load_state_dict(state)
+                return [], None
+    dropped = None
+    if trained_head and saved and saved.get("task") not in (None, identity["task"]):
+        dropped = f"init={path} was fine-tuned on {describe(saved)}: its encoder is taken, its head dropped"
+        log.warning("%s", dropped)
+    return module.load_pretrained(loaded), dropped
+
+
+def setup_run(cfg: DictConfig, training: bool, optim: dict[str, Any] | None = None) -> RunSetup:
+    """init= resolved and read, the vocabulary, the DataModule, the module with init='s weights, in that
+    order: the one sequence train, evaluate and the failure record share. ``training``: the speed options
+    and the global batch split over devices; an evaluation runs model.py's path on one device."""
+    from bert_repro.convert.loaders import load_checkpoint
+
+    L.seed_everything(cfg.seed, workers=True)
+    init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
+    loaded = load_checkpoint(init_path) if init_path else None
+    vocab, lowercase = resolve_vocab(cfg, loaded)
+    per_device, accumulation = (split_batch(int(cfg.data.batch_size), cfg.trainer,
+                                            cfg.speed.per_device_batch_size)
+                                if training else (int(cfg.data.batch_size), 1))
+    datamodule = build_data(cfg, vocab, lowercase, per_device)
+    datamodule.prepare_tokenizer()
+    if vocab is None:  # pre-training from scratch: the WordPiece vocabulary trained on the corpus
+        vocab, lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
+
+    configured = {**_plain(cfg.model), "vocab_size": len(vocab)}
+    explicit = model_on_command_line()
+    model_cfg = model_shape(configured, loaded.config, explicit) if loaded is not None else configured
+    name = model_name(configured, model_cfg, explicit)
+    record_model(cfg, model_cfg)
+    module = instantiate(cfg.module, model=model_cfg, optim=optim or _plain(cfg.optim), vocab=vocab,
+                         lowercase=lowercase, speed=speed_options(cfg) if training else None, _convert_="all")
+    module.identity = run_identity(cfg.task.name, module, _labels(datamodule, module),
+                                   cfg.data.get("max_seq_length"), science(_plain(cfg)))
+    missing, dropped = (load_weights(module, loaded, module.identity, whole_module=not training)
+                        if loaded is not None else ([], None))
+    return RunSetup(init, datamodule, module, model_cfg, name, module.identity, missing, dropped, per_device,
+                    accumulation)
+
+
+def check_resume(ckpt_path: str | None, found: bool, cfg: DictConfig, identity: dict[str, Any]) -> None:
+    """``ckpt_path=`` of another run folder: refused when it is another task's, or another setting's outside
+    a schedule it continues (this folder's own last.ckpt is checked by reliability.SameRun)."""
+    if ckpt_path is None or found:
+        return
+    saved = checkpoint_identity(safe_torch_load(ckpt_path, what="a bert_repro Lightning checkpoint"))
+    why = resume_refusal(ckpt_path, saved, identity, cfg.optim.get("resume_step") is not None)
+    if why:
+        raise UsageError(why)
+
+
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Build data, model and trainer from ``cfg``, fit, validate the final weights, write results.json."""
     start = time.time()
     output_dir = Path(cfg.paths.output_dir)
     check_inputs(cfg, output_dir)
     ckpt_path, found = resolve_ckpt_path(cfg.ckpt_path, output_dir)
-    L.seed_everything(cfg.seed, workers=True)
-
-    loaded = None
-    init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
-    if init_path:
-        from bert_repro.convert.loaders import load_checkpoint
-
-        loaded = load_checkpoint(init_path)
-    vocab, lowercase = resolve_vocab(cfg, loaded)
-    per_device, accumulation = split_batch(int(cfg.data.batch_size), cfg.trainer,
-                                           cfg.speed.per_device_batch_size)
-    datamodule = build_data(cfg, vocab, lowercase, per_device)
-    if cfg.test and not hasattr(datamodule, "write_predictions"):
-        raise UsageError(f"test=true: task={cfg.task.name} has no test predictions")
-    datamodule.prepare_tokenizer()
-    if vocab is None:  # pre-training from scratch: the WordPiece vocabulary trained on the corpus
-        vocab, lowercase = list(datamodule.vocab), bool(datamodule.lowercase)
-
-    model_cfg = {**_plain(cfg.model), "vocab_size": len(vocab)}
-    model_explicit = model_on_command_line()
-    if loaded is not None:  # no model= on the command line: the checkpoint's shape
-        model_cfg = model_shape(model_cfg, loaded.config, model_explicit)
     optim = _plain(cfg.optim)
     if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
         optim["resume_step"] = None
-    speed = {"kernels": bool(cfg.speed.fast_kernels), "unpad": bool(cfg.speed.unpad),
-             "activation_checkpointing": bool(cfg.speed.activation_checkpointing),
-             "pack": bool(cfg.speed.pack),
-             "attention": str(cfg.speed.attention)}  # speed.SpeedOptions: how fast, never what is computed
-    module = instantiate(cfg.module, model=model_cfg, optim=optim, vocab=vocab, lowercase=lowercase,
-                         speed=speed, _convert_="all")
-    missing_heads = module.load_pretrained(loaded) if loaded is not None else []
+    run = setup_run(cfg, training=True, optim=optim)
+    check_resume(ckpt_path, found, cfg, run.identity)
+    module, datamodule = run.module, run.datamodule
+    if cfg.test and not hasattr(datamodule, "write_predictions"):
+        raise UsageError(f"test=true: task={cfg.task.name} has no test predictions")
     apply_speed(cfg, module)
 
-    trainer = build_trainer(cfg, accumulation, output_dir, resume_strict=found, start=start)
+    trainer = build_trainer(cfg, run.accumulation, output_dir, resume_strict=found, start=start,
+                            run_name=wandb_run_name(cfg.task.name, run.model, output_dir.name))
     if ckpt_path is not None:
         log.info("resuming from %s", ckpt_path)
     status = "complete"
@@ -165,52 +257,46 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         close_loggers(trainer.loggers)  # W&B: close a failed run too, so a sweep goes on
         raise
 
-    throughput = next(c for c in trainer.callbacks if isinstance(c, Throughput))
-    record = next(c for c in trainer.callbacks if isinstance(c, RunRecord)).totals()  # all attempts
+    throughput = _callback(trainer, Throughput)
+    record = _callback(trainer, RunRecord).totals()  # all attempts
     checkpoint = trainer.checkpoint_callback  # callbacks.best: the first ModelCheckpoint
     best_score = checkpoint.best_model_score if checkpoint is not None else None
     best_path = (checkpoint.best_model_path if checkpoint is not None else None) or None
-    results = {
-        "status": status,
-        "task": cfg.task.name,
-        "model": model_name(_plain(cfg.model), model_cfg, model_explicit),
-        "model_config": model_cfg,
-        "ablation": cfg.ablation.name,
-        "scale": cfg.scale.name,
-        "seed": cfg.seed,
-        "init": init,
-        "resumed_from": ckpt_path,
-        "missing_heads": missing_heads,
-        "predict_majority": majority,
-        "monitor": cfg.task.monitor,
-        "metrics": {"final": final,
-                    "best": {cfg.task.monitor: float(best_score) if best_score is not None else None},
-                    "best_checkpoint": best_path,
-                    "per_epoch": getattr(module, "history", None)},
-        "degenerate": None if majority else degenerate_reason(final),  # e.g. collapsed onto one class
-        "data_sizes": {split: len(d) for split, d in getattr(datamodule, "datasets", {}).items()} or None,
-        "test_predictions": test_files or None,
-        "global_step": trainer.global_step,
-        "global_batch": int(cfg.data.batch_size),
-        "per_device_batch": per_device,
-        "accumulation": accumulation,
-        "world_size": trainer.world_size,
-        "tokens_per_s": throughput.tokens_per_s,
-        "sequences_per_s": throughput.sequences_per_s,
-        "perf": throughput.summary(),  # + model FLOP/s per device and MFU against the peak it names
-        "wall_time_s": record["wall_time_s"],  # the whole run, over its attempts (record.py)
-        "wall_time_attempt_s": round(time.time() - start, 2),
-        "resumes": record["resumes"],
-        "tokens_trained": record["tokens"],
-        "flops_trained": record["flops"],
-        "git": git_revision(),
-        "config": _plain(cfg),
-    }
+    results = RunResult(
+        status=status, task=cfg.task.name, model=run.model, model_config=run.model_cfg,
+        ablation=cfg.ablation.name, scale=cfg.scale.name, seed=cfg.seed, init=run.init,
+        identity=run.identity, resumed_from=ckpt_path, missing_heads=run.missing_heads,
+        init_head_dropped=run.init_head_dropped, predict_majority=majority, monitor=cfg.task.monitor,
+        metrics={"final": final,
+                 "best": {cfg.task.monitor: float(best_score) if best_score is not None else None},
+                 "best_checkpoint": best_path,
+                 "per_epoch": getattr(module, "history", None)},
+        degenerate=None if majority else degenerate_reason(final),  # e.g. collapsed onto one class
+        data_sizes=_sizes(datamodule), test_predictions=test_files or None,
+        global_step=trainer.global_step, global_batch=int(cfg.data.batch_size),
+        per_device_batch=run.per_device, accumulation=run.accumulation, world_size=trainer.world_size,
+        tokens_per_s=throughput.tokens_per_s if throughput else None,
+        sequences_per_s=throughput.sequences_per_s if throughput else None,
+        perf=throughput.summary() if throughput else None,  # + model FLOP/s per device and MFU
+        wall_time_s=record["wall_time_s"], wall_time_attempt_s=round(time.time() - start, 2),
+        resumes=record["resumes"], tokens_trained=record["tokens"], flops_trained=record["flops"],
+        config=_plain(cfg),
+    )
     if trainer.is_global_zero:
-        write_results(output_dir / "results.json", results)
-        print_results(results)
-    close_loggers(trainer.loggers, results, output_dir / "results.json")  # W&B: results.json as the summary
-    return results
+        results.write(output_dir / RESULTS)
+        print_results(asdict(results))
+    close_loggers(trainer.loggers, asdict(results), output_dir / RESULTS)  # W&B: results.json as the summary
+    return asdict(results)
+
+
+def _callback(trainer: L.Trainer, kind: type) -> Any:
+    """The trainer's callback of ``kind``; RunRecord is always there (trainer.build_callbacks), Throughput
+    unless a user removed it (``~callbacks.throughput``): then results.json has no throughput."""
+    return next((c for c in trainer.callbacks if isinstance(c, kind)), None)
+
+
+def _sizes(datamodule: L.LightningDataModule) -> dict[str, int] | None:
+    return {split: len(d) for split, d in getattr(datamodule, "datasets", {}).items()} or None
 
 
 # wrong input: a message naming it, not a traceback (InstantiationException: a constructor refused its input)
@@ -221,13 +307,12 @@ USER_ERRORS = (UsageError, FileNotFoundError, ValueError, PermissionError, Insta
 def record_failure(cfg: DictConfig, err: BaseException) -> None:
     """results.json with status "failed" and the reason, so a sweep's collector shows the cell as failed;
     never over a completed run's results, and only on rank 0 (the others' folder is the same)."""
-    ranks = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")  # torchrun, SLURM, Lightning's DDP children
-    if any(int(os.environ.get(name, 0)) != 0 for name in ranks):
+    if not is_launcher():
         return
     try:
         path = Path(cfg.paths.output_dir) / "results.json"
         if read_status(path) != "complete":
-            write_results(path, failure_record(cfg, err, _model_choice()))
+            failure_record(cfg, err, _model_choice()).write(path)
     except (OSError, OmegaConfBaseException) as write_err:  # e.g. an unwritable folder: the message says why
         log.debug("no failure record written: %s", write_err)
 
@@ -238,8 +323,19 @@ class JobFailed(Exception):
 
 def main(cfg: DictConfig) -> float | None:
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
+    output_dir = Path(cfg.paths.output_dir)
+    places = {"hydra.run.dir": output_dir, "paths.cache_dir": Path(cfg.paths.cache_dir)}
+    last = output_dir / "checkpoints" / "last.ckpt"
+    # one process per run folder: a multirun job locks its own here; a single run's is held from Hydra's start
+    # (cli.OutputFolderCheck), before anything was written into it
     try:
-        results = train(cfg)
+        with machine_faults_named(places, last), RunFolderLock(output_dir):
+            results = train(cfg)
+    except FolderInUse as err:  # another live run's folder: nothing of it is touched, no failure recorded
+        log.error("%s", err)
+        if multirun:
+            raise JobFailed(str(err)) from None
+        raise SystemExit(2) from None
     except Preempted as err:  # checkpoint saved: rerunning the command resumes; 128 + signal, as a shell says
         log.warning("%s", err)
         raise SystemExit(128 + int(err.signum)) from None
@@ -261,6 +357,12 @@ def main(cfg: DictConfig) -> float | None:
         if multirun:
             raise JobFailed(str(err)) from None
         raise SystemExit(3) from None
+    except MachineFault as err:  # a full disk, a read-only folder: the last good checkpoint is kept
+        record_failure(cfg, err)
+        log.error("%s", err)
+        if multirun:
+            raise JobFailed(str(err)) from None
+        raise SystemExit(74) from None  # sysexits.h EX_IOERR: the machine's fault, not the input's (2)
     except Exception as err:  # a bug, not an input: keep the traceback, but leave the cell marked failed
         record_failure(cfg, err)
         raise

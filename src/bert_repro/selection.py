@@ -1,9 +1,9 @@
 """Model selection over sweeps (§3.5, §4.1) and the GLUE server's submission files.
 
-    python -m bert_repro.select multirun/mrpc/2026-01-01_10-00-00 multirun/rte/...  # best Dev run per task
-    python -m bert_repro.select SWEEP ... --restarts      # mean +- std over seeds per hyper-parameter setting
-                                                          # (Table 6)
-    python -m bert_repro.select SWEEP ... --submit        # + test predictions of each selected run, zipped
+    python -m bert_repro.selection multirun/mrpc/... multirun/rte/...  # best Dev run per task
+    python -m bert_repro.selection SWEEP ... --restarts  # mean +- std over seeds per hyper-parameter setting
+                                                         # (Table 6)
+    python -m bert_repro.selection SWEEP ... --submit    # + test predictions of each selected run, zipped
 
 Runs are the ``results.json`` files under the given folders. A "setting" is what a table cell fixes
 (task, model, ablation, scale, init); within one, the paper keeps the run best on Dev by the task's
@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_repro.keys import flatten, science
+from bert_repro.results import RESULTS, find_runs, read_results
 from bert_repro.scores import (  # torch-free: the collector uses this
     COLLAPSE_SHARE,
     degenerate_reason,
@@ -38,6 +39,7 @@ SWEPT = {"lr": ("optim", "lr"), "epochs": ("optim", "epochs"), "batch": ("data",
          "max_train": ("data", "max_train_examples")}
 # what restarts of one configuration differ in, besides the keys that change only speed or places (keys.py)
 RESTART_KEYS = ("seed", "data.seed")
+SETTING = ("task", "model", "ablation", "scale", "init")  # what a table cell fixes
 
 
 def _science(config: dict) -> dict:
@@ -48,43 +50,32 @@ def _science(config: dict) -> dict:
 
 def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE,
               failed: list[dict] | None = None) -> tuple[list[dict], list[str]]:
-    """Completed runs (one dict each) under ``folders``, and a note for each run that is not usable.
-    ``failed``: a list that receives each failed run's folder, setting and reason (its results.json says
-    status "failed"), so the summary can mark the cell. A results.json that is not one is an error."""
+    """Completed runs (one dict each) under ``folders`` (``results.find_runs``: each run once, never a
+    logger's copy), and a note for each run that is not usable. ``failed``: a list that receives each failed
+    run's folder, setting and reason (its results.json says status "failed"), so the summary can mark the
+    cell. A results.json that is not one is an error."""
     runs, skipped = [], []
-    for folder in folders:
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder} is not a folder of runs")
-        for path in sorted(folder.rglob("results.json")):
-            try:
-                results = json.loads(path.read_text())
-                config = results["config"]
-                monitor, final = results["monitor"], results["metrics"]["final"]
-            except (json.JSONDecodeError, KeyError, TypeError, AttributeError) as err:
-                raise ValueError(f"{path} is not a results.json as src/train.py writes it "
-                                 f"({type(err).__name__}: {err}); expected JSON with status, task, monitor, "
-                                 "metrics.final and config. Fix or remove that file (or its run folder) and "
-                                 "collect again") from None
-            if results.get("status") != "complete" or final.get(monitor) is None:
-                reason = results.get("reason")
-                skipped.append(f"{path.parent}: status {results.get('status')}, "
-                               f"{monitor}={final.get(monitor)}"
-                               + (f" ({reason})" if reason else ""))
-                if failed is not None and results.get("status") == "failed":
-                    failed.append({"dir": str(path.parent), "reason": reason or "no reason recorded",
-                                   "setting": {k: results.get(k) for k in ("task", "model", "ablation",
-                                                                           "scale", "init")}})
-                continue
-            runs.append({
-                "dir": str(path.parent), "task": results["task"], "seed": results["seed"], "monitor": monitor,
-                "mode": config["task"].get("monitor_mode", "max"), "score": final[monitor], "final": final,
-                "setting": {k: results.get(k) for k in ("task", "model", "ablation", "scale", "init")},
-                "hparams": {name: config.get(group, {}).get(key) for name, (group, key) in SWEPT.items()},
-                "science": _science(config),
-                "degenerate": None if results.get("predict_majority") else degenerate_reason(final,
-                                                                                             collapse_share),
-                "results": results,
-            })
+    for folder in find_runs(folders):
+        results = read_results(folder / RESULTS)
+        config, monitor, final = results["config"], results["monitor"], results["metrics"]["final"]
+        if results.get("status") != "complete" or final.get(monitor) is None:
+            reason = results.get("reason")
+            skipped.append(f"{folder}: status {results.get('status')}, {monitor}={final.get(monitor)}"
+                           + (f" ({reason})" if reason else ""))
+            if failed is not None and results.get("status") == "failed":
+                failed.append({"dir": str(folder), "reason": reason or "no reason recorded",
+                               "setting": {k: results.get(k) for k in SETTING}})
+            continue
+        runs.append({
+            "dir": str(folder), "task": results["task"], "seed": results["seed"], "monitor": monitor,
+            "mode": config["task"].get("monitor_mode", "max"), "score": final[monitor], "final": final,
+            "setting": {k: results.get(k) for k in SETTING},
+            "hparams": {name: config.get(group, {}).get(key) for name, (group, key) in SWEPT.items()},
+            "science": _science(config),
+            "degenerate": (None if results.get("predict_majority")
+                           else degenerate_reason(final, collapse_share)),
+            "results": results,
+        })
     return runs, skipped
 
 
@@ -136,18 +127,6 @@ def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None =
                        "failed": [{"dir": f["dir"], "reason": f["reason"]} for f in members],
                        "selected": None, "hparams": dict.fromkeys(SWEPT), "metrics": {}})
     return sorted(chosen, key=lambda e: json.dumps(e["setting"], sort_keys=True))
-
-
-def restart_spread(runs: list[dict], entry: dict, name: str) -> dict | None:
-    """Mean, std and count of metric ``name`` over the restarts (seeds) of the selected run's
-    hyper-parameters: the spread behind a best-on-Dev cell. None when that metric is absent."""
-    selected = next(r for r in runs if r["dir"] == entry["selected"])
-    values = [r["final"][name] for r in runs
-              if r["science"] == selected["science"] and r["final"].get(name) is not None]
-    if not values:
-        return None
-    return {"mean": statistics.fmean(values), "std": statistics.stdev(values) if len(values) > 1 else 0.0,
-            "n": len(values)}
 
 
 def table1_scores(entries: list[dict]) -> list[dict]:
@@ -276,7 +255,8 @@ def write_submission(entries: list[dict], runs: list[dict], out: Path) -> tuple[
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m bert_repro.select", description=__doc__.split("\n\n")[0])
+    parser = argparse.ArgumentParser(prog="python -m bert_repro.selection",
+                                     description=__doc__.split("\n\n")[0])
     parser.add_argument("folders", nargs="+", type=Path, help="sweep folders (searched for results.json)")
     parser.add_argument("--restarts", action="store_true",
                         help="mean +- std over seeds per hyper-parameter setting")

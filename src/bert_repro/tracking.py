@@ -1,55 +1,101 @@
 """W&B carries the whole run: the resolved Hydra config at its start, results.json as its summary at its end,
 and a group that gathers a sweep's (or a table's) runs. Offline by default (conf/logger/wandb.yaml).
 
-Groups: ``BERT_REPRO_WANDB_GROUP`` when set (a table runner sets it to the table's name, the group its
-collected table is logged in: tables.render.log_wandb), else a multirun's sweep folder, else none.
+Names: the task, the model shape that ran and the run folder's name (``mrpc/base/optim.lr-5e-05``), so
+the jobs of a sweep differ by the keys they sweep. Groups: a table's name for a table's runs
+(``logger.wandb.group`` or ``BERT_REPRO_WANDB_GROUP``, the group its collected table is logged in:
+tables.render.log_wandb), else one per sweep: its folder and a hash of its science overrides
+(``multirun/mrpc#1a2b3c4d``), since every sweep of a task shares the folder ``multirun/<task>``; else none.
 """
 
 from __future__ import annotations
 
+import hashlib
 import logging
 import os
 from pathlib import Path
 from typing import Any
 
+from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
+
+from bert_repro.keys import is_science
 
 log = logging.getLogger(__name__)
 
 GROUP_ENV = "BERT_REPRO_WANDB_GROUP"
+SWEEP_ENV = "BERT_REPRO_WANDB_SWEEP"  # SweepGroup's group, from the sweep's process to its jobs'
 WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
 
 
+def wandb_run_name(task: str, model: str | None, folder_name: str) -> str:
+    """``mrpc/base/optim.lr-5e-05``: ``model`` is the shape that ran (results.json's "model": the checkpoint's
+    where init= chose it), ``folder_name`` the run folder's (cli.run_name: the science overrides)."""
+    return "/".join(part for part in (task, model, folder_name) if part)
+
+
+def sweep_group(sweep_dir: str, overrides: list[str]) -> str:
+    """One group per sweep: its folder, and a hash of the science overrides that launched it (sweeps as
+    typed), so the sweeps of one task that share ``multirun/<task>`` are told apart, and rerunning a sweep (to
+    resume it) continues its group as it continues its folders."""
+    from hydra.core.override_parser.overrides_parser import OverridesParser
+
+    science = sorted(o.input_line for o in OverridesParser.create().parse_overrides(list(overrides))
+                     if is_science(o.key_or_group))
+    return f"{sweep_dir}#{hashlib.sha256(chr(10).join(science).encode()).hexdigest()[:8]}"
+
+
+class SweepGroup(Callback):
+    """Only the sweep's own process sees its command whole (a job sees its share of it): it names the group
+    here, before the launcher starts the jobs, which inherit the environment (conf/train.yaml
+    hydra.callbacks)."""
+
+    def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
+        os.environ[SWEEP_ENV] = sweep_group(str(config.hydra.sweep.dir), list(config.hydra.overrides.task))
+
+
 def wandb_group() -> str | None:
-    """The runs' group: the table runner's (env), or the multirun sweep's folder, the same for every job."""
+    """The runs' group: the table runner's (env), or the sweep's (SweepGroup; its folder where a launcher did
+    not pass the environment on), the same for every job of it."""
     if os.environ.get(GROUP_ENV):
         return os.environ[GROUP_ENV]
     from hydra.core.hydra_config import HydraConfig
     from hydra.types import RunMode
 
     if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return str(HydraConfig.get().sweep.dir)
+        return os.environ.get(SWEEP_ENV) or str(HydraConfig.get().sweep.dir)
     return None
 
 
-def logger_kwargs(logger_cfg: DictConfig, cfg: DictConfig) -> dict[str, Any]:
-    """What a logger's config cannot say itself: for W&B, the run's resolved config and its group."""
+def _default_name(cfg: DictConfig) -> str | None:
+    """The name where the run did not give one: the model= choice stands for the shape."""
+    from hydra.core.hydra_config import HydraConfig
+
+    if not HydraConfig.initialized():
+        return None
+    runtime = HydraConfig.get().runtime
+    return wandb_run_name(cfg.task.name, runtime.choices.get("model"), Path(runtime.output_dir).name)
+
+
+def logger_kwargs(logger_cfg: DictConfig, cfg: DictConfig, name: str | None = None) -> dict[str, Any]:
+    """What a logger's config cannot say itself: for W&B, the run's resolved config, its name (``name``:
+    wandb_run_name of the run, else the model= choice's) and its group. The logger's own keys win."""
     if logger_cfg.get("_target_") not in (WANDB_LOGGER, "lightning.pytorch.loggers.wandb.WandbLogger"):
         return {}
     # under its own key: the module's hyper-parameters, logged at fit start, reuse names like "task"
     kwargs: dict[str, Any] = {"config": {"cfg": OmegaConf.to_container(cfg, resolve=True)}}
+    name = logger_cfg.get("name") or name or _default_name(cfg)
     group = logger_cfg.get("group") or wandb_group()
-    if group:
-        kwargs["group"] = group
+    kwargs.update({k: v for k, v in (("name", name), ("group", group)) if v})
     return kwargs
 
 
-def instantiate_logger(logger_cfg: DictConfig, cfg: DictConfig) -> Any:
+def instantiate_logger(logger_cfg: DictConfig, cfg: DictConfig, name: str | None = None) -> Any:
     """The logger of ``logger_cfg`` (conf/logger/), given what ``logger_kwargs`` adds (``config`` is also the
     first argument of Hydra's instantiate, hence the partial)."""
     from hydra.utils import instantiate
 
-    return instantiate(logger_cfg, _partial_=True)(**logger_kwargs(logger_cfg, cfg))
+    return instantiate(logger_cfg, _partial_=True)(**logger_kwargs(logger_cfg, cfg, name))
 
 
 def close_loggers(loggers: list[Any], results: dict[str, Any] | None = None,

@@ -31,9 +31,11 @@ def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list,
     return callbacks
 
 
-def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path,
-                  resume_strict: bool = False, start: float | None = None) -> L.Trainer:
-    loggers = [instantiate_logger(c, cfg) for c in (cfg.get("logger") or {}).values() if c is not None]
+def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path, resume_strict: bool = False,
+                  start: float | None = None, run_name: str | None = None) -> L.Trainer:
+    """``run_name``: the W&B run's name (tracking.wandb_run_name: task, the shape that runs, folder)."""
+    loggers = [instantiate_logger(c, cfg, run_name) for c in (cfg.get("logger") or {}).values()
+               if c is not None]
     optim = cfg.optim
     step_interval = isinstance(optim.val_check_interval, int) and optim.val_check_interval > 1
     every = optim.val_check_interval

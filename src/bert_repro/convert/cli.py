@@ -100,7 +100,8 @@ def _to_hf(src: str, out: str, encoder_only: bool, force: bool) -> int:
         else:
             loaded = load_checkpoint(src)
             model = build_model(loaded, nsp="nsp" not in loaded.missing_heads)
-            export_hf(model, new, loaded.vocab, loaded.lowercase is not False, loaded.missing_heads)
+            export_hf(model, new, loaded.vocab, loaded.lowercase is not False, loaded.missing_heads,
+                      loaded.identity)
             architecture = ARCHITECTURES[tuple(head not in loaded.missing_heads for head in HEADS)]
     if replaced:
         print(f"--force: deleted the earlier contents of {out}: {', '.join(replaced)}")

@@ -16,6 +16,7 @@ from torch import Tensor, nn
 
 from bert_repro.convert.names import ARCHITECTURES, HEADS, hf_config, ours_to_hf
 from bert_repro.heads import FeatureTagger, SequenceClassifier, TokenTagger
+from bert_repro.identity import IDENTITY_KEY
 from bert_repro.model import BertConfig, BertForPreTraining
 
 
@@ -76,14 +77,16 @@ def _pad_id(vocab: list[str] | None) -> int:
 
 
 def export_hf(model: BertForPreTraining, out_dir: str | Path, vocab: list[str] | None, lowercase: bool = True,
-              missing_heads: list[str] | tuple[str, ...] = ()) -> Path:
+              missing_heads: list[str] | tuple[str, ...] = (), identity: dict | None = None) -> Path:
     """Write config.json, model.safetensors (HF names), vocab.txt and tokenizer_config.json.
 
     Heads listed in ``missing_heads`` (random, never trained) are left out rather than passed off as weights.
+    ``identity``: what the checkpoint was trained as (identity.py), kept in config.json.
     """
     state = {k: v for k, v in model.state_dict().items() if k.split(".")[0] not in missing_heads}
     has = {h: any(k.startswith(h + ".") for k in state) for h in HEADS}
-    config = hf_config(model.config, ARCHITECTURES[has["mlm"], has["nsp"]], _pad_id(vocab))
+    config = {**hf_config(model.config, ARCHITECTURES[has["mlm"], has["nsp"]], _pad_id(vocab)),
+              **({IDENTITY_KEY: identity} if identity else {})}
     return _write(out_dir, config, ours_to_hf(state), vocab, lowercase, model.config.max_position)
 
 
@@ -133,5 +136,7 @@ def export_finetuned(module: nn.Module, out_dir: str | Path) -> Path:
     encoder = ours_to_hf({k: v for k, v in state.items() if k.startswith("bert.")})
     head = {k: v for k, v in state.items() if not k.startswith("bert.")}
     vocab = getattr(module, "vocab", None)
-    hf = {**hf_config(config, architecture, _pad_id(vocab)), **_labels(module, architecture)}
+    identity = getattr(module, "identity", None)  # task, head, labels, science: identity.py
+    hf = {**hf_config(config, architecture, _pad_id(vocab)), **_labels(module, architecture),
+          **({IDENTITY_KEY: identity} if identity else {})}
     return _write(out_dir, hf, encoder | head, vocab, getattr(module, "lowercase", True), config.max_position)

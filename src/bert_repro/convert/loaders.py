@@ -14,6 +14,7 @@ from torch import Tensor
 
 from bert_repro.convert.names import HEADS, config_from_hf, hf_to_ours, tf_to_hf
 from bert_repro.convert.safe import CheckpointError, _first_line, safe_torch_load
+from bert_repro.identity import IDENTITY_KEY, checkpoint_identity
 from bert_repro.model import BertConfig, BertForPreTraining
 
 log = logging.getLogger(__name__)
@@ -28,6 +29,7 @@ class LoadedCheckpoint:
     lowercase: bool | None
     source: str
     ignored: list[str] = field(default_factory=list)  # parameters with no place in our model (task heads)
+    identity: dict | None = None  # what it was trained as (identity.py): our .ckpt and exported folders
 
 
 
@@ -84,7 +86,9 @@ def _load_hf_dir(path: Path) -> LoadedCheckpoint:
     if (path / "tokenizer_config.json").is_file():
         lowercase = _read_json(path / "tokenizer_config.json").get("do_lower_case")
     state, ignored = _mapped(weights, path)
-    return _checked(config, state, ignored, _read_vocab(path / "vocab.txt"), lowercase, path)
+    loaded = _checked(config, state, ignored, _read_vocab(path / "vocab.txt"), lowercase, path)
+    loaded.identity = _read_json(path / "config.json").get(IDENTITY_KEY)
+    return loaded
 
 
 def _load_tf(prefix: Path) -> LoadedCheckpoint:
@@ -121,7 +125,9 @@ def _load_lightning(path: Path) -> LoadedCheckpoint:
     state = {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")}
     ignored = [k for k in state if k.split(".")[0] not in ("bert", *HEADS)]  # task heads
     state = {k: v for k, v in state.items() if k not in ignored}
-    return _checked(config, state, ignored, ckpt.get("vocab"), ckpt.get("lowercase"), path)
+    loaded = _checked(config, state, ignored, ckpt.get("vocab"), ckpt.get("lowercase"), path)
+    loaded.identity = checkpoint_identity(ckpt)
+    return loaded
 
 
 def _mapped(weights: dict[str, Tensor], path: Path) -> tuple[dict[str, Tensor], list[str]]:

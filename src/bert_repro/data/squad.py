@@ -48,6 +48,8 @@ WINDOW_FEATURES = Features({
     "offsets": Sequence(Sequence(Value("int32"), length=2)),  # (start, end) characters of each passage token
     "max_context": Sequence(Value("bool")),  # the token has more context here than in any other window
 })
+# the window columns post-processing reads (squad_eval.Window and the question's row): dev batches only
+SCORING_COLUMNS = ("example", "context_start", "offsets", "max_context")
 
 
 # -- questions ---------------------------------------------------------------------------------------
@@ -187,14 +189,31 @@ def make_windows(batch: dict, indices: list[int], tokenizer: Tokenizer, max_seq_
 
 
 class SpanCollator:
-    """Pads a batch of windows to its longest one; ``window`` indexes the split's windows (for
-    post-processing)."""
+    """Pads a batch of windows to its longest one; ``window`` indexes the split's windows (DDP's repeats are
+    dropped by it).
+
+    Given the split's ``questions`` (dev loaders), a batch also carries what scoring needs, so the module
+    reads its data from its batches only: ``scoring``, per window a dict of its question's row (``example``),
+    id, context and gold answer texts and its passage tokens (context_start, offsets, max_context);
+    ``num_questions``, the split's size (a partly scored Dev is reported). Plain Python objects: Lightning
+    moves only the tensors to the device. Training batches carry neither (their loader reads no offsets).
+    """
+
+    def __init__(self, questions: Dataset | None = None):
+        self.questions = None if questions is None else questions.select_columns(["id", "context", "answers"])
 
     def __call__(self, rows: list[dict]) -> dict:
-        return {**pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows]),
-                "start_positions": torch.tensor([r["start_positions"] for r in rows]),
-                "end_positions": torch.tensor([r["end_positions"] for r in rows]),
-                "window": torch.tensor([r["window"] for r in rows])}
+        batch = {**pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows]),
+                 "start_positions": torch.tensor([r["start_positions"] for r in rows]),
+                 "end_positions": torch.tensor([r["end_positions"] for r in rows]),
+                 "window": torch.tensor([r["window"] for r in rows])}
+        if self.questions is not None:
+            q = self.questions[[r["example"] for r in rows]]  # the batch's questions, as columns
+            batch["scoring"] = [{**{name: r[name] for name in SCORING_COLUMNS}, "id": qid, "context": text,
+                                 "answers": answers["text"]}
+                                for r, qid, text, answers in zip(rows, q["id"], q["context"], q["answers"])]
+            batch["num_questions"] = len(self.questions)
+        return batch
 
 
 class SquadDataModule(FineTuningDataModule):
@@ -274,7 +293,13 @@ class SquadDataModule(FineTuningDataModule):
 
     # -- batches -----------------------------------------------------------------------------------
     def collator(self) -> SpanCollator:
-        return SpanCollator()
+        return SpanCollator()  # training's: inputs and targets only
+
+    def _loader(self, split: str, train: bool = False) -> DataLoader:
+        if train:
+            return super()._loader(split, train=True)
+        data = self.datasets[split].select_columns([*self.batch_columns, *SCORING_COLUMNS])
+        return self._eval_loader(data, SpanCollator(self.examples[split]))
 
     def _eval_loader(self, data: Dataset, collate) -> DataLoader:
         # Under DDP Lightning's sampler pads the dev windows with repeats: the module de-duplicates by

@@ -8,14 +8,23 @@ through ``src/train.py -m`` (any Hydra launcher), ``collect.py`` applies the tab
 results.json files and ``render.py`` writes experiments/results/<table>.{md,csv,tex} and the figures.
 """
 
-TABLES = ("table1", "table2", "table3", "table4", "table5", "table6", "table7", "table8", "figure4")
-DEMOS = ("table5_demo",)  # `make demo`: Table 5 in miniature on the embedded corpus (smoke scale only)
-SCALES = ("smoke", "budget", "paper")
-
-from pathlib import Path  # noqa: E402
+import re
+from pathlib import Path
 
 REPO = Path(__file__).resolve().parents[3]
 CONF_DIR = REPO / "conf"
+SCALES = ("smoke", "budget", "paper")
+
+
+def _table_configs(pattern: str) -> tuple[str, ...]:
+    """conf/table's configs whose name matches ``pattern``, the paper's order (tables, then figures); the
+    Makefile lists its targets from the same files. The other files there are fragments tables compose."""
+    names = [p.stem for p in (CONF_DIR / "table").glob("*.yaml") if re.fullmatch(pattern, p.stem)]
+    return tuple(sorted(names, key=lambda n: (n.startswith("figure"), int(re.sub(r"\D", "", n) or 0), n)))
+
+
+TABLES = _table_configs(r"(table|figure)\d+")  # `make table1` ... `make figure4`
+DEMOS = _table_configs(r".+_demo")  # `make demo`: Table 5 in miniature on the embedded corpus (smoke only)
 
 
 class TableError(ValueError):

@@ -5,20 +5,19 @@ differences."""
 
 from __future__ import annotations
 
-import json
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from bert_repro import select
+from bert_repro import results as results_file
+from bert_repro import selection
 from bert_repro.tables import stats
 from bert_repro.tables.runner import job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
 REFERENCE = REPO / "experiments" / "reference.yaml"
-REQUIRED = ("status", "task", "seed", "monitor", "metrics", "config")
 
 
 @dataclass
@@ -31,6 +30,7 @@ class Cell:
     reason: str | None = None
     run: str | None = None  # the selected run's folder
     note: str | None = None  # e.g. the selected run collapsed onto one class
+    degenerate: str | None = None  # why the selected run collapsed: its number is a constant guess's (marked)
     seeds: dict[int, float] | None = None  # each restart's value (the selected hyper-parameters), by seed
     restarts: stats.Spread | None = None  # mean, std and 95% CI over those restarts
     collapsed: int = 0  # of those restarts, runs that predicted one class (counted in, never dropped)
@@ -49,15 +49,11 @@ class Row:
 
 
 def read_results(path: Path) -> dict:
-    """A results.json, checked: a malformed file is an error that names it."""
+    """A results.json, checked (``results.read_results``): a malformed file is an error that names it."""
     try:
-        results = json.loads(path.read_text())
-    except json.JSONDecodeError as err:
-        raise TableError(f"{path}: malformed results.json ({err})") from None
-    missing = [k for k in REQUIRED if not isinstance(results, dict) or k not in results]
-    if missing or not isinstance(results["metrics"], dict) or "final" not in results["metrics"]:
-        raise TableError(f"{path}: malformed results.json (missing {', '.join(missing) or 'metrics.final'})")
-    return results
+        return results_file.read_results(path)
+    except ValueError as err:
+        raise TableError(str(err)) from None
 
 
 def load_reference(path: Path = REFERENCE) -> dict:
@@ -86,7 +82,8 @@ def field(results: dict, path: str) -> Any:
 
 @dataclass
 class Outcome:
-    """What a sweep's folders hold: usable runs (select.py's records) and the failures with their reasons."""
+    """What a sweep's folders hold: usable runs (selection.py's records) and the failures with their
+    reasons."""
 
     runs: list[dict]
     failed: list[str]
@@ -106,7 +103,7 @@ def outcome(sweep: Sweep) -> Outcome:
             failed.append(reason or "failed")
         else:
             missing += 1
-    runs, skipped = select.load_runs(complete) if complete else ([], [])
+    runs, skipped = selection.load_runs(complete) if complete else ([], [])
     return Outcome(runs, failed + skipped, missing, len(jobs))
 
 
@@ -121,7 +118,7 @@ def finetune_cell(sweep: Sweep, out: Outcome, metric: str, scale: float) -> Cell
     if not out.runs:
         return _mark(out, sweep)
     restarts = sweep.selection == "mean_over_restarts"
-    entries = select.select(out.runs, restarts=restarts)
+    entries = selection.select(out.runs, restarts=restarts)
     if len(entries) != 1:
         raise TableError(f"{sweep.folder}: runs of {len(entries)} different settings in one sweep")
     entry = entries[0]
@@ -136,7 +133,7 @@ def finetune_cell(sweep: Sweep, out: Outcome, metric: str, scale: float) -> Cell
     degenerate = next((d["reason"] for d in entry["degenerate"] if d["dir"] == entry["selected"]), None)
     cell = Cell(value=scale * value, run=entry["selected"], n=spread.n if restarts else len(out.runs),
                 spread=spread.std, note=f"collapsed: {degenerate}" if degenerate else None, seeds=seeds,
-                restarts=spread, collapsed=sum(bool(r["degenerate"]) for r in group))
+                restarts=spread, collapsed=sum(bool(r["degenerate"]) for r in group), degenerate=degenerate)
     if out.failed:
         cell.note = "; ".join(filter(None, [cell.note, f"{len(out.failed)} of {out.jobs} runs failed"]))
     return cell

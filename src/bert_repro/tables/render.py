@@ -2,9 +2,10 @@
 
 A cell reads ``ours +- std (paper; ours - paper)``, then, where several restarts ran, ``· mean 71.5,
 CI [65.1, 77.9], n=5, 1 collapsed`` (the mean only where the selection rule did not take it); a cell without
-a number reads ``failed [n]``, ``not run [n]`` or ``skipped [n]`` and note [n] under the table gives the
-reason. The paper's comparisons follow each table with their verdicts (collect.comparisons); the .json holds
-cells and comparisons.
+a number reads ``failed [n]``, ``not run [n]`` or ``skipped [n]``, a number whose selected run collapsed onto
+one class ``53.1 (84.0; -30.9) **collapsed** [n]``, and note [n] under the table gives the reason. The
+paper's comparisons follow each table with their verdicts (collect.comparisons); the .json holds cells and
+comparisons.
 """
 
 from __future__ import annotations
@@ -50,6 +51,8 @@ def cell_text(cell: Cell, notes: Notes, tex: bool = False) -> str:
     if cell.paper is not None:
         text += f" ({_num(cell.paper)}; {_num(cell.diff, signed=True)})"
     text += restarts_text(cell, r"$\cdot$" if tex else "·")
+    if cell.degenerate:  # in the cell itself, not only in a note: the number is not a fine-tuned model's
+        text += r" \textbf{collapsed}" if tex else " **collapsed**"
     if cell.note:
         text += f" [{notes.ref(cell.note)}]"
     return text

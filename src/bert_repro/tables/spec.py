@@ -3,13 +3,14 @@ behind them, each with a folder that depends only on the table, the scale and th
 
 Folders: ``<runs>/<table>/<scale>/pretrain/<name>/default`` for a pre-training run and
 ``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept overrides>`` for a fine-tuning job, where the last part
-is Hydra's ``override_dirname`` of the swept keys only (``optim.lr=0.0001,seed=1``), so an interrupted
+is the run folder name of the swept keys only (cli.run_name: ``optim.lr-0.0001+seed-1``), so an interrupted
 table finds its finished runs again.
 """
 
 from __future__ import annotations
 
 import importlib.util
+import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -19,6 +20,9 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
+
+from bert_repro import cli
+from bert_repro.keys import is_science
 
 # REPO and TableError are re-exported: the runner, the collector and the CLI import them from here
 from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401
@@ -73,18 +77,23 @@ class Sweep:
         return [f"{k}={v}" for k, v in self.params.items()]
 
     def jobs(self) -> list[tuple[list[str], Path]]:
-        """Each job's swept overrides as Hydra's basic sweeper spells them, and the job's folder."""
+        """Each job's swept overrides as Hydra's basic sweeper spells them (every value of a ``a,b`` sweep,
+        crossed), and the job's folder: the name conf/train.yaml gives it (cli.run_name; the fixed keys are
+        excluded there, runner.command)."""
         if not self.params:
             return [([], self.folder / NO_GRID)]
-        from hydra._internal.core_plugins.basic_sweeper import BasicSweeper  # the expansion Hydra itself runs
-
         try:
             parsed = OverridesParser.create().parse_overrides(self.params_args())
         except HydraException as err:
             raise TableError(f"{self.name}: grid {self.params} is not Hydra sweep syntax ({err})") from None
-        combos = BasicSweeper.split_arguments(parsed, None)[0]
-        # Hydra's override_dirname: the job's overrides sorted, joined by "," (kv_sep "=", conf/train.yaml)
-        return [(combo, self.folder / ",".join(sorted(combo))) for combo in combos]
+        speed = [o.key_or_group for o in parsed if not is_science(o.key_or_group)]
+        if speed:  # run_name leaves them out of the folder name: the grid's jobs would share one folder
+            raise TableError(f"{self.name}: grid sweeps {', '.join(speed)}, which do not change the science "
+                             "(bert_repro.keys); sweep science keys only")
+        values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                  else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
+        combos = [list(combo) for combo in itertools.product(*values)]
+        return [(combo, self.folder / cli.run_name(combo)) for combo in combos]
 
     def init_path(self) -> Path | None:
         """The checkpoint this sweep starts from: fine-tuning's init=, phase 2's ckpt_path (``needs``)."""

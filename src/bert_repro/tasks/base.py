@@ -12,6 +12,7 @@ from lightning.fabric.utilities.data import AttributeDict
 from torch import nn
 
 from bert_repro.model import BertConfig
+from bert_repro.pretrained import with_shape
 from bert_repro.speed import SpeedOptions
 
 if TYPE_CHECKING:
@@ -46,7 +47,7 @@ class BertTaskModule(L.LightningModule):
     """Base of the task modules. Subclasses build ``self.model`` in ``__init__`` from ``model`` (a plain
     dict of BertConfig fields), pass ``vocab`` and ``lowercase`` on, and call ``save_hyperparameters()`` so
     ``load_from_checkpoint`` works. ``speed``: SpeedOptions fields from speed/ (how fast, never what is
-    computed), applied through ``speed.accelerate``; None runs model.py's readable path."""
+    computed), passed to the model's constructor; None runs model.py's plain path."""
 
     def __init__(self, model: dict, optim: dict, vocab: list[str] | None = None, lowercase: bool = True,
                  speed: dict | None = None):
@@ -58,6 +59,7 @@ class BertTaskModule(L.LightningModule):
         # `init=`
         self.vocab = list(vocab) if vocab is not None else None
         self.lowercase = lowercase
+        self.identity: dict[str, Any] | None = None  # what its checkpoints are (identity.run_identity)
 
     @property
     def hparams_initial(self) -> AttributeDict:  # what loggers record: all but the 30k-token vocabulary
@@ -74,10 +76,8 @@ class BertTaskModule(L.LightningModule):
                 f"has {self.config.vocab_size}; fine-tune with the checkpoint's own vocab.txt "
                 "(data.tokenizer=...)"
             )
-        # dropout and the causal flag are the run's to choose; every shape must match the checkpoint
-        expected = BertConfig(**{**loaded.config.to_dict(), "causal": self.config.causal,
-                                 "hidden_dropout": self.config.hidden_dropout,
-                                 "attention_dropout": self.config.attention_dropout})
+        # every shape must match the checkpoint; dropout, the causal flag and the init range are the run's
+        expected = BertConfig(**with_shape(self.config.to_dict(), loaded.config))
         if expected != self.config:
             raise ValueError(
                 f"init={path}: checkpoint shape {loaded.config} does not match the configured model "
@@ -108,6 +108,7 @@ class BertTaskModule(L.LightningModule):
     def on_save_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         checkpoint["vocab"] = self.vocab
         checkpoint["lowercase"] = self.lowercase
+        checkpoint["identity"] = self.identity
         if hasattr(self, "history"):  # the per-epoch record, so a resumed run reports its whole history
             checkpoint["history"] = list(self.history)
 
@@ -115,6 +116,7 @@ class BertTaskModule(L.LightningModule):
     def on_load_checkpoint(self, checkpoint: dict[str, Any]) -> None:
         self.vocab = checkpoint.get("vocab", self.vocab)
         self.lowercase = checkpoint.get("lowercase", self.lowercase)
+        self.identity = checkpoint.get("identity") or self.identity
         if "history" in checkpoint:
             self.history = list(checkpoint["history"])
 

@@ -1,7 +1,8 @@
 """SQuAD fine-tuning (§4.2; v2 §4.3): a start vector S and an end vector E over the final hidden states;
 P(start = i) = softmax_i(S.T_i), the same for the end with E; loss = the mean of the two cross-entropies.
-Dev windows leave their top start / end logits; at the end of validation they are gathered over the
-ranks, de-duplicated, turned into answers (squad_eval.py) and scored with the official semantics."""
+Dev windows leave their top start / end logits, kept with what their batch carries for scoring (the question
+and the passage tokens' offsets: data/squad.py's SpanCollator); at the end of validation they are gathered
+over the ranks, de-duplicated, turned into answers (squad_eval.py) and scored with the official semantics."""
 
 from __future__ import annotations
 
@@ -16,8 +17,8 @@ from torch import Tensor, nn
 
 from bert_repro import squad_eval
 from bert_repro.heads import bilstm_outputs
-from bert_repro.model import BertConfig, BertModel, init_weights
-from bert_repro.speed import accelerate
+from bert_repro.model import PLAIN, BertConfig, BertModel, init_weights
+from bert_repro.speed import SpeedOptions
 from bert_repro.squad_eval import Prediction, Window, WindowLogits
 from bert_repro.tasks.base import BertTaskModule
 
@@ -31,9 +32,9 @@ class SpanExtractor(nn.Module):
     the encoder's token outputs, whose 2H output at each position feeds the span layer.
     """
 
-    def __init__(self, config: BertConfig, bilstm: bool = False):
+    def __init__(self, config: BertConfig, bilstm: bool = False, speed: SpeedOptions = PLAIN):
         super().__init__()
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, speed)
         # C's pooler is never read here; DDP wants every trained parameter used
         self.bert.pooler.requires_grad_(False)
         self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
@@ -72,7 +73,7 @@ class SpanExtractionModule(BertTaskModule):
             raise ValueError(f"n_best_size={n_best_size}, max_answer_length={max_answer_length}: expected "
                              "positive")
         self.version, self.n_best_size, self.max_answer_length = version, n_best_size, max_answer_length
-        self.model = accelerate(SpanExtractor(self.config, bilstm), self.speed)
+        self.model = SpanExtractor(self.config, bilstm, self.speed)
         self.null_threshold: float | None = None  # v2.0: tau of the last validation
         self.history: list[dict] = []
         self._val_windows: list[dict[str, Any]] = []
@@ -90,7 +91,10 @@ class SpanExtractionModule(BertTaskModule):
         self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
         return loss
 
-    def validation_step(self, batch: dict[str, Tensor], batch_idx: int) -> None:
+    def validation_step(self, batch: dict[str, Any], batch_idx: int) -> None:
+        if "scoring" not in batch:
+            raise ValueError("a SQuAD dev batch without its questions (no 'scoring'): validate on "
+                             "SquadDataModule.val_dataloader(), whose SpanCollator carries them")
         start, end = self(batch)
         k = min(self.n_best_size, start.shape[1])
         start_logit, start_index = start.topk(k, dim=1)  # (B, k)
@@ -98,53 +102,55 @@ class SpanExtractionModule(BertTaskModule):
         out = {"window": batch["window"], "start_index": start_index, "start_logit": start_logit,
                "end_index": end_index, "end_logit": end_logit, "null_start": start[:, 0],
                "null_end": end[:, 0], "loss": self._loss(start, end, batch, reduction="none")}
-        self._val_windows.append({name: value.cpu().numpy() for name, value in out.items()})
+        self._val_windows.append({**{name: value.cpu().numpy() for name, value in out.items()},
+                                  "scoring": batch["scoring"], "num_questions": batch["num_questions"]})
 
-    def _gathered_windows(self) -> dict[int, dict[str, Any]]:
-        """window -> its outputs, over all ranks; the repeats that pad the last rank's share are dropped."""
+    def _gathered_windows(self) -> tuple[dict[int, dict[str, Any]], int]:
+        """window -> its outputs and scoring fields, over all ranks (the repeats that pad the last rank's
+        share are dropped), and the number of questions in the split."""
         local, self._val_windows = self._val_windows, []
         parts = [local]
         if self.trainer.world_size > 1:
             parts = [None] * self.trainer.world_size
             torch.distributed.all_gather_object(parts, local)
         windows: dict[int, dict[str, Any]] = {}
+        num_questions = 0
         for batch in (b for part in parts for b in part):
+            num_questions = batch.pop("num_questions")
             for i, window in enumerate(batch["window"].tolist()):
                 windows.setdefault(window, {name: value[i] for name, value in batch.items()})
-        return windows
+        return windows, num_questions
 
-    def _predictions(self, outputs: dict[int, dict[str, Any]]) -> tuple[dict[str, Prediction],
-                                                                        dict[str, list[str]]]:
-        """Answers of every dev question with at least one window scored, and their gold answers."""
-        data = self.trainer.datamodule
-        seen = sorted(outputs)
-        windows = data.datasets["dev"].select(seen).select_columns(["example", "context_start", "offsets",
-                                                                    "max_context"])
+    def _predictions(self, outputs: dict[int, dict[str, Any]],
+                     num_questions: int) -> tuple[dict[str, Prediction], dict[str, list[str]]]:
+        """Answers of every dev question with at least one window scored, and their gold answers; all that
+        is read comes with the batches (SpanCollator's ``scoring``), never from the trainer's datamodule."""
         by_example: dict[int, list[tuple[WindowLogits, Window]]] = {}
-        for window, row in zip(seen, windows):
-            o = outputs[window]
+        questions: dict[int, dict[str, Any]] = {}
+        for window in sorted(outputs):
+            o, s = outputs[window], outputs[window]["scoring"]
             logits = WindowLogits(o["start_index"], o["start_logit"], o["end_index"], o["end_logit"],
                                   float(o["null_start"]), float(o["null_end"]))
-            by_example.setdefault(row["example"], []).append(
-                (logits, Window(row["context_start"], row["offsets"], row["max_context"])))
-        examples = data.examples["dev"]
-        if len(by_example) < len(examples) and not self.trainer.sanity_checking:
+            by_example.setdefault(s["example"], []).append(
+                (logits, Window(s["context_start"], s["offsets"], s["max_context"])))
+            questions[s["example"]] = s
+        if len(by_example) < num_questions and not self.trainer.sanity_checking:
             log.warning("squad_v%d: scored %d of %d dev questions (limit_val_batches)", self.version,
-                        len(by_example), len(examples))
-        questions = examples.select(sorted(by_example)).select_columns(["id", "context", "answers"])
+                        len(by_example), num_questions)
         predictions, answers = {}, {}
-        for example, question in zip(sorted(by_example), questions):
+        for example in sorted(by_example):
+            question = questions[example]
             predictions[question["id"]] = squad_eval.predict_question(
                 question["context"], by_example[example], self.n_best_size, self.max_answer_length,
                 with_null=self.version == 2)
-            answers[question["id"]] = question["answers"]["text"]
+            answers[question["id"]] = question["answers"]
         return predictions, answers
 
     def on_validation_epoch_end(self) -> None:
-        outputs = self._gathered_windows()
+        outputs, num_questions = self._gathered_windows()
         if not outputs:
             return
-        predictions, answers = self._predictions(outputs)
+        predictions, answers = self._predictions(outputs, num_questions)
         metrics, final, tau = squad_eval.score(answers, predictions, self.version)
         loss = sum(float(o["loss"]) for o in outputs.values()) / len(outputs)
         values = {"val/loss": loss, **{f"val/{name}": value for name, value in metrics.items()}}

@@ -1,0 +1,88 @@
+"""What a checkpoint is: the task, head, label set, science settings and trained sequence length of the run
+that wrote it. Every ``.ckpt`` carries it (``BertTaskModule.on_save_checkpoint``) and every exported folder
+(config.json's ``bert_repro`` entry), so a checkpoint of one task or setting is never silently taken for
+another: ``ckpt_path=`` into another task or setting is refused, ``init=`` from another task's fine-tuned
+checkpoint keeps the encoder and drops its head, and ``src/evaluate.py`` refuses another task's head."""
+
+from __future__ import annotations
+
+from typing import Any
+
+from bert_repro.keys import flatten
+
+IDENTITY_KEY = "bert_repro"  # an exported folder's config.json entry holding the identity
+# keys a checkpoint written before identities existed still carries (the SameRun callback's settings)
+_SAME_RUN = "SameRun"
+# what phase 2 of the pre-training recipe (v2 A.2, experiment=pretrain_phase2) changes when it continues phase
+# 1's checkpoint through ckpt_path=: its sequence length, batch and length of run
+SCHEDULE_KEYS = ("data.", "optim.", "scale.", "seed")
+
+
+def run_identity(task: str, module: Any, labels: Any, max_seq_length: int | None,
+                 science: dict[str, Any]) -> dict[str, Any]:
+    """The identity of a run's checkpoints. ``head``: the task module's class and its head parameters' shapes
+    (all but the encoder's), so a classifier of 3 labels is not another of 2."""
+    head = {k: list(v.shape) for k, v in module.state_dict().items() if not k.startswith("model.bert.")}
+    return {"task": task, "head": {"module": type(module).__name__, "parameters": head},
+            "labels": list(labels) if labels is not None else None, "max_seq_length": max_seq_length,
+            "science": science}
+
+
+def checkpoint_identity(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """The identity a loaded ``.ckpt`` dict carries; for one written before identities, its task and science
+    settings from the resume check's record (no head or labels then)."""
+    if checkpoint.get("identity"):
+        return checkpoint["identity"]
+    settings = ((checkpoint.get("callbacks") or {}).get(_SAME_RUN) or {}).get("settings")
+    if not settings:
+        return None
+    return {"task": (settings.get("task") or {}).get("name"), "head": None, "labels": None,
+            "max_seq_length": (settings.get("data") or {}).get("max_seq_length"), "science": settings}
+
+
+def describe(identity: dict[str, Any]) -> str:
+    labels = identity.get("labels")
+    return f"task={identity.get('task')}" + (f" (labels {', '.join(map(str, labels))})" if labels else "")
+
+
+def science_differences(saved: dict[str, Any], now: dict[str, Any],
+                        ignore: tuple[str, ...] = ()) -> list[str]:
+    """``key: checkpoint X, now Y`` for each science key that differs, less the keys under ``ignore``."""
+    a, b = flatten(saved or {}), flatten(now or {})
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith(ignore))
+    return [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
+
+
+def resume_refusal(path: str, saved: dict[str, Any] | None, now: dict[str, Any],
+                   continues_schedule: bool) -> str | None:
+    """Why ``ckpt_path=path`` (a checkpoint of another run folder) cannot be resumed by this run, or None.
+    Another task never; other science settings only when this run continues the checkpoint's schedule
+    (optim.resume_step: phase 2 changes the data and the run's length, never the model or the objective)."""
+    if saved is None:
+        return None  # not one of ours with a record (e.g. written by an older version): Lightning decides
+    if saved.get("task") != now["task"]:
+        return (f"ckpt_path={path} is a checkpoint of {describe(saved)}, not of this run's {describe(now)}; "
+                "resuming it would report its weights as this task's. Pass it as init= to fine-tune from its "
+                "encoder, or ckpt_path=null")
+    differ = science_differences(saved.get("science"), now["science"],
+                                 SCHEDULE_KEYS if continues_schedule else ())
+    if differ:
+        return (f"ckpt_path={path} was written with other settings than this run's "
+                f"({'; '.join(differ[:6])}); resume it with its own settings, or pass it as init= to start a "
+                "new run from its weights")
+    return None
+
+
+def head_mismatch(saved: dict[str, Any] | None, now: dict[str, Any]) -> str | None:
+    """Why a checkpoint's trained head is not this run's head (another task, another label set, other head
+    shapes), or None when it is the same head."""
+    if saved is None or saved.get("task") is None:
+        return None
+    if saved.get("task") != now["task"]:
+        return f"it was fine-tuned on {describe(saved)}, not {describe(now)}"
+    if saved.get("labels") is not None and saved.get("labels") != now.get("labels"):
+        return f"its labels are {saved['labels']}, this run's {now.get('labels')}"
+    head = (saved.get("head") or {}).get("parameters")
+    if head is not None and head != now["head"]["parameters"]:
+        return f"its head has the parameters {head}, this run's {now['head']['parameters']}"
+    return None

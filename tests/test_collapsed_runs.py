@@ -1,0 +1,55 @@
+"""A fine-tune that collapsed onto one class (scores.degenerate_reason) says so where its number is read:
+under the run's printed results, in the run's log, and in the table cell itself, not only in results.json."""
+
+import json
+import logging
+
+import pytest
+from rich.console import Console
+
+from bert_repro.results import print_results
+from bert_repro.scores import degenerate_reason
+from bert_repro.tables.collect import collect, load_reference
+from bert_repro.tables.render import markdown
+from bert_repro.tables.spec import build
+
+COLLAPSED = {"val/acc": 0.684, "val/f1": 0.812, "val/top_class_share": 1.0}  # MRPC's majority class
+
+
+def results(final: dict) -> dict:
+    return {"task": "mrpc", "model": "base", "ablation": "none", "seed": 1, "scale": "budget",
+            "model_config": {"vocab_size": 30522}, "metrics": {"final": final}, "global_step": 345,
+            "wall_time_s": 61.0, "degenerate": degenerate_reason(final)}
+
+
+def test_a_collapsed_run_prints_and_logs_a_warning_under_its_table(caplog):
+    console = Console(record=True, width=200)
+    with caplog.at_level(logging.WARNING, logger="bert_repro.results"):
+        print_results(results(COLLAPSED), console)
+    screen = console.export_text()
+    below = screen[screen.index("wall time (s)"):]
+    assert "WARNING mrpc: collapsed (val/top_class_share=1.000" in below
+    (record,) = caplog.records
+    assert record.levelno == logging.WARNING and "collapsed" in record.message
+
+    console = Console(record=True, width=200)
+    caplog.clear()
+    print_results(results({"val/acc": 0.84, "val/f1": 0.88, "val/top_class_share": 0.66}), console)
+    assert "WARNING" not in console.export_text() and not caplog.records
+
+
+def test_a_table_cell_whose_selected_run_collapsed_is_marked_in_the_cell(tmp_path):
+    table = build("table5", "smoke", tmp_path / "runs", sets=["grid.optim.lr=1e-3"])
+    sweep = table.sweeps["finetune/bert_base/mrpc"]
+    ((_, folder),) = sweep.jobs()
+    folder.mkdir(parents=True)
+    (folder / "results.json").write_text(json.dumps({
+        "status": "complete", "task": "mrpc", "model": "tiny", "ablation": "none", "scale": "smoke",
+        "seed": 1, "init": None, "monitor": "val/acc", "predict_majority": False,
+        "metrics": {"final": COLLAPSED},
+        "config": {"task": {"name": "mrpc", "monitor_mode": "max"}, "optim": {"lr": 1e-3}, "seed": 1}}))
+    cell = collect(table, load_reference())["main"][0].cells["mrpc_acc"]
+    assert cell.value == pytest.approx(68.4) and "top_class_share" in cell.degenerate
+    line = next(row for row in markdown(table, collect(table, load_reference())).splitlines()
+                if row.startswith("| BERT"))
+    assert "68.4 (86.7; -18.3) **collapsed** [" in line  # the mark, then the note with the reason

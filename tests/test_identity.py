@@ -1,0 +1,148 @@
+"""Every result, checkpoint and run folder knows what it is and refuses to be something else: runs are found
+once under the default W&B logger, a checkpoint carries its task, head, labels, science settings and sequence
+length, and ckpt_path= / init= / src/evaluate.py act on that identity; results.json records the encoder that
+ran, not the model= default."""
+
+import glob
+import hashlib
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+import torch
+
+from bert_repro import selection
+from bert_repro.results import find_runs
+
+from .conftest import REPO, train_py
+
+pytestmark = pytest.mark.e2e
+
+# a tiny encoder over all-MiniLM-L6-v2's real vocabulary, three steps of RTE from the shared GLUE files
+TINY = ["model=tiny", "optim.max_steps=3", "optim.limit_val_batches=2", "data.max_train_examples=32",
+        "trainer.enable_progress_bar=false", "data.batch_size=8"]
+
+
+def evaluate_py(*args: str) -> subprocess.CompletedProcess:
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}
+    return subprocess.run([sys.executable, str(REPO / "src" / "evaluate.py"), *args], cwd=REPO,
+                          capture_output=True, text=True, timeout=600, env=env)
+
+
+def digest(folder) -> dict[str, str]:
+    return {str(p.relative_to(folder)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(folder.rglob("*")) if p.is_file() and "wandb" not in p.parts}
+
+
+@pytest.fixture(scope="module")
+def rte(tmp_path_factory, minilm_dir, shared_data):
+    """An RTE fine-tuning run with the default W&B logger (offline): its folder and the common arguments."""
+    tmp = tmp_path_factory.mktemp("identity")
+    common = [f"data.tokenizer={minilm_dir / 'vocab.txt'}", f"paths.cache_dir={tmp / 'cache'}"]
+    folder = tmp / "sweep" / "rte"
+    env_before = os.environ.get("WANDB_MODE")
+    os.environ["WANDB_MODE"] = "offline"
+    try:
+        proc = train_py("task=rte", *TINY, *common, "logger=wandb", f"hydra.run.dir={folder}")
+    finally:
+        os.environ.pop("WANDB_MODE") if env_before is None else os.environ.update(WANDB_MODE=env_before)
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    return tmp, folder, common
+
+
+def test_runs_are_found_once_though_wandb_keeps_a_copy(rte, capsys):
+    tmp, folder, _ = rte
+    copies = glob.glob(str(folder / "wandb" / "*" / "files" / "results.json"))
+    assert copies, "W&B kept no copy of results.json: this test would prove nothing"
+    assert find_runs([tmp / "sweep"]) == [folder]
+    runs, skipped = selection.load_runs([tmp / "sweep"])
+    assert [r["dir"] for r in runs] == [str(folder)] and skipped == []
+    assert selection.main([str(tmp / "sweep"), "--restarts", "--out", str(tmp / "sel")]) == 0
+    said = capsys.readouterr().out
+    assert "(n=1)" in said and "(n=2)" not in said
+
+
+def test_a_checkpoint_carries_its_identity(rte):
+    _, folder, _ = rte
+    ckpt = torch.load(folder / "checkpoints" / "last.ckpt", weights_only=True, map_location="cpu")
+    identity = ckpt["identity"]
+    assert identity["task"] == "rte" and identity["labels"] == ["entailment", "not_entailment"]
+    assert identity["head"]["module"] == "SequenceClassificationModule"
+    assert identity["head"]["parameters"]["model.classifier.weight"][0] == 2
+    assert identity["max_seq_length"] == 128 and identity["science"]["task"]["name"] == "rte"
+    results = json.loads((folder / "results.json").read_text())
+    assert results["identity"] == identity
+
+
+def test_resuming_another_tasks_checkpoint_is_refused(rte, tmp_path):
+    _, folder, common = rte
+    before = digest(folder)
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    proc = train_py("task=mrpc", *TINY, *common, "logger=none", f"ckpt_path={ckpt}",
+                    f"hydra.run.dir={tmp_path / 'mrpc'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert f"ckpt_path={ckpt} is a checkpoint of task=rte (labels entailment, not_entailment)" in said
+    assert "not of this run's task=mrpc (labels 0, 1)" in said and "Traceback" not in said
+    assert not (tmp_path / "mrpc" / "results.json").exists() and digest(folder) == before
+
+
+def test_resuming_a_checkpoint_of_other_settings_is_refused(rte, tmp_path):
+    _, folder, common = rte
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    proc = train_py("task=rte", *TINY, *common, "logger=none", "optim.lr=1e-3", f"ckpt_path={ckpt}",
+                    f"hydra.run.dir={tmp_path / 'rte_lr'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "was written with other settings than this run's" in said, said[-3000:]
+    assert "optim.lr: checkpoint 2e-05, now 0.001" in said and "Traceback" not in said
+
+
+def test_evaluating_another_tasks_head_is_refused(rte, tmp_path):
+    _, folder, common = rte
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    proc = evaluate_py("task=mrpc", "model=tiny", *common, f"init={ckpt}", f"hydra.run.dir={tmp_path / 'ev'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert (f"init={ckpt}: it was fine-tuned on task=rte (labels entailment, not_entailment), not task=mrpc "
+            "(labels 0, 1)") in said
+    assert "Traceback" not in said and not (tmp_path / "ev" / "results.json").exists()
+
+
+def test_init_from_another_task_keeps_the_encoder_and_records_the_shape_that_ran(rte, tmp_path):
+    """No model= on the command line: the encoder is init='s tiny one, and the record says so (config.model
+    included, which W&B and the science keys read), not the default BERT-base."""
+    _, folder, common = rte
+    out = tmp_path / "mrpc"
+    args = [a for a in TINY if not a.startswith("model=")]
+    proc = train_py("task=mrpc", *args, *common, "logger=none", "optim.max_steps=1",
+                    f"init={folder / 'checkpoints' / 'last.ckpt'}", f"hydra.run.dir={out}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 0, said[-3000:]
+    assert said.count("was fine-tuned on task=rte (labels entailment, not_entailment): its encoder is taken, "
+                      "its head dropped") == 1
+    results = json.loads((out / "results.json").read_text())
+    assert "task=rte" in results["init_head_dropped"] and results["missing_heads"] == ["classifier"]
+    tiny = results["model_config"]
+    shape = f"L{tiny['num_layers']}_H{tiny['hidden_size']}_A{tiny['num_heads']}"
+    assert tiny["num_layers"] < 12 and results["model"] == shape
+    assert {k: results["config"]["model"][k] for k in ("num_layers", "hidden_size", "num_heads")} == {
+        k: tiny[k] for k in ("num_layers", "hidden_size", "num_heads")}
+
+
+def test_an_exported_folder_carries_the_identity_and_is_refused_as_another_tasks_head(rte, tmp_path):
+    from bert_repro.convert import load_checkpoint
+    from bert_repro.convert.cli import main as convert
+    from bert_repro.run import UsageError, load_weights
+
+    _, folder, _ = rte
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    assert convert(["to-hf", str(ckpt), str(tmp_path / "hf")]) == 0
+    saved = torch.load(ckpt, weights_only=True, map_location="cpu")["identity"]
+    assert json.loads((tmp_path / "hf" / "config.json").read_text())["bert_repro"] == saved
+    loaded = load_checkpoint(tmp_path / "hf")
+    assert loaded.identity == saved and loaded.ignored  # the RTE classifier, beside the encoder
+    now = {**saved, "task": "mrpc", "labels": ["0", "1"]}
+    with pytest.raises(UsageError, match="it was fine-tuned on task=rte .*, not task=mrpc"):
+        load_weights(None, loaded, now, whole_module=True)
