@@ -10,7 +10,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from bert_repro.cli import register_resolvers, unknown_key_hints
+from bert_repro.hydra_hooks import register_resolvers, unknown_key_hints
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 register_resolvers()  # ${run_name:...}: run folders named by the command, not the clock (conf/train.yaml)

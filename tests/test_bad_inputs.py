@@ -4,80 +4,10 @@ short message that names the input and what was expected, no Python traceback, a
 results.json and checkpoints as they were."""
 
 import gzip
-import hashlib
-import json
-import os
-import subprocess
-import sys
-from pathlib import Path
 
 import pytest
 
-from bert_repro.convert import load_checkpoint
-
-from .conftest import REPO
-
-COMMON = ["model=tiny", "scale=smoke", "logger=none", "trainer.enable_progress_bar=false",
-          "data.batch_size=8", "scale.pretrain.vocab_size=2000"]
-FAST = [*COMMON, "optim.max_steps=4", "optim.val_check_interval=2", "optim.limit_val_batches=1",
-        "data.corpus=builtin:pydoc"]
-
-
-def run(args: list[str], module: str | None = None) -> subprocess.CompletedProcess:
-    cmd = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([*cmd, *args], cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-
-
-def fingerprint(folder: Path) -> dict[str, str]:
-    """What the good run left: its results.json and checkpoints, by content."""
-    files = [folder / "results.json", *sorted((folder / "checkpoints").glob("*.ckpt"))]
-    return {str(f.relative_to(folder)): hashlib.sha256(f.read_bytes()).hexdigest() for f in files}
-
-
-@pytest.fixture(scope="module")
-def good(tmp_path_factory):
-    """An earlier, good pre-training run, and the files the bad inputs are made of."""
-    tmp = tmp_path_factory.mktemp("bad_inputs")
-    out, cache = tmp / "good", tmp / "cache"
-    proc = run([*FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}"])
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    ckpt = out / "checkpoints" / "last.ckpt"
-    vocab = load_checkpoint(ckpt).vocab
-    files = tmp / "files"
-    files.mkdir()
-    (files / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
-    (files / "small_vocab.txt").write_text("".join(t + "\n" for t in vocab[:500]))
-    (files / "truncated.ckpt").write_bytes(ckpt.read_bytes()[: ckpt.stat().st_size // 2])
-    (files / "garbage.ckpt").write_bytes(os.urandom(4096))
-    hf = files / "hf_no_weights"
-    hf.mkdir()
-    (hf / "config.json").write_text(json.dumps({"model_type": "bert", "vocab_size": 500, "hidden_size": 128,
-                                                "num_hidden_layers": 2, "num_attention_heads": 2,
-                                                "intermediate_size": 512, "max_position_embeddings": 512}))
-    (hf / "vocab.txt").write_text("".join(t + "\n" for t in vocab[:500]))
-    (files / "wrong_columns.tsv").write_text("premise\thypothesis\tgold\na\tb\tentailment\n")
-    (files / "empty.txt").write_text("")
-    (files / "a_file").write_text("not a folder")
-    squad = files / "squad_bad"
-    squad.mkdir()
-    article = {"title": "t", "paragraphs": [{"context": "A short context.", "qas": [
-        {"id": "q1", "question": "Where?", "answers": [{"text": "far away", "answer_start": 500}]}]}]}
-    for name in ("train-v1.1.json", "dev-v1.1.json"):
-        (squad / name).write_text(json.dumps({"version": "1.1", "data": [article]}))
-    conll = files / "conll_bad"
-    conll.mkdir()
-    for name in ("eng.train", "eng.testa"):
-        (conll / name).write_text("-DOCSTART- -X- O O\n\nEU NNP B-NP B-ORG\nrejects VBZ\n")
-    (files / "latin1.tsv").write_bytes(b"index\tsentence1\tsentence2\tlabel\n0\tA cat.\tA dog.\tentailment\n"
-                                      b"1\tA caf\xe9.\tA bar.\tnot_entailment\n")
-    (files / "corpus.txt.gz").write_bytes(gzip.compress(b"A sentence.\nAnother one.\n"))
-    sweep = tmp / "collect"
-    (sweep / "run0").mkdir(parents=True)
-    # cut short
-    (sweep / "run0" / "results.json").write_text('{"status": "complete", "task": "rte", "metrics": {')
-    return tmp, out, cache, files
-
+from .conftest import COMMON, FAST, fingerprint, run_py
 
 GLUE = ["task=rte", "optim.epochs=1", "data.max_train_examples=16"]
 
@@ -147,6 +77,25 @@ CASES = [
     # changed)
     ("table-at-unknown-scale", ["run", "table5", "--scale", "galactic", "--runs-dir", "ROOT/tables"],
      "bert_repro.tables", ["unknown SCALE 'galactic'; expected one of smoke, budget, paper"]),
+    # degenerate data (issue 25): blank texts, files with no rows, a vocabulary that repeats a token
+    ("squad-blank-context-and-answer",
+     ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_blank"], None,
+     ["FILES/squad_blank/train-v1.1.json: question q1: its context is '   '; expected text"]),
+    ("glue-header-only-train", [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.files.dev=FILES/rte.tsv",
+                                "data.files.train=FILES/header_only.tsv"], None,
+     ["FILES/header_only.tsv: no rows after the header line; expected at least one example"]),
+    ("vocabulary-repeats-a-token", [*GLUE, "data.tokenizer=FILES/repeated_vocab.txt"], None,
+     ["FILES/repeated_vocab.txt line ", "repeats line 11; expected each WordPiece token on one line only"]),
+    ("warmup-ratio-out-of-range", ["optim.warmup_ratio=5"], None,
+     ["optim.warmup_ratio=5: expected a fraction in [0, 1]"]),
+    # a checkpoint is what it is (identity.py): another task's is not resumed as this one's
+    ("resume-another-tasks-checkpoint", [*GLUE, "data.tokenizer=FILES/vocab.txt", "hydra.run.dir=ROOT/rte",
+                                         "ckpt_path=ROOT/good/checkpoints/last.ckpt"],
+     None, ["ckpt_path=ROOT/good/checkpoints/last.ckpt is a checkpoint of task=pretrain, not of this run's "
+            "task=rte (labels entailment, not_entailment)"]),
+    # nothing overwritten without being asked: an export into the good run's own folder
+    ("export-into-a-folder-with-files", ["to-hf", "ROOT/good/checkpoints/last.ckpt", "ROOT/good"],
+     "bert_repro.convert", ["ROOT/good is not empty", "--force"]),
 ]
 
 
@@ -164,7 +113,7 @@ def test_bad_input_fails_clearly_and_leaves_earlier_results(good, args, module, 
         args = [*(COMMON if glue else FAST), f"paths.cache_dir={cache}", *args]
         if not any(a.startswith("hydra.run.dir=") for a in args):
             args.append(f"hydra.run.dir={out}")  # into the good run's folder, as a user rerunning there would
-    proc = run(args, module)
+    proc = run_py(*args, module=module)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]
     for part in parts:
@@ -174,7 +123,7 @@ def test_bad_input_fails_clearly_and_leaves_earlier_results(good, args, module, 
 
 
 def test_the_catalogue_covers_the_required_inputs():
-    assert len(CASES) >= 20
+    assert len(CASES) >= 37
 
 
 # The task readers on bad bytes and malformed rows, in process (the catalogue runs two of them end to end).

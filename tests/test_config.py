@@ -139,7 +139,7 @@ def test_typed_configs_refuse_a_wrong_value_when_composed(override, key):
 def test_speed_and_place_keys_are_one_declaration():
     """keys.py decides, for every composed key: trainer/, speed/, paths, logger, callbacks are not science;
     the paper's axes are; a run folder's name and selection's restarts follow it."""
-    from bert_repro.cli import run_name
+    from bert_repro.hydra_hooks import run_name
     from bert_repro.keys import flatten, is_science, science
     from bert_repro.selection import _science
 
@@ -168,7 +168,7 @@ def test_cpu_precision_takes_bf16_only_where_the_cpu_has_it(monkeypatch, avx512_
     fp32 where bf16 would be emulated; torch's CPU feature probes mocked at their boundary."""
     import torch
 
-    from bert_repro.cli import register_resolvers, run_name
+    from bert_repro.hydra_hooks import register_resolvers, run_name
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)

@@ -1,7 +1,6 @@
 """Degenerate inputs every reader refuses by name (data/base.require_text and the readers' row checks): an
-empty or whitespace-only text, a file with no rows, a vocabulary that repeats a token. Unit tests per reader,
-then the same faults end to end, run as test_bad_inputs.py runs its catalogue: into the folder of an earlier
-good run, which they must leave as it was."""
+empty or whitespace-only text, a file with no rows, a vocabulary that repeats a token. Unit tests per reader;
+the same faults end to end are in test_bad_inputs.py's catalogue (the fault suite)."""
 
 import json
 import re
@@ -16,8 +15,6 @@ from bert_repro.data.glue import GlueDataModule
 from bert_repro.data.squad import check_question, read_squad_json
 from bert_repro.data.swag import SwagDataModule
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab
-
-from .test_bad_inputs import COMMON, GLUE, fingerprint, good, run  # noqa: F401  good: the earlier run
 
 DATA = Path(glue.__file__).parent
 RTE_HEADER = "index\tsentence1\tsentence2\tlabel\n"
@@ -160,54 +157,3 @@ def test_data_modules_share_one_key_and_seed_and_import_nothing_above_them():
         for copy in ("HELD_OUT_SEED =", "def _key("):
             assert path.name == "base.py" or copy not in text, (path.name, copy)
         assert not re.search(r"bert_repro\.(convert|tasks|run|pretrained|evaluate)\b", text), path.name
-
-
-# -- end to end, into the folder of an earlier good run ---------------------------------------------------
-@pytest.fixture(scope="module")
-def earlier(request, tmp_path_factory):
-    """test_bad_inputs.py's good run, and this module's faulty files."""
-    tmp, out, cache, files = request.getfixturevalue("good")
-    bad = tmp_path_factory.mktemp("data_checks")
-    (bad / "rte.tsv").write_text(RTE_HEADER + RTE_ROWS)
-    (bad / "header_only.tsv").write_text(RTE_HEADER)
-    vocab = (files / "vocab.txt").read_text().splitlines()
-    (bad / "repeated_vocab.txt").write_text("\n".join([*vocab, vocab[10]]) + "\n")
-    squad = bad / "squad_blank"
-    squad.mkdir()
-    for name in ("train-v1.1.json", "dev-v1.1.json"):
-        squad_file(squad / name, "   ", "Where?", " ")
-    return out, cache, files, bad, len(vocab)
-
-
-# (id, arguments, message parts); BAD: this module's files, FILES: test_bad_inputs.py's. A blank GLUE
-# sentence takes the header-only file's path through the same reader (unit tests above).
-E2E = [
-    ("squad-blank-context-and-answer",
-     ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=BAD/squad_blank"],
-     ["BAD/squad_blank/train-v1.1.json: question q1: its context is '   '; expected text"]),
-    ("glue-header-only-train",
-     [*GLUE, "data.tokenizer=FILES/vocab.txt", "data.files.train=BAD/header_only.tsv",
-      "data.files.dev=BAD/rte.tsv"],
-     ["BAD/header_only.tsv: no rows after the header line; expected at least one example"]),
-    ("vocabulary-repeats-a-token", [*GLUE, "data.tokenizer=BAD/repeated_vocab.txt"],
-     ["BAD/repeated_vocab.txt line LAST: token", "repeats line 11; expected each WordPiece token"]),
-]
-
-
-@pytest.mark.e2e
-@pytest.mark.parametrize("args,parts", [c[1:] for c in E2E], ids=[c[0] for c in E2E])
-def test_degenerate_input_fails_clearly_and_leaves_earlier_results(earlier, args, parts):
-    out, cache, files, bad, vocab_size = earlier
-    before = fingerprint(out)
-
-    def fill(text: str) -> str:
-        return (text.replace("FILES", str(files)).replace("BAD", str(bad))
-                .replace("LAST", str(vocab_size + 1)))
-
-    proc = run([*COMMON, f"paths.cache_dir={cache}", *map(fill, args), f"hydra.run.dir={out}"])
-    output = proc.stdout + proc.stderr
-    assert proc.returncode != 0, output[-3000:]
-    for part in parts:
-        assert fill(part) in output, output[-3000:]
-    assert "Traceback (most recent call last)" not in output, output[-3000:]
-    assert fingerprint(out) == before

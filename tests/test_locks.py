@@ -19,8 +19,7 @@ from hydra.core.global_hydra import GlobalHydra
 
 from bert_repro.locks import LOCK_FILE, FolderInUse, RunFolderLock
 
-from .conftest import CONF, REPO
-from .test_bad_inputs import FAST, fingerprint
+from .conftest import CONF, FAST, REPO, fingerprint
 
 
 def earlier_run(folder: Path) -> Path:

@@ -20,8 +20,7 @@ import torch
 
 from bert_repro.reliability import AtomicCheckpointIO, MachineFault, machine_faults_named
 
-from .conftest import REPO
-from .test_bad_inputs import FAST, fingerprint, good  # noqa: F401 (good: the earlier run, a fixture)
+from .conftest import FAST, REPO, fingerprint
 
 needs_dev_full = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
 
@@ -100,14 +99,14 @@ def test_machine_faults_say_what_they_are_and_where(tmp_path, monkeypatch, fault
 
 @pytest.mark.e2e
 @needs_dev_full
-def test_a_full_disk_during_a_run_is_named_and_the_earlier_run_kept(good):  # noqa: F811
+def test_a_full_disk_during_a_run_is_named_and_the_earlier_run_kept(good):
     _, out, cache, _ = good
     before = fingerprint(out)
     last = out / "checkpoints" / "last.ckpt"
     command = [*FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}"]
     # the earlier command again: it resumes at its last step, validates, then writes results.json; and a new
     # start (ckpt_path=null), which first writes a checkpoint
-    for args, written in ((command, f"writing {out}: "),
+    for args, written in ((command, f"writing {out}/results.json: "),
                           ([*command, "ckpt_path=null"], f"writing {out}/checkpoints/")):
         code, output = full_disk_run(out, *args)
         assert code == 74, output[-3000:]
@@ -135,7 +134,7 @@ def can_mount_read_only() -> bool:
 
 @pytest.mark.e2e
 @pytest.mark.skipif(not can_mount_read_only(), reason="needs unshare with user and mount namespaces")
-def test_a_read_only_cache_folder_is_named(good, tmp_path):  # noqa: F811
+def test_a_read_only_cache_folder_is_named(good, tmp_path):
     _, out, _, _ = good
     before = fingerprint(out)
     cache = tmp_path / "read_only_cache"

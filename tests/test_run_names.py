@@ -1,4 +1,4 @@
-"""Run folders the platform's own commands accept: every folder name (cli.run_name) is a value Hydra's
+"""Run folders the platform's own commands accept: every folder name (hydra_hooks.run_name) is a value Hydra's
 override parser takes unquoted, so ``init=<run>/checkpoints/best.ckpt`` and ``ckpt_path=...`` work as typed; a
 path value never nests folders or leaves the task's; a table finds its jobs where Hydra put them."""
 
@@ -9,7 +9,7 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
-from bert_repro.cli import MAX_NAME, register_resolvers, run_name
+from bert_repro.hydra_hooks import MAX_NAME, register_resolvers, run_name
 from bert_repro.keys import is_path
 from bert_repro.tables import TABLES, runner
 from bert_repro.tables.spec import CONF_DIR, Sweep, TableError, build

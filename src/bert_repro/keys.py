@@ -1,8 +1,9 @@
 """Which config keys change the science and which only change the speed or the places: the one declaration.
 
-The run folder's name (``cli.run_name``), the settings a resumed checkpoint must share (``run.science``),
-the restarts ``select`` groups together and the table collector all derive from it. A key ending in "."
-covers a whole node. ``data.group_by_length`` is science: it changes which examples share a batch.
+The run folder's name (``hydra_hooks.run_name``), the settings a resumed checkpoint must share (its
+identity's science), the restarts ``selection`` groups together and the table collector all derive from
+it. A key ending in "." covers a whole node. ``data.group_by_length`` is science: it changes which examples
+share a batch.
 """
 
 from __future__ import annotations

@@ -41,7 +41,8 @@ def is_launcher() -> bool:
 class RunFolderLock:
     """``with RunFolderLock(folder):`` holds ``folder`` for this run, or raises ``FolderInUse``. Only the
     launching process takes it: the ranks it starts work under its lock. Within a process it nests: a folder
-    this process holds already is entered as held (cli.OutputFolderCheck holds it before run.main runs)."""
+    this process holds already is entered as held (hydra_hooks.OutputFolderCheck holds it before run.main
+    runs)."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)

@@ -327,7 +327,7 @@ def main(cfg: DictConfig) -> float | None:
     places = {"hydra.run.dir": output_dir, "paths.cache_dir": Path(cfg.paths.cache_dir)}
     last = output_dir / "checkpoints" / "last.ckpt"
     # one process per run folder: a multirun job locks its own here; a single run's is held from Hydra's start
-    # (cli.OutputFolderCheck), before anything was written into it
+    # (hydra_hooks.OutputFolderCheck), before anything was written into it
     try:
         with machine_faults_named(places, last), RunFolderLock(output_dir):
             results = train(cfg)

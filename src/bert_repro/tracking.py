@@ -30,7 +30,7 @@ WANDB_LOGGER = "lightning.pytorch.loggers.WandbLogger"
 
 def wandb_run_name(task: str, model: str | None, folder_name: str) -> str:
     """``mrpc/base/optim.lr-5e-05``: ``model`` is the shape that ran (results.json's "model": the checkpoint's
-    where init= chose it), ``folder_name`` the run folder's (cli.run_name: the science overrides)."""
+    where init= chose it), ``folder_name`` the run folder's (hydra_hooks.run_name: the science overrides)."""
     return "/".join(part for part in (task, model, folder_name) if part)
 
 

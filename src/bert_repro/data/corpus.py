@@ -35,7 +35,7 @@ import numpy as np
 from datasets import Dataset, load_dataset
 
 from bert_repro.data.textfiles import refuse_non_text
-from bert_repro.progress import counted, datasets_progress
+from bert_repro.work_progress import counted, datasets_progress
 
 log = logging.getLogger(__name__)
 

@@ -3,8 +3,8 @@ behind them, each with a folder that depends only on the table, the scale and th
 
 Folders: ``<runs>/<table>/<scale>/pretrain/<name>/default`` for a pre-training run and
 ``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept overrides>`` for a fine-tuning job, where the last part
-is the run folder name of the swept keys only (cli.run_name: ``optim.lr-0.0001+seed-1``), so an interrupted
-table finds its finished runs again.
+is the run folder name of the swept keys only (hydra_hooks.run_name: ``optim.lr-0.0001+seed-1``), so an
+interrupted table finds its finished runs again.
 """
 
 from __future__ import annotations
@@ -21,7 +21,7 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro import cli
+from bert_repro import hydra_hooks
 from bert_repro.keys import is_science
 
 # REPO and TableError are re-exported: the runner, the collector and the CLI import them from here
@@ -78,8 +78,8 @@ class Sweep:
 
     def jobs(self) -> list[tuple[list[str], Path]]:
         """Each job's swept overrides as Hydra's basic sweeper spells them (every value of a ``a,b`` sweep,
-        crossed), and the job's folder: the name conf/train.yaml gives it (cli.run_name; the fixed keys are
-        excluded there, runner.command)."""
+        crossed), and the job's folder: the name conf/train.yaml gives it (hydra_hooks.run_name; the fixed
+        keys are excluded there, runner.command)."""
         if not self.params:
             return [([], self.folder / NO_GRID)]
         try:
@@ -93,7 +93,7 @@ class Sweep:
         values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
                   else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
         combos = [list(combo) for combo in itertools.product(*values)]
-        return [(combo, self.folder / cli.run_name(combo)) for combo in combos]
+        return [(combo, self.folder / hydra_hooks.run_name(combo)) for combo in combos]
 
     def init_path(self) -> Path | None:
         """The checkpoint this sweep starts from: fine-tuning's init=, phase 2's ckpt_path (``needs``)."""
