@@ -6,7 +6,8 @@ import json
 import os
 import subprocess
 import sys
-from collections.abc import Callable, Iterable
+from collections.abc import Callable, Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
@@ -80,3 +81,18 @@ def rehearse(name: str, scale: str, tmp_path: Path, monkeypatch, *flags: str):
     for cell in cells:  # every cell a number, or a mark with its reason
         assert (cell["status"] == "ok" and cell["ours"]) or (cell["ours"] == "" and cell["reason"]), cell
     return runs / "rehearsal" / name / scale, cells, record
+
+
+@contextmanager
+def held_by_another_process(folder: Path) -> Iterator[int]:
+    """``folder`` locked by a live process (its pid) for the duration."""
+    code = ("import sys; from bert_repro.locks import RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
+            "print('held', flush=True); sys.stdin.read()")
+    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, stdin=subprocess.PIPE,
+                              stdout=subprocess.PIPE, text=True)
+    try:
+        assert holder.stdout.readline() == "held\n"
+        yield holder.pid
+    finally:
+        holder.stdin.close()
+        holder.wait(timeout=60)

@@ -9,8 +9,6 @@ import signal
 import socket
 import subprocess
 import sys
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -20,6 +18,7 @@ from hydra.core.global_hydra import GlobalHydra
 from bert_repro.locks import LOCK_FILE, FolderInUse, RunFolderLock
 
 from .conftest import CONF, FAST, REPO, fingerprint
+from .helpers import held_by_another_process
 
 
 def earlier_run(folder: Path) -> Path:
@@ -28,21 +27,6 @@ def earlier_run(folder: Path) -> Path:
     (folder / "results.json").write_text('{"status": "complete"}\n')
     (folder / "checkpoints" / "last.ckpt").write_bytes(os.urandom(1024))
     return folder
-
-
-@contextmanager
-def held_by_another_process(folder: Path) -> Iterator[int]:
-    """``folder`` locked by a live process (its pid) for the duration."""
-    code = ("import sys; from bert_repro.locks import RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
-            "print('held', flush=True); sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        yield holder.pid
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
 
 
 @pytest.mark.e2e

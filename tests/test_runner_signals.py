@@ -23,6 +23,7 @@ from bert_repro.tables import runner
 from bert_repro.tables.spec import TableError, build
 
 from .conftest import REPO, shared_data_dir
+from .helpers import held_by_another_process
 from .test_tables_e2e import SHRINK
 
 # runs the table CLI with runner.TRAIN replaced by the stand-in (argv[1])
@@ -169,17 +170,9 @@ def test_a_folder_a_live_process_sweeps_into_is_neither_deleted_nor_launched_int
         live.wait()
     assert (folder / "failed.json").is_file() and (folder / ".hydra").is_dir()
     # a job folder that a run holds (locks.py), as src/train.py's jobs hold theirs
-    code = ("import sys; from bert_repro.locks import RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
-            "print('held', flush=True); sys.stdin.read()")
-    holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, stdin=subprocess.PIPE,
-                              stdout=subprocess.PIPE, text=True)
-    try:
-        assert holder.stdout.readline() == "held\n"
-        with pytest.raises(TableError, match=f"run folder {folder} is in use by pid {holder.pid}"):
+    with held_by_another_process(folder) as pid:
+        with pytest.raises(TableError, match=f"run folder {folder} is in use by pid {pid}"):
             runner.run_sweep(sweep, {}, force=True)
-    finally:
-        holder.stdin.close()
-        holder.wait(timeout=60)
     assert (folder / "failed.json").is_file() and (folder / ".hydra").is_dir()
 
 
