@@ -11,10 +11,10 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from bert_repro.hydra_hooks import register_resolvers, unknown_key_hints
+from bert_repro import hydra_hooks
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
-register_resolvers()
+hydra_hooks.register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
@@ -28,7 +28,7 @@ if __name__ == "__main__":
     try:
         main()
     except SystemExit as exit_:
-        if exit_.code not in (0, None):
-            for hint in unknown_key_hints(sys.argv[1:], CONFIG_DIR, "evaluate"):
+        if exit_.code not in (0, None) and not hydra_hooks.composed:
+            for hint in hydra_hooks.unknown_key_hints(sys.argv[1:], CONFIG_DIR, "evaluate"):
                 print(hint, file=sys.stderr)
         raise

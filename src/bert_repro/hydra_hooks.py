@@ -86,6 +86,9 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
 
 
+composed = False  # the command's config composed (a Hydra run started): a later exit is no misspelled key
+
+
 class OutputFolderCheck(Callback):
     """Hydra creates the run (or sweep) folder before src/train.py gets control: one that cannot be created or
     written to ends the run here with a message naming it, not a traceback; one that a live run holds
@@ -96,6 +99,8 @@ class OutputFolderCheck(Callback):
         self.lock: RunFolderLock | None = None
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
+        global composed
+        composed = True
         folder = Path(str(config.hydra.run.dir))
         _check_writable(folder, "hydra.run.dir")
         self.lock = RunFolderLock(folder)
@@ -111,6 +116,8 @@ class OutputFolderCheck(Callback):
             self.lock.__exit__()
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
+        global composed
+        composed = True
         _check_writable(Path(str(config.hydra.sweep.dir)), "hydra.sweep.dir")
 
 
