@@ -45,6 +45,20 @@ def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoin
     assert [c["x"] for c in smoke.parts[0].columns.values()] == [100, 200, 300]
 
 
+def test_the_schedule_is_read_from_the_configs_hydra_composes_for_the_phases(tmp_path):
+    """Phase 1's length and steps as conf/experiment/pretrain_phase1.yaml composes them with the table's
+    overrides: a longer phase 1 moves the trained positions and which phase writes step-800000.ckpt."""
+    sets = ["pretrain_overrides.scale.pretrain.two_phase.phase1_seq_length=256",
+            "pretrain_overrides.scale.pretrain.two_phase.phase1_steps=700000"]
+    table = build("figure4", "budget", tmp_path, sets=sets)
+    schedule = table.sweeps["pretrain/mlm"].schedule
+    assert (schedule.trained_length(1), schedule.trained_length(2)) == (256, 512)
+    assert schedule.phase1_steps == 700_000
+    assert table.sweeps["finetune/mlm/mnli_k800k"].needs is table.sweeps["pretrain/mlm"]  # phase 2's now
+    with pytest.raises(TableError, match=r"pretrain/mlm: does not compose.*no_such_key"):
+        build("figure4", "budget", tmp_path, sets=["pretrain_overrides.no_such_key=1"])
+
+
 def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(tmp_path, capsys):
     args = ["plan", "table5", "--scale", "paper", "--accelerator", "a100", "--runs-dir", str(tmp_path)]
     assert cli.main(args) == 0

@@ -16,14 +16,12 @@ import math
 from dataclasses import asdict, dataclass
 from pathlib import Path
 
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.tables import CONF_DIR, REPO, TableError
-from bert_repro.tables.schedule import schedule_of
-from bert_repro.tables.spec import Sweep, Table
+from bert_repro.tables import REPO, TableError
+from bert_repro.tables.spec import Sweep, Table, composing
 
 ACCELERATORS = {"h100": "h100-sxm/bf16", "h200": "h200/bf16", "a100": "a100/bf16"}  # flops.PEAK_TFLOPS keys
 ASSUMED_MFU = 0.30  # eager PyTorch on BERT-base (conf/scale/budget.yaml); bench --device cuda replaces it
@@ -77,16 +75,15 @@ COST_FREE = ("seed=", "optim.lr=", "init=", "ckpt_path=", "logger=", "++logger."
 def compose_job(sweep: Sweep, swept: list[str], cache: dict) -> dict:
     """The run's config as src/train.py composes it (hydra.* launcher keys left out), the keys a plan needs
     resolved; a compose error names the run."""
-    key = tuple(s for s in sweep.fixed_args() + swept if not s.startswith(COST_FREE))
+    key = tuple(s for s in sweep.compose_args() + swept if not s.startswith(COST_FREE))
     if key not in cache:
         cache[key] = _compose(sweep, swept)
     return cache[key]
 
 
 def _compose(sweep: Sweep, swept: list[str]) -> dict:
-    overrides = [o for o in sweep.fixed_args() if not o.startswith(("hydra", "+hydra", "++logger"))] + swept
     try:
-        cfg = compose("train", overrides=overrides)
+        cfg = compose("train", overrides=sweep.compose_args() + swept)
     except HydraException as err:
         raise TableError(f"{sweep.name} {' '.join(swept)}: does not compose ({err})") from None
     keys = ("model", "optim", "data.batch_size", "data.max_seq_length", "data.max_predictions_per_seq",
@@ -106,8 +103,8 @@ def _model(config: dict):
     return BertConfig(**{k: v for k, v in config.items() if k in fields})
 
 
-def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: float, mfu: float,
-             sizes: dict, cache: dict) -> Run:
+def plan_job(sweep: Sweep, swept: list[str], folder: Path, peak: float, mfu: float, sizes: dict,
+             cache: dict) -> Run:
     from bert_repro.flops import encoder_parameters, training_flops
 
     cfg = compose_job(sweep, swept, cache)
@@ -124,7 +121,7 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
         # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
         per_seq = seq - 1 if cfg["ablation.ltr"] else int(cfg["data.max_predictions_per_seq"])
         flops = training_flops(model, tokens, seq, steps * batch * per_seq)
-        every = schedule_of(table.scale, sweep.overrides).every
+        every = sweep.schedule.every
         saved = 2 + (len(range(start + every, int(optim["max_steps"]) + 1, every)) if every else 0)
         corpus = CORPUS_TOKENS.get(cfg["data.source"], 0) * int(cfg["data.dupe_factor"] or 1)
         instances = corpus * INSTANCE_BYTES_PER_TOKEN if start == 0 else 0
@@ -147,14 +144,11 @@ def plan_job(table: Table, sweep: Sweep, swept: list[str], folder: Path, peak: f
                flops / (peak * mfu) / 3600, disk / 1e9)
 
 
-def check_lengths(table: Table, sweep: Sweep, run: Run) -> None:
+def check_lengths(sweep: Sweep, run: Run) -> None:
     """A fine-tuning run longer than the positions its checkpoint was trained at is refused."""
     if sweep.stage != "finetune" or sweep.needs is None:
         return
-    row = sweep.name.split("/")[1]
-    pretrain = next(p.rows[row]["pretrain"] for p in table.parts if row in p.rows)
-    schedule = schedule_of(table.scale, table.sweeps[f"pretrain/{pretrain}"].overrides)
-    trained = schedule.trained_length(sweep.phase)
+    trained = sweep.needs.schedule.trained_length(sweep.phase)
     if run.seq_length > trained:
         raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={run.seq_length} from "
                          f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} tokens "
@@ -166,16 +160,12 @@ def make_plan(table: Table, accelerator: str = "h100") -> dict:
     peak, mfu, source = peak_and_mfu(accelerator)
     sizes = table.spec.get("train_sizes") or {}
     runs, cache = [], {}
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            for sweep in table.sweeps.values():
-                for swept, folder in sweep.jobs():
-                    run = plan_job(table, sweep, swept, folder, peak, mfu, sizes, cache)
-                    check_lengths(table, sweep, run)
-                    runs.append(run)
-    finally:
-        GlobalHydra.instance().clear()
+    with composing():
+        for sweep in table.sweeps.values():
+            for swept, folder in sweep.jobs():
+                run = plan_job(sweep, swept, folder, peak, mfu, sizes, cache)
+                check_lengths(sweep, run)
+                runs.append(run)
     return {"table": table.name, "scale": table.scale, "accelerator": accelerator,
             "peak_tflops": peak / 1e12, "mfu": mfu, "mfu_source": source,
             "runs": [asdict(r) for r in runs],

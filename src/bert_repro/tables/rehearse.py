@@ -23,7 +23,7 @@ from pathlib import Path
 from bert_repro.tables import TableError
 from bert_repro.tables.plan import make_plan
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.schedule import STEP_CKPT, schedule_of
+from bert_repro.tables.schedule import STEP_CKPT, Schedule
 from bert_repro.tables.spec import Table, build, flatten, load_spec
 
 PRETRAIN_STEPS = 20  # the longest pre-training of a rehearsal
@@ -36,8 +36,7 @@ DROPPED = ("trainer.", "logger.", "++logger.", "model.", "hydra")  # the GPU's s
 def divisor(table: Table) -> int:
     """D: the longest pre-training over PRETRAIN_STEPS, rounded so that every step count of the schedule
     (steps, phase 1, checkpoint cadence, the checkpoints the spec names) divides by it."""
-    schedules = [schedule_of(table.scale, s.overrides) for s in table.sweeps.values()
-                 if s.stage == "pretrain"]
+    schedules = [s.schedule for s in table.sweeps.values() if s.stage == "pretrain"]
     if not schedules:
         return 1
     counts = {n for s in schedules for n in (s.max_steps, s.phase1_steps, s.every) if n}
@@ -48,8 +47,7 @@ def divisor(table: Table) -> int:
     return found
 
 
-def _shrink_pretrain(overrides: dict, scale: str, d: int) -> dict:
-    s = schedule_of(scale, overrides)
+def _shrink_pretrain(s: Schedule, d: int) -> dict:
     shrunk = {"scale.pretrain.source": "files", "scale.pretrain.corpus": "builtin:pydoc",
               "scale.pretrain.vocab_size": 2000, "scale.pretrain.dupe_factor": 1,
               "scale.pretrain.batch_size": 8,
@@ -77,7 +75,7 @@ def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[
     for sweep in small.sweeps.values():
         kept = {k: v for k, v in sweep.overrides.items() if not k.startswith(DROPPED)}
         if sweep.stage == "pretrain":
-            kept |= {"model": "tiny", **_shrink_pretrain(sweep.overrides, table.scale, d)}
+            kept |= {"model": "tiny", **_shrink_pretrain(sweep.schedule, d)}
         else:
             task = sweep.overrides["task"]
             for key in flatten(small.spec["task_data"].get(task)):  # the scale's data (the Hub), not here
@@ -107,7 +105,7 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
         if sweep.stage != "finetune" or sweep.needs is None or not sweep.init_path().is_file():
             continue
         real = table.sweeps[name]
-        schedule = schedule_of(table.scale, real.needs.overrides)
+        schedule = real.needs.schedule
         planned = schedule.checkpoint_step(real.checkpoint, name)
         ckpt = safe_torch_load(sweep.init_path(), what="a Lightning checkpoint")
         held, length = ckpt["global_step"], ckpt["datamodule_hyper_parameters"]["max_seq_length"]

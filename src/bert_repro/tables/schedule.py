@@ -1,6 +1,6 @@
-"""A table's pre-training schedule, read from conf/scale/<scale>.yaml and the table's overrides, and the
-checks that a spec can be trusted against it: which checkpoints the schedule writes, where, and which sequence
-length their position embeddings were trained at.
+"""A table's pre-training schedule, read from the configs Hydra composes for its runs (src/train.py's, with
+the table's overrides), and the checks that a spec can be trusted against it: which checkpoints the schedule
+writes, where, and which sequence length their position embeddings were trained at.
 
 At budget and paper scale every pre-training is the v2 two-phase schedule (Appendix A.2: 90% of the steps at
 128 tokens, the rest at 512; ``scale.pretrain.two_phase.in_tables``); phase 2 resumes phase 1's weights,
@@ -14,9 +14,11 @@ from __future__ import annotations
 import re
 from dataclasses import dataclass
 
+from hydra import compose
+from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.tables import CONF_DIR, TableError
+from bert_repro.tables import TableError
 
 STEP_CKPT = re.compile(r"^step-(\d+)\.ckpt$")
 
@@ -59,31 +61,25 @@ class Schedule:
         return 1 if self.phase1_steps is None or step <= self.phase1_steps else 2
 
 
-def _value(overrides: dict, keys: tuple[str, ...], default):
-    for key in keys:
-        if key in overrides:
-            return overrides[key]
-    return default
+def _compose(where: str, args: list[str]):
+    try:
+        return compose("train", overrides=args)
+    except HydraException as err:
+        raise TableError(f"{where}: does not compose ({err})") from None
 
 
-def schedule_of(scale: str, overrides: dict) -> Schedule:
-    """The schedule a pre-training sweep with these (flattened) overrides runs: conf/scale/<scale>.yaml's
-    ``pretrain`` block, with the table's ``scale.pretrain.*`` / ``optim.*`` / ``data.*`` overrides over it."""
-    path = CONF_DIR / "scale" / f"{overrides.get('scale', scale)}.yaml"
-    if not path.is_file():
-        raise TableError(f"{path} does not exist (the scale a table's pre-training names)")
-    pre = OmegaConf.to_container(OmegaConf.load(path).pretrain)
-    phases = pre.get("two_phase") or {}
-    max_steps = int(_value(overrides, ("optim.max_steps", "scale.pretrain.max_steps"), pre["max_steps"]))
-    every = _value(overrides, ("scale.pretrain.checkpoint_every_n_steps",),
-                   pre.get("checkpoint_every_n_steps"))
-    if not phases.get("in_tables"):
-        seq = _value(overrides, ("data.max_seq_length", "scale.pretrain.max_seq_length"),
-                     pre["max_seq_length"])
-        return Schedule(max_steps, int(seq), every)
-    first = int(_value(overrides, ("scale.pretrain.two_phase.phase1_steps",), phases["phase1_steps"]))
-    if not 0 < first < max_steps:
-        raise TableError(f"{path}: two_phase.phase1_steps={first}; expected between 0 and "
-                         f"max_steps={max_steps}")
-    return Schedule(max_steps, int(phases["phase1_seq_length"]), every, first,
-                    int(phases["phase2_seq_length"]))
+def schedule_of(where: str, args: list[str]) -> Schedule:
+    """The schedule of the pre-training ``where`` with these overrides, read from the configs src/train.py
+    composes for it (Hydra initialised by the caller): the run's, or its two phases' where the scale's
+    ``two_phase.in_tables`` says every table pre-training runs both."""
+    run = _compose(where, args)
+    every = run.module.checkpoint_every_n_steps
+    if not OmegaConf.select(run, "scale.pretrain.two_phase.in_tables", default=False):
+        return Schedule(int(run.optim.max_steps), int(run.data.max_seq_length), every)
+    one = _compose(where, [*args, "experiment=pretrain_phase1"])
+    two = _compose(where, [*args, "experiment=pretrain_phase2"])
+    first, last = int(one.optim.max_steps), int(two.optim.max_steps)
+    if not 0 < first < last:
+        raise TableError(f"{where}: phase 1 runs {first} steps (scale.pretrain.two_phase.phase1_steps); "
+                         f"expected between 0 and max_steps={last}")
+    return Schedule(last, int(one.data.max_seq_length), every, first, int(two.data.max_seq_length))

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import importlib.util
 import itertools
+from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
@@ -69,9 +70,14 @@ class Sweep:
     skip: str | None = None  # why it cannot run at all (no checkpoint given)
     selection: str = "best_on_dev"
     phase: int | None = None  # pre-training: its phase of a two-phase schedule; fine-tuning: its checkpoint's
+    schedule: Schedule | None = None  # pre-training: the steps and lengths its composed config runs
 
     def fixed_args(self) -> list[str]:
         return [f"{k}={hydra_value(v)}" for k, v in self.overrides.items()]
+
+    def compose_args(self) -> list[str]:
+        """The fixed overrides src/train.py's config composes with: the launcher's and W&B's left out."""
+        return [o for o in self.fixed_args() if not o.startswith(("hydra", "+hydra", "++logger"))]
 
     def params_args(self) -> list[str]:
         return [f"{k}={v}" for k, v in self.params.items()]
@@ -133,32 +139,38 @@ class Table:
         return self.sweeps.get(f"pretrain/{name}") if name else None
 
 
+@contextmanager
+def composing():
+    """Hydra over conf/, for compose(): table specs and the runs' configs (cleared after)."""
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            yield
+    finally:
+        GlobalHydra.instance().clear()
+
+
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
-    """conf/table/<table>.yaml composed by Hydra on its own (a table spec is not a run: it lives apart from
-    the runnable presets of conf/experiment/): its ``table`` node over the ``tables`` node of
-    conf/scale/<scale>.yaml (what changes with scale for every table: model, grid, logger, overrides), then
-    the table's own ``scales.<scale>`` block, then ``--set``. A grid replaces the one beneath it whole: swept
-    keys do not add up across layers. Interpolations (``${paths.shared_data}``) stay for the runs to
-    resolve."""
+    """conf/tables.yaml composed by Hydra for ``table=<table> scale=<scale>`` (a table spec is not a run: it
+    lives apart from the runnable presets of conf/experiment/): the table's ``table`` node over the scale's
+    ``tables`` node (what changes with scale for every table: model, grid, logger, overrides), then the
+    table's own ``scales.<scale>`` block, then ``--set``. These layers are merged here, not by Hydra, because
+    a grid replaces the one beneath it whole (swept keys do not add up across layers), which a Hydra merge
+    cannot say. Interpolations (``${paths.shared_data}``) stay for the runs to resolve."""
     if table not in TABLES + DEMOS:
         raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
         raise TableError(f"unknown SCALE {scale!r}; expected one of {', '.join(SCALES)}")
     if table in DEMOS and scale != "smoke":
         raise TableError(f"{table} is a demonstration on the embedded corpus: it runs at SCALE=smoke only")
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            cfg = compose(f"table/{table}")
-    finally:
-        GlobalHydra.instance().clear()
+    with composing():
+        cfg = compose("tables", overrides=[f"table={table}", f"scale={scale}"])
     if "table" not in cfg:
         raise TableError(f"conf/table/{table}.yaml has no `table:` node")
     spec = OmegaConf.to_container(cfg.table, resolve=False)
     scales, task_data = spec.pop("scales", {}) or {}, spec.pop("task_data", {}) or {}
     spec["task_data"] = task_data.get(scale, {}) or {}
-    shared = OmegaConf.to_container(OmegaConf.load(CONF_DIR / "scale" / f"{scale}.yaml").get("tables") or {})
-    layers = [shared, spec, scales.get(scale) or {}]
+    layers = [OmegaConf.to_container(cfg.scale.get("tables") or {}), spec, scales.get(scale) or {}]
     grid = next((layer["grid"] for layer in reversed(layers) if "grid" in layer), None)
     layers = [{k: v for k, v in layer.items() if k != "grid"} for layer in layers]
     try:
@@ -256,7 +268,6 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
         return {"++logger.wandb.group": table, "++logger.wandb.tags": [str(k) for k in keys]}
 
     sweeps: dict[str, Sweep] = {}
-    schedules: dict[str, Schedule] = {}
     for name, own in (spec.get("pretrain") or {}).items():
         if own is None:  # removed (--set pretrain.<name>=null)
             continue
@@ -264,17 +275,19 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                      **flatten(spec.get("pretrain_overrides")), **flatten(own)}
         overrides.update(tags(overrides))
         grid = {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()}
-        schedules[name] = schedule = schedule_of(scale, overrides)
         folder = root / "pretrain" / name
+        single = Sweep("pretrain", f"pretrain/{name}", folder, overrides, grid)
+        with composing():
+            schedule = single.schedule = schedule_of(single.name, single.compose_args())
         if schedule.phases == 1:
-            sweeps[f"pretrain/{name}"] = Sweep("pretrain", f"pretrain/{name}", folder, overrides, grid)
+            sweeps[single.name] = single
             continue
         # v2 A.2: phase 1 (folder <name>/phase1), then phase 2 resuming its last.ckpt; phase 2 is the run the
         # table's pre-training columns and last.ckpt read, so it keeps the name pretrain/<name>
         first = Sweep("pretrain", f"pretrain/{name}/phase1", folder / "phase1",
-                      {**overrides, "experiment": "pretrain_phase1"}, grid, phase=1)
+                      {**overrides, "experiment": "pretrain_phase1"}, grid, phase=1, schedule=schedule)
         second = Sweep("pretrain", f"pretrain/{name}", folder, {**overrides, "experiment": "pretrain_phase2"},
-                       grid, needs=first, phase=2)
+                       grid, needs=first, phase=2, schedule=schedule)
         second.overrides["ckpt_path"] = str(second.init_path())
         sweeps[first.name], sweeps[second.name] = first, second
     for part in parts:
@@ -312,7 +325,7 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                               selection=run["selection"] or row.get("selection") or part.selection)
                 if needs is not None:
                     sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or "last.ckpt"
-                    schedule = schedules[row["pretrain"]]
+                    schedule = needs.schedule
                     step = schedule.checkpoint_step(sweep.checkpoint, f"conf/table/{table}.yaml {name}")
                     sweep.phase = schedule.phase_of(step)  # the phase that writes it, in whose folder it is
                     for column in part.columns.values():  # Figure 4's x: the step, never a hand-written label
