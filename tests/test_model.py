@@ -152,6 +152,13 @@ def test_attention_mask_for_sdpa():
     causal = attention_mask_for_sdpa(pad, True, 4)[0, 0]  # (T, T): query row, key column
     assert causal.tolist() == [[True, False, False, False], [True, True, False, False],
                                [True, True, True, False], [True, True, True, False]]
+    # the sparse last layer: queries at positions (B, P) only, their rows of the full mask
+    positions = torch.tensor([[2, 0]])
+    assert attention_mask_for_sdpa(torch.ones(1, 4), False, 4, positions) is None  # nothing to mask
+    assert attention_mask_for_sdpa(pad, True, 4, positions)[0, 0].tolist() == [causal[2].tolist(),
+                                                                               causal[0].tolist()]
+    assert attention_mask_for_sdpa(None, True, 4, positions)[0, 0].tolist() == [[True, True, True, False],
+                                                                                 [True, False, False, False]]
 
 
 # ------------------------------------------------------------------------------------------------ outputs

@@ -1,20 +1,18 @@
-"""Speed options change how fast a step runs, never what it computes (issue #8 §3, #15, #17): the fast
+"""Speed options change how fast a step runs, never what it computes (issue #8 §3, #15, #17, #26): the fast
 kernels, unpadding (varlen attention, packed rows) and activation checkpointing give the same loss and
-gradients as model.py's readable padded pass; the MFU formula counts what the paper's encoder does."""
-
-import copy
+gradients as model.py's plain padded pass, and they run model.py's own layers, so an edit there reaches every
+configuration; the MFU formula counts what the paper's encoder does."""
 
 import pytest
 import torch
 import torch.nn.functional as F
 
+from bert_repro import model as model_py
 from bert_repro.flops import encoder_parameters, training_flops
 from bert_repro.heads import SequenceClassifier
-from bert_repro.model import BertConfig, BertForPreTraining, BertModel, Layer, count_parameters
-from bert_repro.speed import SpeedOptions, accelerate
+from bert_repro.model import BertConfig, BertForPreTraining, BertModel, Dropout, Layer, count_parameters
+from bert_repro.speed import SpeedOptions
 from bert_repro.speed import loss as speed_loss
-from bert_repro.speed.encoder import FastBertModel
-from bert_repro.speed.kernels import CpuDropout
 
 
 def _batch(config: BertConfig, B: int = 4, T: int = 24, seed: int = 0):
@@ -51,8 +49,16 @@ def _pretrain_loss(model, ids, types, mask, positions, ltr: bool):
 
 
 def _fast(model, **options):
-    """A copy of ``model`` (same weights) on the speed path."""
-    return accelerate(copy.deepcopy(model), SpeedOptions(**options))
+    """``model``'s weights in the same model built with these speed options (as the task modules build it)."""
+    speed = SpeedOptions(**options)
+    if isinstance(model, BertForPreTraining):
+        fast = BertForPreTraining(model.config, nsp=model.nsp is not None, speed=speed)
+    elif isinstance(model, SequenceClassifier):
+        fast = SequenceClassifier(model.bert.config, model.classifier.out_features, speed=speed)
+    else:
+        fast = BertModel(model.config, speed)
+    fast.load_state_dict(model.state_dict())
+    return fast.train(model.training)
 
 
 OPTIONS = {"kernels": dict(kernels=True), "unpad": dict(unpad=True),
@@ -76,7 +82,7 @@ def test_pretraining_loss_and_gradients_unchanged(option, ltr):
     torch.manual_seed(0)
     model = BertForPreTraining(config, nsp=not ltr).train()
     fast = _fast(model, **OPTIONS[option])
-    assert type(fast.bert) is FastBertModel and fast.state_dict().keys() == model.state_dict().keys()
+    assert fast.state_dict().keys() == model.state_dict().keys()
     batch = _batch(config)
     assert not bool(batch[2].all())  # padded: unpadding has something to remove
     reference = _pretrain_loss(model, *batch, ltr)
@@ -184,20 +190,65 @@ def test_pretrain_module_logs_the_same_loss_and_accuracy_on_the_fused_path(ltr):
     assert results[1] == pytest.approx(results[0], rel=1e-6)
 
 
-def test_every_option_off_is_the_readable_model():
-    model = BertForPreTraining(BertConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=4))
-    assert accelerate(model, SpeedOptions()) is model and accelerate(model, None) is model
-    assert {type(m) for m in model.modules()}.isdisjoint({FastBertModel, CpuDropout})
-    fast = _fast(model, kernels=True)
-    assert type(fast.bert.embeddings.dropout) is CpuDropout and type(fast.mlm).__name__ == "FastMLMHead"
-    # each layer is still called as a module (its hooks fire), so FSDP's per-Layer units can wrap it
-    assert isinstance(fast.bert.encoder.layer[0], Layer)
+def test_speed_options_add_no_module_class_and_no_parameter():
+    """One encoder: a model built with every speed option is made of the same model.py classes, with the same
+    parameter names, as the plain one; each layer is still called as a module (its hooks fire), so FSDP's
+    per-Layer units and activation checkpointing wrap it."""
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=4)
+    plain = BertForPreTraining(config)
+    fast = BertForPreTraining(config, speed=SpeedOptions(**OPTIONS["all"], pack=True))
+    assert [type(m) for m in fast.modules()] == [type(m) for m in plain.modules()]
+    assert fast.state_dict().keys() == plain.state_dict().keys()
     calls = []
     fast.bert.encoder.layer[0].register_forward_hook(lambda *_: calls.append(1))
     fast.bert(torch.randint(5, 300, (2, 8)), attention_mask=torch.tensor([[1] * 8, [1] * 5 + [0] * 3]))
-    assert calls == [1]
+    assert calls == [1] and isinstance(fast.bert.encoder.layer[0], Layer)
     with pytest.raises(ValueError, match="attention='cuda'"):
         SpeedOptions(attention="cuda")
+
+
+def _pre_ln(self, x, ctx):
+    """The pre-LN block (Xiong et al., 2020) an engineer might try: LayerNorm before each sub-layer."""
+    a = self.attention
+    x = ctx.select(x) + a.dropout(a.dense(a(a.LayerNorm(x), ctx)))
+    return x + self.dropout(self.output(F.gelu(self.intermediate(self.LayerNorm(x)))))
+
+
+_attend = model_py.attend
+EDITS = {"pre-LN Layer.forward": (Layer, "forward", _pre_ln),
+         "attend at temperature 1/2": (model_py, "attend", lambda q, *rest: _attend(2 * q, *rest))}
+# every speed configuration, each CPU attention backend of the unpadded path among them
+EVERY_PATH = {"plain": {}, **OPTIONS, "unpad-padded": dict(unpad=True, attention="padded"),
+              "unpad-nested": dict(unpad=True, attention="nested"),
+              "pack+checkpointing": dict(pack=True, activation_checkpointing=True)}
+
+
+@pytest.mark.parametrize("edit", list(EDITS))
+@pytest.mark.parametrize("option", list(EVERY_PATH))
+@pytest.mark.parametrize("ltr", [False, True])
+def test_an_edit_to_model_py_reaches_every_speed_configuration(edit, option, ltr, monkeypatch):
+    """Issue #26: the speed options run model.py's layers, not copies of them. One function of model.py
+    patched (the block's residual/LayerNorm order, or the attention), every configuration computes the edited
+    model: its loss moves off the unedited one, to the plain path's edited loss, gradients included."""
+    if "nested" in option and ltr:
+        pytest.skip("torch 2.13's nested-jagged SDPA has no CPU kernel for is_causal (no viable backend)")
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=3, num_heads=4, causal=ltr,
+                        hidden_dropout=0.0, attention_dropout=0.0, initializer_range=0.2)
+    torch.manual_seed(0)
+    model = BertForPreTraining(config, nsp=not ltr).train()
+    fast = _fast(model, **EVERY_PATH[option])
+    batch = _batch(config)
+    before = _pretrain_loss(fast, *batch, ltr).detach()
+    monkeypatch.setattr(*EDITS[edit])
+    reference = _pretrain_loss(model, *batch, ltr)
+    reference.backward()
+    loss = _pretrain_loss(fast, *batch, ltr)
+    loss.backward()
+    assert (loss.detach() - before).abs() > 1e-3  # the edit took effect on this path (100x the tolerance)
+    torch.testing.assert_close(loss, reference, atol=1e-5, rtol=1e-5)  # and it is the plain path's edit
+    expected, got = _grads(model), _grads(fast)
+    for name in expected:
+        torch.testing.assert_close(got[name], expected[name], atol=1e-5, rtol=1e-4, msg=name)
 
 
 @pytest.mark.parametrize("backend", ["nested", "padded"])
@@ -284,8 +335,7 @@ def test_unpadding_with_dropout_keeps_classifier_training_statistics():
     the same magnitude and the classifier's gradient flows (no position silently dropped)."""
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    model = SequenceClassifier(config, num_labels=3)
-    model = accelerate(model, SpeedOptions(unpad=True, kernels=True)).train()
+    model = SequenceClassifier(config, num_labels=3, speed=SpeedOptions(unpad=True, kernels=True)).train()
     ids, types, mask, _ = _batch(config)
     loss = F.cross_entropy(model(ids, types, mask), torch.tensor([0, 1, 2, 1]))
     loss.backward()
@@ -331,7 +381,7 @@ def test_finetuning_modules_run_unpadded_with_the_padded_loss_and_gradients(fami
     module, batch = _finetuning_module(family, {})
     fast, _ = _finetuning_module(family, {"unpad": True, "kernels": True})  # run.py's speed.unpad=true
     fast.load_state_dict(module.state_dict())
-    assert type(fast.model.bert) is FastBertModel and type(module.model.bert) is BertModel
+    assert fast.model.bert.speed.unpad and module.model.bert.speed == SpeedOptions()
     rows = []
     ffn = fast.model.bert.encoder.layer[0].intermediate
     ffn.register_forward_hook(lambda m, i, o: rows.append(i[0].shape))
@@ -355,8 +405,8 @@ def test_task_modules_take_speed_options_as_hyper_parameters():
     optim = dict(lr=1e-4, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01)
     module = PretrainModule(model, optim, speed={"unpad": True, "activation_checkpointing": True})
     assert module.hparams.speed == {"unpad": True, "activation_checkpointing": True}
-    assert type(module.model.bert) is FastBertModel and module.model.bert.speed.activation_checkpointing
-    assert type(PretrainModule(model, optim).model.bert) is BertModel  # no options: the readable path
+    assert module.model.bert.speed.unpad and module.model.bert.encoder.checkpointing
+    assert PretrainModule(model, optim).model.bert.speed == SpeedOptions()  # no options: the plain path
 
 
 def test_encoder_parameters_and_flops_formula():
@@ -406,7 +456,7 @@ def test_cpu_attention_with_dropout_is_sdpa_with_an_independent_keep_mask(causal
 
 
 def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
-    layer = CpuDropout(0.1)
+    layer = Dropout(0.1, cpu_kernel=True)
     x = torch.ones(400_001)  # not a multiple of the four draws per 64-bit word
     torch.manual_seed(0)
     y = layer.train()(x)
@@ -420,7 +470,7 @@ def test_dropout_keeps_one_minus_p_scaled_and_is_identity_in_eval():
     assert torch.equal(layer(x), y)  # the global seed decides the draw
     assert not torch.equal(layer(x), y)
     assert torch.equal(layer.eval()(x), x)
-    assert torch.equal(CpuDropout(0.0).train()(x), x)
+    assert torch.equal(Dropout(0.0, cpu_kernel=True).train()(x), x)
     assert layer.train()(x.bfloat16()).dtype == torch.bfloat16  # the input's dtype, as nn.Dropout
 
 
@@ -448,8 +498,8 @@ def test_compiled_model_trains_like_the_eager_one_on_cpu():
 
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    eager = accelerate(BertForPreTraining(config), SpeedOptions(kernels=True)).train()
-    compiled = accelerate(BertForPreTraining(config), SpeedOptions(kernels=True)).train()
+    eager = BertForPreTraining(config, speed=SpeedOptions(kernels=True)).train()
+    compiled = BertForPreTraining(config, speed=SpeedOptions(kernels=True)).train()
     compiled.load_state_dict(eager.state_dict())
     compile_model(compiled, "cpu")
     batch = _batch(config)

@@ -1,5 +1,6 @@
 """Task heads on top of the encoder (model.py). Parameter names outside ``bert.`` are the heads, which
-a pre-trained checkpoint does not hold: ``load_pretrained`` reports them as randomly initialised."""
+a pre-trained checkpoint does not hold: ``load_pretrained`` reports them as randomly initialised. ``speed``:
+the trainer's SpeedOptions, for the encoder and the heads' dropout (model.py)."""
 
 from __future__ import annotations
 
@@ -7,7 +8,8 @@ import torch
 from torch import Tensor, nn
 from torch.nn.utils.rnn import pack_padded_sequence, pad_packed_sequence
 
-from bert_repro.model import BertConfig, BertModel, init_weights
+from bert_repro.model import PLAIN, BertConfig, BertModel, Dropout, init_weights
+from bert_repro.speed import SpeedOptions
 
 
 def aggregate_token(sequence: Tensor, attention_mask: Tensor, causal: bool) -> Tensor:
@@ -28,16 +30,17 @@ class SequenceClassifier(nn.Module):
     linear layer. The BiLSTM sees right context, which is what that row of Table 5 tests.
     """
 
-    def __init__(self, config: BertConfig, num_labels: int, bilstm: bool = False):
+    def __init__(self, config: BertConfig, num_labels: int, bilstm: bool = False,
+                 speed: SpeedOptions = PLAIN):
         super().__init__()
         if num_labels < 1:
             raise ValueError(f"num_labels={num_labels}: expected 1 (regression) or the number of classes")
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, speed)
         self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
             if bilstm else None
         if bilstm:  # the BiLSTM's final states replace the pooled C; DDP wants every trained parameter used
             self.bert.pooler.requires_grad_(False)
-        self.dropout = nn.Dropout(config.hidden_dropout)  # §3.5: 0.1
+        self.dropout = Dropout(config.hidden_dropout, speed.kernels)  # §3.5: 0.1
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)  # N(0, 0.02), zero bias, as the released code
 
@@ -74,13 +77,14 @@ class TokenTagger(nn.Module):
     direction) over the encoder's outputs, whose 2H output at each position feeds the linear layer.
     """
 
-    def __init__(self, config: BertConfig, num_labels: int, bilstm: bool = False):
+    def __init__(self, config: BertConfig, num_labels: int, bilstm: bool = False,
+                 speed: SpeedOptions = PLAIN):
         super().__init__()
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, speed)
         self.bert.pooler.requires_grad_(False)  # C is never read here; DDP wants every trained parameter used
         self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
             if bilstm else None
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout, speed.kernels)
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)
 
@@ -102,7 +106,7 @@ class FeatureTagger(nn.Module):
     COMBINE = ("concat", "sum", "weighted_sum")
 
     def __init__(self, config: BertConfig, num_labels: int, layers: list[int] | str, combine: str = "concat",
-                 lstm_hidden: int = 768):
+                 lstm_hidden: int = 768, speed: SpeedOptions = PLAIN):
         super().__init__()
         if combine not in self.COMBINE:
             raise ValueError(f"features.combine={combine!r}; expected one of {', '.join(self.COMBINE)}")
@@ -115,13 +119,13 @@ class FeatureTagger(nn.Module):
         if len(set(self.layers)) != len(self.layers):
             raise ValueError(f"features.layers={layers} names a layer twice")
         self.combine = combine
-        self.bert = BertModel(config)
+        self.bert = BertModel(config, speed)
         self.bert.requires_grad_(False)
         self.layer_weights = (nn.Parameter(torch.zeros(len(self.layers))) if combine == "weighted_sum"
                               else None)
         width = config.hidden_size * (len(self.layers) if combine == "concat" else 1)
         self.lstm = nn.LSTM(width, lstm_hidden, num_layers=2, batch_first=True, bidirectional=True)
-        self.dropout = nn.Dropout(config.hidden_dropout)
+        self.dropout = Dropout(config.hidden_dropout, speed.kernels)
         self.classifier = nn.Linear(2 * lstm_hidden, num_labels)
         init_weights(self.classifier, config.initializer_range)
 

@@ -36,7 +36,7 @@ import torch.nn.functional as F
 from bert_repro.convert import hf_config
 from bert_repro.flops import matmul_probe, training_flops
 from bert_repro.model import BertConfig, BertForPreTraining
-from bert_repro.speed import SpeedOptions, accelerate, compile_model
+from bert_repro.speed import SpeedOptions, compile_model
 
 CONF_DIR = Path("conf")  # run from the repository root, as src/train.py; --conf elsewhere
 VOCAB = 30522  # the released uncased vocabulary
@@ -148,7 +148,7 @@ def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = Fa
     """Our model as a training run builds it: the speed path (fast kernels on) unless ``readable``."""
     speed = SpeedOptions(kernels=not readable, unpad=unpad, activation_checkpointing=checkpointing,
                          attention=attention)
-    model = accelerate(BertForPreTraining(config, nsp=objective == "mlm_nsp"), speed).to(device).train()
+    model = BertForPreTraining(config, nsp=objective == "mlm_nsp", speed=speed).to(device).train()
     if compile:
         compile_model(model, torch.device(device).type)
     return model

@@ -1,44 +1,35 @@
-"""Speed apart from the science: ``accelerate`` turns a model.py model into its fast twin on the same
-parameters (same names, same state dict), by the trainer options in SpeedOptions. With every option off
-the model is returned untouched and model.py's readable path is what runs."""
+"""Speed apart from the science: the trainer options (SpeedOptions) that model.py's one encoder reads at its
+switch points, and the kernels behind them (kernels.py: CPU dropout and attention, varlen attention; loss.py:
+the fused MLM decoder and loss; packing.py: several instances per row). None changes what is computed:
+tests/test_speed_options.py proves each equal, in loss and gradients, to the path with every option off."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
+
 from torch import nn
 
-from bert_repro.model import BertForPreTraining, BertModel, Layer, MLMHead
-from bert_repro.speed.encoder import (
-    FastBertForPreTraining,
-    FastBertModel,
-    FastLayer,
-    FastMLMHead,
-    SpeedOptions,
-)
-from bert_repro.speed.kernels import CpuDropout
+from bert_repro.speed.kernels import VARLEN_BACKENDS
 
-__all__ = ["SpeedOptions", "accelerate", "compile_model"]
+__all__ = ["SpeedOptions", "compile_model"]
 
 
-def accelerate(model: nn.Module, options: SpeedOptions | dict | None) -> nn.Module:
-    """``model`` with each of its BertModels (and, with ``kernels``, its dropouts, MLM head and pre-training
-    forward) given the fast subclass's forward, in place: subclasses add no parameters or buffers, so
-    state dicts, converters and checkpoints are unchanged. Called where the model is built (the task
-    modules' constructors), with the options they were constructed with."""
-    options = SpeedOptions(**options) if isinstance(options, dict) else options
-    if options is None or not options.any:
-        return model
-    swaps: dict[type, type] = {BertModel: FastBertModel, Layer: FastLayer}
-    if options.kernels:
-        swaps |= {nn.Dropout: CpuDropout, MLMHead: FastMLMHead}
-    if options.kernels or options.pack:
-        swaps[BertForPreTraining] = FastBertForPreTraining
-    for module in model.modules():
-        fast = swaps.get(type(module))
-        if fast is not None:
-            module.__class__ = fast  # the same object and parameters, the fast forward
-        if isinstance(module, FastBertModel):
-            module.speed = options
-    return model
+@dataclass(frozen=True)
+class SpeedOptions:
+    """What trainer/ switches on (run.py's ``speed``), passed to the model's constructors. All off: model.py's
+    plain path (SDPA on the padded batch, nn.Dropout's kernel, the logits and F.cross_entropy)."""
+
+    kernels: bool = False  # CPU dropout and attention, the sparse last layer, the fused MLM decoder + loss
+    unpad: bool = False  # layers and attention on the real tokens only (varlen attention)
+    activation_checkpointing: bool = False  # recompute each layer in the backward pass: memory for compute
+    attention: str = "auto"  # the varlen kernel: auto | flash | nested | padded (speed/kernels.py)
+    pack: bool = False  # pre-training: several short instances per row (speed/packing.py)
+
+    def __post_init__(self) -> None:
+        if self.attention not in VARLEN_BACKENDS:
+            raise ValueError(
+                f"speed attention={self.attention!r}: expected one of {', '.join(VARLEN_BACKENDS)}"
+            )
 
 
 def compile_model(model: nn.Module, device_type: str) -> None:

@@ -9,7 +9,7 @@ from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
-from torch import Tensor, nn
+from torch import Tensor
 
 DROPOUT_LEVELS = 1 << 16  # the resolution of p in dropout_mask: a 16-bit uniform integer per element
 
@@ -33,16 +33,6 @@ def dropout_mask(like: Tensor, p: float) -> Tensor:
 def dropout(x: Tensor, p: float) -> Tensor:
     """Training-mode dropout with ``dropout_mask``, in ``x``'s dtype (rounded once, as the native kernel)."""
     return (x * dropout_mask(x, p)).to(x.dtype)
-
-
-class CpuDropout(nn.Dropout):
-    """nn.Dropout (same ``p``, same state) drawing its mask with ``dropout`` on CPU; on accelerators the
-    fused native kernel is the faster one."""
-
-    def forward(self, x: Tensor) -> Tensor:
-        if self.training and 0.0 < self.p < 1.0 and x.device.type == "cpu":
-            return dropout(x, self.p)
-        return super().forward(x)
 
 
 def attention(

@@ -11,6 +11,7 @@ side). Under autocast the matmuls take its dtype (bf16: LTR step 328 ms through 
 from __future__ import annotations
 
 import torch
+import torch.nn.functional as F
 from torch import Tensor
 
 CHUNK_ELEMENTS = 1 << 19  # logits a chunk holds: 2 MB in fp32, a core's share of L3 with a second run beside
@@ -75,3 +76,17 @@ def fusable(hidden: Tensor) -> bool:
     """A training step on the CPU, under autocast or not. Evaluation keeps the readable path, and so do GPUs:
     chunks sized for a CPU's cache would be a few rows of a 30,522-token vocabulary, a kernel launch each."""
     return torch.is_grad_enabled() and hidden.device.type == "cpu"
+
+
+def decode(hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
+    """``F.linear(hidden, weight, bias)`` (..., V), the tied decoder, as W h^T + b transposed back for up to
+    H predicted positions: the tied weight's gradient is then a fresh (V, H) product that autograd accumulates
+    the embedding's gradient into in place (F.linear's is a transposed view, costing an out-of-place (V, H)
+    sum per step). The logits come out transposed, which costs the softmax a copy and the accuracy's argmax
+    a strided pass over (N, V): with more positions than H (a left-to-right LM predicts every one) F.linear
+    is the faster of the two."""
+    flat = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
+    if flat.shape[0] > flat.shape[1]:
+        return F.linear(hidden, weight, bias)  # (..., V)
+    logits = torch.addmm(bias[:, None], weight, flat.t()).t()  # (N, V)
+    return logits.reshape(*hidden.shape[:-1], logits.shape[-1])  # (..., V)

@@ -36,8 +36,10 @@ def first_fit(lengths: list[int], capacity: int) -> tuple[list[int], list[int]]:
     return row_of, offset_of
 
 
-def pack_rows(input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor) -> PackedRows:
+def pack_rows(input_ids: Tensor, token_type_ids: Tensor | None, attention_mask: Tensor | None) -> PackedRows:
     """Pack the real tokens of each row (a left-aligned prefix, as the collators pad) into fewer rows."""
+    token_type_ids = torch.zeros_like(input_ids) if token_type_ids is None else token_type_ids
+    attention_mask = torch.ones_like(input_ids) if attention_mask is None else attention_mask
     B, T = input_ids.shape
     real = attention_mask.bool()
     row_of, offset_of = first_fit(real.sum(1).tolist(), T)  # one host sync per batch
@@ -60,3 +62,23 @@ def pack_rows(input_ids: Tensor, token_type_ids: Tensor, attention_mask: Tensor)
         scatter(b + 1),
         scatter(j),
     )
+
+
+def read_back(p: PackedRows, sequence: Tensor, masked_positions: Tensor) -> tuple[Tensor, Tensor]:
+    """The packed rows' final states (rows, T, H) -> each instance's [CLS] (B, 1, H) and its states at its
+    ``masked_positions`` (B, P, H). Positions past an instance's end (the LTR objective's unreal ones) read
+    another token's state, which the prediction mask drops."""
+    flat = sequence.flatten(0, 1)  # (rows x T, H)
+    predicted = flat[(p.start[:, None] + masked_positions).clamp(max=flat.shape[0] - 1)]  # (B, P, H)
+    return flat[p.start][:, None], predicted
+
+
+def block_diagonal_mask(sequence_ids: Tensor, causal: bool) -> Tensor:
+    """Packed rows (B, T) -> SDPA mask (B, 1, T, T): each token attends within its own instance (padding
+    to itself, so no row is empty and nothing turns NaN)."""
+    same = (sequence_ids[:, :, None] == sequence_ids[:, None, :]) & (sequence_ids[:, None, :] > 0)
+    T = sequence_ids.shape[1]
+    eye = torch.eye(T, dtype=torch.bool, device=sequence_ids.device)
+    if causal:
+        same = same & torch.ones_like(eye).tril()
+    return (same | eye)[:, None]

@@ -9,7 +9,6 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from bert_repro.heads import SequenceClassifier
-from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -28,7 +27,7 @@ class MultipleChoiceModule(BertTaskModule):
             raise ValueError(f"num_choices={num_choices}: a choice needs at least two candidates")
         self.num_choices = num_choices
         # (+ BiLSTM: its states replace the pooled C_i)
-        self.model = accelerate(SequenceClassifier(self.config, 1, bilstm), self.speed)
+        self.model = SequenceClassifier(self.config, 1, bilstm, self.speed)
         self.val_acc = MulticlassAccuracy(num_classes=num_choices, average="micro")
         self.val_loss = MeanMetric()
         self.history: list[dict] = []

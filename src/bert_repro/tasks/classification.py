@@ -12,7 +12,6 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 from bert_repro.data.glue import glue_task
 from bert_repro.heads import SequenceClassifier
 from bert_repro.metrics import glue_metrics
-from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -38,7 +37,7 @@ class SequenceClassificationModule(BertTaskModule):
         self.regression = num_labels == 1
         self.predict_majority = predict_majority
         self.majority: int | None = None  # set from the training labels in setup()
-        self.model = accelerate(SequenceClassifier(self.config, num_labels, bilstm), self.speed)
+        self.model = SequenceClassifier(self.config, num_labels, bilstm, self.speed)
         self.val_metrics = nn.ModuleList(glue_metrics(self.spec.metrics, num_labels, f"val/{prefix}")
                                          for prefix in self.spec.dev.values())
         # example-weighted, synced across ranks

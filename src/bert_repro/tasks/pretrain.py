@@ -13,7 +13,6 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from bert_repro.model import BertForPreTraining
-from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -39,7 +38,7 @@ class PretrainModule(BertTaskModule):
                              "count or null")
         self.nsp, self.ltr = nsp, ltr
         self.checkpoint_every_n_steps = checkpoint_every_n_steps
-        self.model = accelerate(BertForPreTraining(self.config, nsp=nsp), self.speed)
+        self.model = BertForPreTraining(self.config, nsp=nsp, speed=self.speed)
         for split in ("train", "val"):
             setattr(self, f"{split}_mlm_loss", MeanMetric())
             setattr(self, f"{split}_mlm_acc", MeanMetric())
@@ -73,10 +72,9 @@ class PretrainModule(BertTaskModule):
     def _step(self, batch: dict[str, Tensor], split: str) -> Tensor:
         positions, real = self._predictions(batch)
         targets = (batch["input_ids"][:, 1:] if self.ltr else batch["masked_lm_ids"])[real]  # (N,)
-        # the speed path may fuse the decoder with the loss (bert_repro.speed.loss): then no logits come back
-        fused = {"mlm_targets": targets} if self.speed.kernels else {}
+        # speed.kernels may fuse the decoder with the loss (model.MLMHead.loss): then no logits come back
         out = self.model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
-                         masked_positions=positions, prediction_mask=real, **fused)
+                         masked_positions=positions, prediction_mask=real, mlm_targets=targets)
         if out.mlm_loss is not None:
             mlm_loss, correct = out.mlm_loss, out.mlm_correct
         else:

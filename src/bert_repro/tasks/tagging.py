@@ -12,7 +12,6 @@ from torchmetrics.utilities import dim_zero_cat
 
 from bert_repro.data.conll import CONLL2003_LABELS, IGNORE
 from bert_repro.heads import FeatureTagger, TokenTagger
-from bert_repro.speed import accelerate
 from bert_repro.tasks.base import BertTaskModule
 
 
@@ -76,8 +75,8 @@ class TokenTaggingModule(BertTaskModule):
                              "its own BiLSTM")
         self.labels = tuple(labels) if labels else CONLL2003_LABELS
         K = len(self.labels)
-        self.model = accelerate(FeatureTagger(self.config, K, **features) if features is not None
-                                else TokenTagger(self.config, K, bilstm), self.speed)
+        self.model = (FeatureTagger(self.config, K, **features, speed=self.speed) if features is not None
+                      else TokenTagger(self.config, K, bilstm, self.speed))
         self.val_entities = EntityF1(self.labels)
         self.val_loss = MeanMetric()
         self.history: list[dict] = []
