@@ -128,7 +128,7 @@ def test_tables_notebook_runs_top_to_bottom_on_the_smoke_results(table5_run, mon
 
     spread = outputs_text(tagged["spread"]).splitlines()
     root = table5_run / "runs" / "table5" / "smoke" / "finetune" / "bert_base" / "mrpc"
-    for job in ("optim.lr=0.001", "optim.lr=0.0001"):
+    for job in ("optim.lr-0.001", "optim.lr-0.0001"):
         run = json.loads((root / job / "results.json").read_text())
         line = next(line for line in spread if "mrpc_acc" in line and f" {job} " in line)
         assert f"{100 * run['metrics']['final']['val/acc']:.2f}" in line and "complete" in line

@@ -14,8 +14,9 @@ IDENTITY_KEY = "bert_repro"  # an exported folder's config.json entry holding th
 # keys a checkpoint written before identities existed still carries (the SameRun callback's settings)
 _SAME_RUN = "SameRun"
 # what phase 2 of the pre-training recipe (v2 A.2, experiment=pretrain_phase2) changes when it continues phase
-# 1's checkpoint through ckpt_path=: its sequence length, batch and length of run
-SCHEDULE_KEYS = ("data.", "optim.", "scale.", "seed")
+# 1's checkpoint through ckpt_path=: its sequence length, batch and length of run, and which steps phase 1
+# kept checkpoints of (the tables read them)
+SCHEDULE_KEYS = ("data.", "optim.", "scale.", "seed", "module.checkpoint_every_n_steps")
 
 
 def run_identity(task: str, module: Any, labels: Any, max_seq_length: int | None,

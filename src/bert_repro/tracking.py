@@ -71,10 +71,11 @@ def _default_name(cfg: DictConfig) -> str | None:
     """The name where the run did not give one: the model= choice stands for the shape."""
     from hydra.core.hydra_config import HydraConfig
 
-    if not HydraConfig.initialized():
+    task = OmegaConf.select(cfg, "task.name")
+    if not HydraConfig.initialized() or task is None:
         return None
     runtime = HydraConfig.get().runtime
-    return wandb_run_name(cfg.task.name, runtime.choices.get("model"), Path(runtime.output_dir).name)
+    return wandb_run_name(task, runtime.choices.get("model"), Path(runtime.output_dir).name)
 
 
 def logger_kwargs(logger_cfg: DictConfig, cfg: DictConfig, name: str | None = None) -> dict[str, Any]:
