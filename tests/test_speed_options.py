@@ -61,11 +61,11 @@ def _fast(model, **options):
     return fast.train(model.training)
 
 
-OPTIONS = {"kernels": dict(kernels=True), "unpad": dict(unpad=True),
+OPTIONS = {"kernels": dict(fast_kernels=True), "unpad": dict(unpad=True),
            "checkpointing": dict(activation_checkpointing=True),
-           "all": dict(kernels=True, unpad=True, activation_checkpointing=True),
-           "all-nested": dict(kernels=True, unpad=True, attention="nested"),
-           "pack": dict(pack=True), "pack+unpad": dict(pack=True, unpad=True, kernels=True)}
+           "all": dict(fast_kernels=True, unpad=True, activation_checkpointing=True),
+           "all-nested": dict(fast_kernels=True, unpad=True, attention="nested"),
+           "pack": dict(pack=True), "pack+unpad": dict(pack=True, unpad=True, fast_kernels=True)}
 # what the first feed-forward sees: the real tokens only (N, H) when unpadded; with packing, the batch's
 # rows of 24, 17, 11 and 5 real tokens fill 3 rows of 24 (24 | 17 + 5 | 11)
 FIRST_ROWS = {"unpad": (57, 32), "all": (57, 32), "all-nested": (57, 32), "pack+unpad": (57, 32),
@@ -181,7 +181,7 @@ def test_pretrain_module_logs_the_same_loss_and_accuracy_on_the_fused_path(ltr):
              "masked_lm_ids": ids.gather(1, positions), "masked_lm_weights": torch.ones(positions.shape),
              "next_sentence_labels": torch.tensor([0, 1, 1, 0])}
     results = []
-    for speed in (None, {"kernels": True}):
+    for speed in (None, {"fast_kernels": True}):
         torch.manual_seed(0)
         module = PretrainModule(model=model, optim=optim, nsp=not ltr, ltr=ltr, speed=speed)
         module.log = module.log_dict = lambda *a, **k: None
@@ -203,7 +203,7 @@ def test_speed_options_add_no_module_class_and_no_parameter():
     fast.bert.encoder.layer[0].register_forward_hook(lambda *_: calls.append(1))
     fast.bert(torch.randint(5, 300, (2, 8)), attention_mask=torch.tensor([[1] * 8, [1] * 5 + [0] * 3]))
     assert calls == [1] and isinstance(fast.bert.encoder.layer[0], Layer)
-    with pytest.raises(ValueError, match="attention='cuda'"):
+    with pytest.raises(ValueError, match="speed.attention=cuda: expected one of auto"):
         SpeedOptions(attention="cuda")
 
 
@@ -318,7 +318,7 @@ def test_unpadded_sequence_and_hidden_states_match_at_real_tokens():
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
     bert = BertModel(config).eval()
-    fast = _fast(bert, unpad=True, kernels=True)
+    fast = _fast(bert, unpad=True, fast_kernels=True)
     ids, types, mask, _ = _batch(config)
     with torch.no_grad():
         reference = bert(ids, types, mask, output_hidden_states=True)
@@ -335,7 +335,8 @@ def test_unpadding_with_dropout_keeps_classifier_training_statistics():
     the same magnitude and the classifier's gradient flows (no position silently dropped)."""
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    model = SequenceClassifier(config, num_labels=3, speed=SpeedOptions(unpad=True, kernels=True)).train()
+    speed = SpeedOptions(unpad=True, fast_kernels=True)
+    model = SequenceClassifier(config, num_labels=3, speed=speed).train()
     ids, types, mask, _ = _batch(config)
     loss = F.cross_entropy(model(ids, types, mask), torch.tensor([0, 1, 2, 1]))
     loss.backward()
@@ -379,7 +380,7 @@ def test_finetuning_modules_run_unpadded_with_the_padded_loss_and_gradients(fami
     57 real tokens of the padded batch (N, H), and each module's training loss and every gradient are
     those of model.py's padded path on the same weights."""
     module, batch = _finetuning_module(family, {})
-    fast, _ = _finetuning_module(family, {"unpad": True, "kernels": True})  # run.py's speed.unpad=true
+    fast, _ = _finetuning_module(family, {"unpad": True, "fast_kernels": True})  # run.py's speed.unpad=true
     fast.load_state_dict(module.state_dict())
     assert fast.model.bert.speed.unpad and module.model.bert.speed == SpeedOptions()
     rows = []
@@ -498,8 +499,8 @@ def test_compiled_model_trains_like_the_eager_one_on_cpu():
 
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4)
     torch.manual_seed(0)
-    eager = BertForPreTraining(config, speed=SpeedOptions(kernels=True)).train()
-    compiled = BertForPreTraining(config, speed=SpeedOptions(kernels=True)).train()
+    eager = BertForPreTraining(config, speed=SpeedOptions(fast_kernels=True)).train()
+    compiled = BertForPreTraining(config, speed=SpeedOptions(fast_kernels=True)).train()
     compiled.load_state_dict(eager.state_dict())
     compile_model(compiled, "cpu")
     batch = _batch(config)
@@ -513,3 +514,28 @@ def test_compiled_model_trains_like_the_eager_one_on_cpu():
     torch.testing.assert_close(compiled_loss, loss, atol=1e-5, rtol=1e-5)
     for name in grads:
         torch.testing.assert_close(compiled_grads[name], grads[name], atol=1e-4, rtol=1e-3, msg=name)
+
+
+def test_speed_options_are_declared_once():
+    """schema.SpeedOptions is the speed: node's schema and defaults, what the model reads and what run.py
+    hands over: trainer/ sets only what differs, and a wrong value is named with its key wherever it comes
+    from."""
+    from dataclasses import asdict, fields
+
+    import yaml
+    from hydra import compose, initialize_config_dir
+
+    from bert_repro import speed
+    from bert_repro.schema import SpeedOptions
+
+    from .conftest import CONF
+
+    assert speed.SpeedOptions is SpeedOptions
+    defaults = asdict(SpeedOptions())
+    set_here = yaml.safe_load((CONF / "trainer" / "cpu.yaml").read_text())["speed"]
+    assert set_here and all(defaults[k] != v for k, v in set_here.items()), set_here
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        node = compose("train", overrides=["trainer=gpu"]).speed
+    assert set(node) == {f.name for f in fields(SpeedOptions)}
+    with pytest.raises(ValueError, match=r"speed.attention=bogus: expected one of auto, flash, nested"):
+        SpeedOptions(attention="bogus")

@@ -40,7 +40,7 @@ class SequenceClassifier(nn.Module):
             if bilstm else None
         if bilstm:  # the BiLSTM's final states replace the pooled C; DDP wants every trained parameter used
             self.bert.pooler.requires_grad_(False)
-        self.dropout = Dropout(config.hidden_dropout, speed.kernels)  # §3.5: 0.1
+        self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)  # §3.5: 0.1
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)  # N(0, 0.02), zero bias, as the released code
 
@@ -84,7 +84,7 @@ class TokenTagger(nn.Module):
         self.bert.pooler.requires_grad_(False)  # C is never read here; DDP wants every trained parameter used
         self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
             if bilstm else None
-        self.dropout = Dropout(config.hidden_dropout, speed.kernels)
+        self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)
 
@@ -125,7 +125,7 @@ class FeatureTagger(nn.Module):
                               else None)
         width = config.hidden_size * (len(self.layers) if combine == "concat" else 1)
         self.lstm = nn.LSTM(width, lstm_hidden, num_layers=2, batch_first=True, bidirectional=True)
-        self.dropout = Dropout(config.hidden_dropout, speed.kernels)
+        self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)
         self.classifier = nn.Linear(2 * lstm_hidden, num_labels)
         init_weights(self.classifier, config.initializer_range)
 

@@ -85,7 +85,7 @@ class EncoderOutput:
 
 
 class Dropout(nn.Dropout):
-    """nn.Dropout; with ``cpu_kernel`` (speed.kernels) a CPU training step draws its mask with
+    """nn.Dropout; with ``cpu_kernel`` (speed.fast_kernels) a CPU training step draws its mask with
     ``kernels.dropout``: the same keep-with-1-p and 1/(1-p) scale, 2.6x cheaper than ATen's serial draws."""
 
     def __init__(self, p: float, cpu_kernel: bool = False):
@@ -107,7 +107,7 @@ class Embeddings(nn.Module):
         self.position_embeddings = nn.Embedding(config.max_position, config.hidden_size)
         self.token_type_embeddings = nn.Embedding(config.type_vocab_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout, speed.kernels)
+        self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)
         self.max_position = config.max_position
 
     def forward(self, input_ids: Tensor, token_type_ids: Tensor,
@@ -163,15 +163,15 @@ class AttentionContext:
 def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
     """softmax(q k^T / sqrt(d)) v per head (Vaswani et al.), token-major: q (..., heads, d) at ctx's query
     rows, k and v (..., heads, d) at every row; the context comes back shaped as q. The one switch between
-    attention kernels: SDPA on the padded batch (with speed.kernels, its math with the cheap CPU dropout
+    attention kernels: SDPA on the padded batch (with speed.fast_kernels, its math with the cheap CPU dropout
     mask), or, unpadded, attention within each sequence (speed/kernels.py's varlen backends)."""
     if ctx.packed is not None:  # k, v (N, heads, d); q (N, heads, d), or the sparse last layer's (B, P, ...)
         queries = None if ctx.rows is None else Packed.dense(q.shape[0], q.shape[1], q.device)
         out = varlen_attention(q.reshape(-1, *q.shape[-2:]), k, v, ctx.packed, dropout_p, ctx.causal,
-                               ctx.speed.attention, ctx.speed.kernels, queries)  # (N | B x P, heads, d)
+                               ctx.speed.attention, ctx.speed.fast_kernels, queries)  # (N | B x P, heads, d)
         return out.view(q.shape)
     q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T|P, d)
-    if ctx.speed.kernels:
+    if ctx.speed.fast_kernels:
         out = kernels.attention(q, k, v, ctx.mask, dropout_p, ctx.is_causal)
     else:
         out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, dropout_p=dropout_p,
@@ -189,7 +189,7 @@ class SelfAttention(nn.Module):
         self.qkv = nn.Linear(config.hidden_size, 3 * config.hidden_size)
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout, speed.kernels)
+        self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)
         self.attention_dropout = config.attention_dropout
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
@@ -216,7 +216,7 @@ class Layer(nn.Module):
         self.intermediate = nn.Linear(config.hidden_size, config.intermediate_size)
         self.output = nn.Linear(config.intermediate_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
-        self.dropout = Dropout(config.hidden_dropout, speed.kernels)
+        self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)
 
     def forward(self, x: Tensor, ctx: AttentionContext) -> Tensor:
         """x: (B, T, H), or the real tokens (N, H) unpadded; out: ctx's query rows (all but in the sparse
@@ -349,7 +349,7 @@ class MLMHead(nn.Module):
         self.dense = nn.Linear(config.hidden_size, config.hidden_size)
         self.LayerNorm = nn.LayerNorm(config.hidden_size, eps=config.layer_norm_eps)
         self.bias = nn.Parameter(torch.zeros(config.vocab_size))
-        self.kernels = speed.kernels
+        self.kernels = speed.fast_kernels
 
     def transform(self, hidden: Tensor) -> Tensor:
         """dense + GELU + LayerNorm before the decoder (google-research/bert's cls/predictions/transform)."""
@@ -363,7 +363,8 @@ class MLMHead(nn.Module):
 
     def loss(self, hidden: Tensor, decoder_weight: Tensor, targets: Tensor) -> tuple[Tensor, Tensor] | None:
         """(mean cross-entropy, hits) of ``hidden`` (N, H) against ``targets`` (N,), the decoder fused into
-        the loss: no (N, V) logits (speed/loss.py). In CPU training steps with speed.kernels; else None."""
+        the loss: no (N, V) logits (speed/loss.py). In CPU training steps with speed.fast_kernels; else
+        None."""
         if not (self.kernels and fusable(hidden)):
             return None
         return linear_cross_entropy(self.transform(hidden), decoder_weight, self.bias, targets)
@@ -395,14 +396,15 @@ class BertForPreTraining(nn.Module):
         """MLM logits at ``masked_positions`` (B, P) when given, else at every position; only those meet
         the vocabulary projection (google-research/bert gathers them too). ``prediction_mask`` (B, P)
         marks the real predictions among them; the logits are then (N, V) for its N True entries.
-        ``mlm_targets`` (N,), their tokens, let speed.kernels fuse the decoder with the loss (``heads``)."""
+        ``mlm_targets`` (N,), their tokens, let speed.fast_kernels fuse the decoder with the loss
+        (``heads``)."""
         if masked_positions is not None and self.speed.pack and not output_hidden_states:
             # several short instances per row (speed/packing.py), read back at each one's [CLS] and positions
             p = pack_rows(input_ids, token_type_ids, attention_mask)
             out = self.bert(p.input_ids, p.token_type_ids, p.attention_mask, sequence_ids=p.sequence_ids,
                             position_ids=p.position_ids)
             seq, predicted = read_back(p, out.last_hidden_state, masked_positions)  # (B, 1, H), (B, P, H)
-        elif masked_positions is not None and self.speed.kernels:
+        elif masked_positions is not None and self.speed.fast_kernels:
             # the sparse last layer: only [CLS] and the predicted positions leave it, (B, 1 + P, H)
             positions = torch.cat([torch.zeros_like(masked_positions[:, :1]), masked_positions], dim=1)
             out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, positions)

@@ -73,9 +73,9 @@ def resolve_vocab(cfg: DictConfig, loaded: Any = None) -> tuple[list[str] | None
 def build_data(cfg: DictConfig, vocab: list[str] | None, lowercase: bool,
                per_device: int) -> L.LightningDataModule:
     """The task's DataModule with the run's vocabulary, and the speed options its constructor takes."""
-    # padding: GLUE and the demo tasks only
+    # the speed options a DataModule takes (num_workers, num_proc; padding: GLUE and the demo tasks only)
     accepts = inspect.signature(get_class(cfg.data._target_)).parameters
-    loading = {k: cfg.speed[k] for k in ("num_workers", "num_proc", "padding") if k in accepts}
+    loading = {k: cfg.speed[k] for k in cfg.speed if k in accepts}
     vocab_args = {"tokenizer": vocab, "lowercase": lowercase} if vocab is not None else {}
     return instantiate(cfg.data, batch_size=per_device, _convert_="all", **loading, **vocab_args)
 
@@ -109,10 +109,8 @@ def _model_choice() -> str | None:
 
 
 def speed_options(cfg: DictConfig) -> dict[str, Any]:
-    """speed.SpeedOptions from the speed node: how fast, never what is computed."""
-    return {"kernels": bool(cfg.speed.fast_kernels), "unpad": bool(cfg.speed.unpad),
-            "activation_checkpointing": bool(cfg.speed.activation_checkpointing),
-            "pack": bool(cfg.speed.pack), "attention": str(cfg.speed.attention)}
+    """The speed node (schema.SpeedOptions) as the module's plain hyper-parameter: how fast, never what."""
+    return _plain(cfg.speed)
 
 
 def _labels(datamodule: L.LightningDataModule, module: L.LightningModule) -> list[str] | None:

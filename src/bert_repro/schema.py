@@ -79,21 +79,38 @@ class OptimConfig:
     resume_step: int | None = ranged(None, lambda v: _whole(v) and v >= 0, "0 or more steps")
 
 
-@dataclass
-class SpeedConfig:
-    """How fast a run goes, never what it computes: conf/trainer/cpu.yaml."""
+ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # unpad's varlen kernels (speed/kernels.py)
 
-    per_device_batch_size: int | None = None
-    compile: bool = False
-    unpad: bool = False
-    fast_kernels: bool = True
-    pack: bool = False
-    attention: str = "auto"
-    activation_checkpointing: bool = False
-    peak_tflops: float | None = None
-    num_workers: int = 0
-    num_proc: int = 1
-    padding: str = "longest"
+
+def choice(default: str, options: tuple[str, ...]) -> Any:
+    return ranged(default, lambda v: v in options, f"one of {', '.join(options)}")
+
+
+@dataclass
+class SpeedOptions:
+    """How fast a run goes, never what it computes (keys.py: the speed node is not science): the one
+    declaration of the speed: node (its schema and defaults; trainer/ files set what differs) and what the
+    model's constructors, the DataModules and run.py read. Every default is model.py's plain path;
+    tests/test_speed_options.py proves each option equal to it in loss and gradients."""
+
+    per_device_batch_size: int | None = whole_positive(None, "sequences, or null")  # null: global / ranks
+    compile: bool = False  # torch.compile the encoder
+    unpad: bool = False  # embeddings to head on real tokens only, varlen attention (MosaicBERT)
+    # CPU dropout masks and attention, the sparse last layer, the fused MLM decoder + loss
+    fast_kernels: bool = False
+    pack: bool = False  # pre-training: several short instances per row, block-diagonal attention
+    attention: str = choice("auto", ATTENTION_BACKENDS)  # unpad's varlen kernel
+    activation_checkpointing: bool = False  # recompute each layer in the backward pass: memory for compute
+    peak_tflops: float | None = positive(None, "dense peak in TFLOP/s, or null")  # the MFU denominator
+    num_workers: int = ranged(0, lambda v: _whole(v) and v >= 0, "0 or more worker processes")
+    num_proc: int = whole_positive(1, "processes")  # datasets.map: tokenization, pre-training instances
+    # longest: pad each batch to its longest; max_length: to data.max_seq_length, as the released code
+    padding: str = choice("longest", ("longest", "max_length"))
+
+    def __post_init__(self) -> None:  # built in Python (a module's hyper-parameters): the same ranges
+        wrong = _out_of_range(self, "speed")
+        if wrong:
+            raise ValueError(wrong[0])
 
 
 @dataclass
@@ -148,11 +165,25 @@ class DataConfig:
     max_documents: int | None = whole_positive(None, "documents, or null (all)")
 
 
-SCHEMAS = {"optim": OptimConfig, "model": ModelConfig, "data": DataConfig}
+SCHEMAS = {"optim": OptimConfig, "model": ModelConfig, "data": DataConfig, "speed": SpeedOptions}
 
 
 def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)  # warmup_ratio=5 reads back as 5.0
+
+
+def _out_of_range(node: Any, name: str, schema: type | None = None) -> list[str]:
+    """``name.key=value: expected ...`` for each key of ``node`` (a config node, or a dataclass instance of
+    ``schema``) whose value is out of its declared range."""
+    schema = schema or type(node)
+    wrong = []
+    for spec in fields(schema):
+        if isinstance(node, DictConfig) and (spec.name not in node or OmegaConf.is_missing(node, spec.name)):
+            continue
+        value = node[spec.name] if isinstance(node, DictConfig) else getattr(node, spec.name)
+        if "test" in spec.metadata and value is not None and not spec.metadata["test"](value):
+            wrong.append(f"{name}.{spec.name}={_shown(value)}: expected {spec.metadata['expected']}")
+    return wrong
 
 
 def check(cfg: DictConfig) -> None:
@@ -161,12 +192,9 @@ def check(cfg: DictConfig) -> None:
         node = cfg.get(name)
         if not isinstance(node, DictConfig):
             continue
-        for spec in fields(schema):
-            if "test" not in spec.metadata or spec.name not in node or OmegaConf.is_missing(node, spec.name):
-                continue
-            value = node[spec.name]
-            if value is not None and not spec.metadata["test"](value):
-                raise ValueError(f"{name}.{spec.name}={_shown(value)}: expected {spec.metadata['expected']}")
+        wrong = _out_of_range(node, name, schema)
+        if wrong:
+            raise ValueError(wrong[0])
         problem = schema.relations(node) if hasattr(schema, "relations") else None
         if problem:
             raise ValueError(problem)
@@ -189,4 +217,4 @@ def register() -> None:
     store = ConfigStore.instance()
     store.store(group="schema", name="optim", node=OptimConfig)
     store.store(group="schema", name="model", node=ModelConfig)
-    store.store(group="schema", name="speed", node=SpeedConfig)
+    store.store(group="schema", name="speed", node=SpeedOptions)

@@ -104,7 +104,7 @@ def main(argv: list[str] | None = None) -> None:
                 loader_bps = loader_rate(loader, args.loader_batches, device)
                 if model_bps is None:  # the model's side does not depend on the workers
                     config = model_config(args.model).to_dict() | {"vocab_size": len(dm.vocab)}
-                    module = PretrainModule(config, optim={}, speed={"kernels": True}).to(device).train()
+                    module = PretrainModule(config, optim={}, speed={"fast_kernels": True}).to(device).train()
                     model_bps = model_rate(module, dm.train_dataloader(), args.model_steps, device,
                                            args.precision)
                 print(json.dumps({"masking": masking, "workers": workers, "model": args.model,

@@ -54,7 +54,8 @@ def run_mode(name: str, args: argparse.Namespace, loaded, vocab_file: Path) -> d
     model = {**loaded.config.to_dict(), "vocab_size": len(loaded.vocab)}
     optim = dict(lr=args.lr, betas=[0.9, 0.999], eps=1e-6, weight_decay=0.01, warmup_steps=None,
                  warmup_ratio=0.1)
-    module = SequenceClassificationModule(model, optim, task=args.task, num_labels=2, speed={"kernels": True})
+    module = SequenceClassificationModule(model, optim, task=args.task, num_labels=2,
+                                          speed={"fast_kernels": True})
     module.load_pretrained(loaded)
     timer = StepTimer()
     trainer = L.Trainer(accelerator=args.accelerator, devices=1, precision=args.precision,

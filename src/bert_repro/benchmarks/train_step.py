@@ -146,7 +146,7 @@ def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = Fa
                checkpointing: bool = False, compile: bool = False, readable: bool = False,
                attention: str = "auto") -> BertForPreTraining:
     """Our model as a training run builds it: the speed path (fast kernels on) unless ``readable``."""
-    speed = SpeedOptions(kernels=not readable, unpad=unpad, activation_checkpointing=checkpointing,
+    speed = SpeedOptions(fast_kernels=not readable, unpad=unpad, activation_checkpointing=checkpointing,
                          attention=attention)
     model = BertForPreTraining(config, nsp=objective == "mlm_nsp", speed=speed).to(device).train()
     if compile:

@@ -11,6 +11,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bert_repro.schema import ATTENTION_BACKENDS
+
 DROPOUT_LEVELS = 1 << 16  # the resolution of p in dropout_mask: a 16-bit uniform integer per element
 
 
@@ -124,7 +126,7 @@ class Packed:
 
 
 FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
-VARLEN_BACKENDS = ("auto", "flash", "nested", "padded")
+VARLEN_BACKENDS = ATTENTION_BACKENDS  # speed.attention (schema.SpeedOptions)
 
 
 def varlen_backend(requested: str, q: Tensor, causal: bool) -> str:

@@ -53,7 +53,9 @@ class BertTaskModule(L.LightningModule):
                  speed: dict | None = None):
         super().__init__()
         self.config = BertConfig(**model)
-        self.speed = SpeedOptions(**(speed or {}))
+        # "kernels": checkpoints written before speed.fast_kernels was the option's one name
+        speed = {("fast_kernels" if k == "kernels" else k): v for k, v in (speed or {}).items()}
+        self.speed = SpeedOptions(**speed)
         self.optim = dict(optim)
         # the run's vocabulary (run.resolve_vocab): in the hyper-parameters, and in every checkpoint for
         # `init=`

@@ -72,7 +72,7 @@ class PretrainModule(BertTaskModule):
     def _step(self, batch: dict[str, Tensor], split: str) -> Tensor:
         positions, real = self._predictions(batch)
         targets = (batch["input_ids"][:, 1:] if self.ltr else batch["masked_lm_ids"])[real]  # (N,)
-        # speed.kernels may fuse the decoder with the loss (model.MLMHead.loss): then no logits come back
+        # speed.fast_kernels may fuse the decoder with the loss (model.MLMHead.loss): then no logits come back
         out = self.model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
                          masked_positions=positions, prediction_mask=real, mlm_targets=targets)
         if out.mlm_loss is not None:
