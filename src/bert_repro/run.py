@@ -115,9 +115,9 @@ def speed_options(cfg: DictConfig) -> dict[str, Any]:
 
 def _labels(datamodule: L.LightningDataModule, module: L.LightningModule) -> list[str] | None:
     """The task's label names: a GLUE-style task's spec, a tagger's tag set; None for the others."""
-    spec = getattr(datamodule, "spec", None)
+    spec = getattr(datamodule, "spec", None)  # GLUE-style tasks; a tagger's data module has its tag set
     labels = getattr(spec, "labels", None) or getattr(datamodule, "labels", None)
-    labels = labels or getattr(getattr(module, "hparams", {}), "get", lambda *_: None)("labels")
+    labels = labels or module.hparams.get("labels")
     return [str(label) for label in labels] if labels else None
 
 

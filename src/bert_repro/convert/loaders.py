@@ -71,7 +71,8 @@ def _read_weights(path: Path) -> dict[str, Tensor]:
 
 
 def _load_hf_dir(path: Path) -> LoadedCheckpoint:
-    config = config_from_hf(_read_json(path / "config.json"), path / "config.json")
+    hf = _read_json(path / "config.json")
+    config = config_from_hf(hf, path / "config.json")
     files = [path / "model.safetensors", path / "pytorch_model.bin"]
     indexes = [path / f"{f.name}.index.json" for f in files]
     index = next((f for f in indexes if f.is_file()), None)
@@ -87,7 +88,7 @@ def _load_hf_dir(path: Path) -> LoadedCheckpoint:
         lowercase = _read_json(path / "tokenizer_config.json").get("do_lower_case")
     state, ignored = _mapped(weights, path)
     loaded = _checked(config, state, ignored, _read_vocab(path / "vocab.txt"), lowercase, path)
-    loaded.identity = _read_json(path / "config.json").get(IDENTITY_KEY)
+    loaded.identity = hf.get(IDENTITY_KEY)
     return loaded
 
 
