@@ -38,16 +38,16 @@ def test_config_derives_4h_and_keeps_an_explicit_intermediate():
 @pytest.mark.parametrize(
     ("kwargs", "message"),
     [
-        (dict(hidden_size=100, num_heads=12), r"hidden_size \(100\) must be divisible by num_heads \(12\)"),
-        (dict(hidden_size=-768), r"hidden_size must be a positive integer, got -768"),
-        (dict(num_layers=0), r"num_layers must be a positive integer, got 0"),
-        (dict(vocab_size=-5), r"vocab_size must be a positive integer"),
-        (dict(intermediate_size=-1), r"intermediate_size must be a positive integer"),
-        (dict(num_heads=True), r"num_heads must be a positive integer, got True"),
-        (dict(hidden_size=76.8), r"hidden_size must be a positive integer"),
-        (dict(hidden_dropout=1.0), r"hidden_dropout must be in \[0, 1\)"),
-        (dict(attention_dropout=-0.1), r"attention_dropout must be in \[0, 1\)"),
-        (dict(layer_norm_eps=0.0), r"layer_norm_eps and initializer_range must be positive"),
+        (dict(hidden_size=100, num_heads=12), r"model.hidden_size=100 is not divisible by model.num_heads"),
+        (dict(hidden_size=-768), r"model.hidden_size=-768: expected a positive whole number of units"),
+        (dict(num_layers=0), r"model.num_layers=0: expected a positive whole number of layers"),
+        (dict(vocab_size=-5), r"model.vocab_size=-5: expected a positive whole number of tokens"),
+        (dict(intermediate_size=-1), r"model.intermediate_size=-1: expected a positive whole number"),
+        (dict(num_heads=True), r"model.num_heads=True: expected a positive whole number of heads"),
+        (dict(hidden_size=76.8), r"model.hidden_size=76.8: expected a positive whole number"),
+        (dict(hidden_dropout=1.0), r"model.hidden_dropout=1: expected a fraction in \[0, 1\)"),
+        (dict(attention_dropout=-0.1), r"model.attention_dropout=-0.1: expected a fraction in \[0, 1\)"),
+        (dict(layer_norm_eps=0.0), r"model.layer_norm_eps=0: expected a positive number"),
     ],
 )
 def test_config_rejects_inconsistent_values(kwargs, message):

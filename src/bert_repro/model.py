@@ -5,7 +5,7 @@ embeddings, attention through ``torch.nn.functional.scaled_dot_product_attention
 tree follows the Hugging Face / Google parameter vocabulary (``embeddings.word_embeddings``,
 ``encoder.layer.N.attention.LayerNorm`` ...) with a few shorter names (``attention.dense`` for
 ``attention.output.dense``, ``intermediate`` for ``intermediate.dense`` ...) and query, key and value
-in one fused ``qkv`` projection (one GEMM instead of three); ``convert.py``'s table maps between the two.
+in one fused ``qkv`` projection (one GEMM instead of three); ``convert/names.py`` maps between the two.
 
 Speed (trainer/'s ``SpeedOptions``, passed to the constructors) never forks this path; it changes how a step
 runs at one switch point per feature, each tested equal to the plain path (tests/test_speed_options.py):
@@ -25,6 +25,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
+from bert_repro.schema import ModelConfig, problems, whole_positive
 from bert_repro.speed import SpeedOptions, kernels
 from bert_repro.speed.kernels import Packed, varlen_attention
 from bert_repro.speed.loss import decode, fusable, linear_cross_entropy
@@ -34,41 +35,18 @@ PLAIN = SpeedOptions()  # every speed option off
 
 
 @dataclass
-class BertConfig:
-    """Encoder shape and regularisation. Defaults are BERT-base (§3.1: L=12, H=768, A=12)."""
+class BertConfig(ModelConfig):
+    """Encoder shape and regularisation: conf/'s ``model`` node (schema.ModelConfig, which declares each
+    field's default, BERT-base, and range) with the tokenizer's vocabulary size."""
 
-    vocab_size: int = 30522
-    hidden_size: int = 768
-    num_layers: int = 12
-    num_heads: int = 12
-    intermediate_size: int | None = None  # None -> 4H, as in the paper (§3.1, footnote)
-    max_position: int = 512
-    type_vocab_size: int = 2
-    hidden_dropout: float = 0.1  # §3.5: dropout 0.1 on all layers
-    attention_dropout: float = 0.1
-    layer_norm_eps: float = 1e-12  # google-research/bert's LayerNorm epsilon
-    initializer_range: float = 0.02
-    causal: bool = False  # left-to-right ablation (§5.1): each position sees only its left context
+    vocab_size: int = whole_positive(30522, "tokens")
 
     def __post_init__(self) -> None:
         if self.intermediate_size is None:
-            self.intermediate_size = 4 * self.hidden_size
-        positive = ("vocab_size", "hidden_size", "num_layers", "num_heads", "intermediate_size",
-                    "max_position", "type_vocab_size")
-        for name in positive:
-            value = getattr(self, name)
-            if not isinstance(value, int) or isinstance(value, bool) or value <= 0:
-                raise ValueError(f"BertConfig.{name} must be a positive integer, got {value!r}")
-        if self.hidden_size % self.num_heads:
-            raise ValueError(
-                f"BertConfig.hidden_size ({self.hidden_size}) must be divisible by num_heads "
-                f"({self.num_heads}); e.g. H=768 works with A=3, 4, 6, 12"
-            )
-        for name in ("hidden_dropout", "attention_dropout"):
-            if not 0.0 <= getattr(self, name) < 1.0:
-                raise ValueError(f"BertConfig.{name} must be in [0, 1), got {getattr(self, name)!r}")
-        if self.layer_norm_eps <= 0 or self.initializer_range <= 0:
-            raise ValueError("BertConfig.layer_norm_eps and initializer_range must be positive")
+            self.intermediate_size = 4 * self.hidden_size  # as in the paper (§3.1, footnote)
+        wrong = problems(self, "model")
+        if wrong:
+            raise ValueError(wrong[0])
 
     @property
     def head_dim(self) -> int:

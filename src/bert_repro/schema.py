@@ -106,6 +106,11 @@ class SpeedOptions:
     num_proc: int = whole_positive(1, "processes")  # datasets.map: tokenization, pre-training instances
     # longest: pad each batch to its longest; max_length: to data.max_seq_length, as the released code
     padding: str = choice("longest", ("longest", "max_length"))
+    # DDP's gradient all-reduce (trainer=ddp, ddp_cpu; trainer.py gives them to DDPStrategy): the bucket size
+    # (null: torch's 25 MB) and the dtype sent, bf16 halving the bytes through torch's bf16_compress_hook
+    # (tests/test_ddp.py: the loss equal to fp32's within bf16 rounding)
+    bucket_cap_mb: int | None = whole_positive(None, "MB, or null (torch's 25)")
+    grad_allreduce: str = choice("fp32", ("fp32", "bf16"))
 
     def __post_init__(self) -> None:  # built in Python (a module's hyper-parameters): the same ranges
         wrong = _out_of_range(self, "speed")
@@ -115,20 +120,20 @@ class SpeedOptions:
 
 @dataclass
 class ModelConfig:
-    """The encoder's shape (§3.1) as conf/base/model.yaml declares it; model.BertConfig builds it (vocab_size
-    comes from the tokenizer at run time)."""
+    """The encoder's shape (§3.1) as conf/base/model.yaml declares it. Defaults are BERT-base (L=12, H=768,
+    A=12); model.BertConfig is this and the tokenizer's vocab_size."""
 
     hidden_size: int = whole_positive(768, "units")
     num_layers: int = whole_positive(12, "layers")
     num_heads: int = whole_positive(12, "heads")
-    intermediate_size: int | None = whole_positive(None, "units, or null (4H)")
+    intermediate_size: int | None = whole_positive(None, "units, or null (4H)")  # None: 4H (§3.1, footnote)
     max_position: int = whole_positive(512, "positions")
     type_vocab_size: int = whole_positive(2, "segment types")
-    hidden_dropout: float = fraction(0.1, "[0, 1)")
+    hidden_dropout: float = fraction(0.1, "[0, 1)")  # §3.5: dropout 0.1 on all layers
     attention_dropout: float = fraction(0.1, "[0, 1)")
-    layer_norm_eps: float = positive(1e-12)
+    layer_norm_eps: float = positive(1e-12)  # google-research/bert's LayerNorm epsilon
     initializer_range: float = positive(0.02)
-    causal: bool = False
+    causal: bool = False  # the left-to-right ablation (§5.1): each position sees only its left context
 
     @staticmethod
     def relations(node: DictConfig) -> str | None:
@@ -149,6 +154,8 @@ class DataConfig:
     max_seq_length: int = whole_positive(128, "tokens")
     max_train_examples: int | None = whole_positive(None, "examples, or null (all)")
     max_dev_examples: int | None = whole_positive(None, "examples, or null (all)")
+    # debug and speed (keys.py): Dev scored on this many examples, in the same run folder as a full run
+    max_eval_examples: int | None = whole_positive(None, "examples, or null (all)")
     dev_from_train: Any = ranged(None, lambda v: _whole(v) and v > 0 or _number(v) and 0 < v < 1,
                                  "a number of rows, or a fraction in (0, 1)")
     doc_stride: int = whole_positive(128, "tokens")
@@ -186,18 +193,22 @@ def _out_of_range(node: Any, name: str, schema: type | None = None) -> list[str]
     return wrong
 
 
+def problems(node: Any, name: str, schema: type | None = None) -> list[str]:
+    """What is wrong with ``node`` (a config node, or a dataclass instance of ``schema``): each key out of its
+    declared range, then the schema's relations between keys; [] when nothing is."""
+    schema = schema or type(node)
+    wrong = _out_of_range(node, name, schema)
+    relation = schema.relations(node) if not wrong and hasattr(schema, "relations") else None
+    return wrong + ([relation] if relation else [])
+
+
 def check(cfg: DictConfig) -> None:
     """A ValueError naming the first key of ``cfg`` whose value is out of its declared range."""
     for name, schema in SCHEMAS.items():
         node = cfg.get(name)
-        if not isinstance(node, DictConfig):
-            continue
-        wrong = _out_of_range(node, name, schema)
+        wrong = problems(node, name, schema) if isinstance(node, DictConfig) else []
         if wrong:
             raise ValueError(wrong[0])
-        problem = schema.relations(node) if hasattr(schema, "relations") else None
-        if problem:
-            raise ValueError(problem)
 
 
 class RangeCheck(Callback):
