@@ -41,7 +41,9 @@ def wiki():
 def nsp_instances(wiki):
     _, _, tokenized = wiki
     instances = []
-    for seed in range(2):
+    # Eight seeds: the NotNext share of one seed's WikiText-2 instances varies by +-0.02 (a few long documents
+    # drawing a short target decide it), too much for the bounds below.
+    for seed in range(8):
         for i in range(len(tokenized)):
             instances += create_instances_from_document(tokenized, i, MAX_SEQ, 0.1,
                                                         np.random.default_rng([seed, i]))
@@ -80,7 +82,7 @@ def test_b_is_the_true_continuation_or_from_another_document(wiki, nsp_instances
     _, _, tokenized = wiki
     streams = [_stream(d) for d in tokenized]
     checked_random = 0
-    for inst in nsp_instances[::5]:
+    for inst in nsp_instances[::20]:
         ids, doc = inst["input_ids"], inst["doc_index"]
         sep = ids.index(3)
         a, b = ids[1:sep], ids[sep + 1 : -1]
@@ -222,8 +224,8 @@ def test_same_seed_same_data_and_cache_reuse(small_corpus, tmp_path, monkeypatch
     def fail(*args, **kwargs):
         raise AssertionError("the second run recomputed instead of reading the cache")
 
-    monkeypatch.setattr(instances, "create_instances_from_document", fail)
-    monkeypatch.setattr(instances, "tokenize_batch", fail)
+    monkeypatch.setattr(instances, "document_pairs", fail)
+    monkeypatch.setattr(instances.WordPieceIds, "__call__", fail)
     again = _module(small_corpus, tmp_path / "a", masking="static", dupe_factor=2)
     assert again.train_set.to_dict() == first.train_set.to_dict()
 

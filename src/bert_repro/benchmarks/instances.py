@@ -1,19 +1,24 @@
-"""Instance creation on real text: documents/s, instances/s and peak memory, for 1 and 2 processes and two
-corpus sizes (a benchmark script, not a test: STYLE 12).
+"""Instance creation on real text: MB/s of raw text per process beside google-research/bert's, the scaling
+with num_proc, and peak heap against corpus size (a benchmark script, not a test: STYLE 12).
 
-    python -m bert_repro.benchmarks.instances                  # ../shared/data/pretrain_text, sizes 1x and 3x
-    python -m bert_repro.benchmarks.instances --num-proc 1 2 4 --copies 1 2 4 --dupe-factor 5
+    python -m bert_repro.benchmarks.instances      # books: 1 process at 1x, 4x, 16x; 2 processes at 1x
+    python -m bert_repro.benchmarks.instances --num-proc 1 2 4 --copies 1 4 --dupe-factor 5 --wikitext
 
-The corpus is the real pre-training text of the shared data folder (WikiText-2 articles, text passages only,
-and the Gutenberg books, one document per chapter), written once in the original format; the larger sizes
-repeat it (`--copies`), so only the amount of text changes. Each configuration runs in a fresh child process
+The reference: google-research/bert's create_pretraining_data.py (TF 2, compat.v1, one process) took 17.5 s on
+the shared Gutenberg books (8.5 MB; dupe_factor 1, max_seq_length 128, max_predictions 20, bert-base-uncased
+vocabulary): 0.49 MB/s, tokenization included (issue 28). The corpus here is the same books of the shared data
+folder, one document per chapter (`--wikitext` adds the WikiText-2 articles), written once in the original
+format; the larger sizes repeat it (`--copies`), so only the amount of text changes. Sizes run with one
+process; the first size also with each `--num-proc`. Each configuration runs in a fresh child process
 with an empty cache and a fixed vocabulary (WordPiece training is not what is measured), through
 PretrainDataModule.setup: reading the text into Arrow, the train/val split, tokenization, and instance
 creation with static masking (`dupe_factor` rounds). Meanwhile a thread samples the proportional set size
 (PSS, from /proc/<pid>/smaps_rollup) of the child and its worker processes, so memory shared after fork is not
 counted twice. "anon" is the heap (Python objects, Arrow buffers being built); the rest is file-backed pages
 of the memory-mapped Arrow cache, which the kernel reclaims at will. Peak heap must not grow with the corpus.
-One JSON line per configuration.
+One JSON line per configuration, then a summary naming the CPU model and the load (`uptime`): the machine may
+be shared, so each line also gives MB per CPU-second of the setup, workers included (`cpu_mb_per_s`), which
+other processes' load disturbs less than wall time.
 """
 
 from __future__ import annotations
@@ -21,6 +26,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import resource
 import subprocess
 import sys
 import tempfile
@@ -31,6 +37,7 @@ from pathlib import Path
 # run from the repository root, as the README does: the shared data sits beside it
 SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or "../shared/data")
 MB = 1 << 20
+REFERENCE_MB_PER_S = 8.5 / 17.5  # google-research/bert, one process (see above)
 
 
 def _pss(pid: int) -> tuple[int, int]:
@@ -58,7 +65,8 @@ def _tree(pid: int) -> list[int]:
 
 
 class PeakMemory:
-    """Samples the PSS of this process and its descendants every `interval` seconds; keeps the peaks."""
+    """Samples the PSS of this process and its descendants every `interval` seconds; keeps the peaks, and the
+    sizes at the start (`baseline`, `baseline_anon`)."""
 
     def __init__(self, interval: float = 0.02):
         self.interval, self.peak, self.peak_anon = interval, 0, 0
@@ -73,6 +81,7 @@ class PeakMemory:
             self._stop.wait(self.interval)
 
     def __enter__(self) -> PeakMemory:
+        self.baseline, self.baseline_anon = (sum(s[i] for s in map(_pss, _tree(os.getpid()))) for i in (0, 1))
         self._thread.start()
         return self
 
@@ -81,9 +90,9 @@ class PeakMemory:
         self._thread.join()
 
 
-def write_corpus(text_dir: Path, out: Path, copies: int, books_only: bool = False) -> Path:
-    """The shared pre-training text in the original format, `copies` times over (the Gutenberg books
-    alone with ``books_only``: the BooksCorpus stand-in)."""
+def write_corpus(text_dir: Path, out: Path, copies: int, wikitext: bool = False) -> Path:
+    """The shared Gutenberg books (and the WikiText-2 articles with ``wikitext``) in the original format,
+    `copies` times over."""
     from bert_repro.data.corpus import gutenberg_documents, wikitext_documents
 
     base = out.with_name("corpus-1x.txt")
@@ -91,11 +100,17 @@ def write_corpus(text_dir: Path, out: Path, copies: int, books_only: bool = Fals
         from bert_repro.data.corpus import write_documents
 
         sources = [gutenberg_documents(text_dir / "gutenberg")]
-        if not books_only:
+        if wikitext:
             sources.insert(0, wikitext_documents(text_dir / "wikitext-2-raw" / "wiki.test.raw"))
         write_documents((d for source in sources for d in source), base)
     out.write_text(base.read_text(encoding="utf-8") * copies, encoding="utf-8")
     return out
+
+
+def _cpu_seconds() -> float:
+    """CPU seconds of this process and its finished children (the num_proc workers)."""
+    own, children = (resource.getrusage(who) for who in (resource.RUSAGE_SELF, resource.RUSAGE_CHILDREN))
+    return own.ru_utime + own.ru_stime + children.ru_utime + children.ru_stime
 
 
 def child(args: dict) -> dict:
@@ -108,15 +123,15 @@ def child(args: dict) -> dict:
     import datasets
 
     datasets.disable_progress_bars()
-    baseline, baseline_anon = (sum(s[i] for s in map(_pss, _tree(os.getpid()))) for i in (0, 1))
-    start = time.perf_counter()
+    start, cpu_start = time.perf_counter(), _cpu_seconds()
     with PeakMemory() as memory:
         dm = PretrainDataModule(args["corpus"], tokenizer=args["vocab"],
                                 max_seq_length=args["max_seq_length"], masking="static",
                                 dupe_factor=args["dupe_factor"], num_proc=args["num_proc"],
                                 cache_dir=args["cache_dir"], seed=12345)
         dm.setup()
-    total = time.perf_counter() - start
+    total, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start
+    baseline, baseline_anon = memory.baseline, memory.baseline_anon
     train = dm.instance_stats["train"]
     return {
         "corpus_copies": args["copies"], "num_proc": args["num_proc"], "dupe_factor": args["dupe_factor"],
@@ -124,6 +139,7 @@ def child(args: dict) -> dict:
         "instances": train["instances"],
         "corpus_mb": round(Path(args["corpus"]).stat().st_size / MB, 2),
         "mb_per_s": round(Path(args["corpus"]).stat().st_size / MB / total, 3),  # text in -> instances out
+        "cpu_mb_per_s": round(Path(args["corpus"]).stat().st_size / MB / cpu, 3),
         "documents_per_s": round(train["documents"] / train["instances_s"], 1),
         "instances_per_s": round(train["instances"] / train["instances_s"], 1),
         "tokenize_s": round(train["tokenize_s"], 2), "instances_s": round(train["instances_s"], 2),
@@ -140,13 +156,12 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text", type=Path, default=SHARED / "pretrain_text",
                         help="the shared pre-training text folder")
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--copies", type=int, nargs="+", default=[1, 3],
+    parser.add_argument("--copies", type=int, nargs="+", default=[1, 4, 16],
                         help="corpus sizes, in copies of the text")
     parser.add_argument("--dupe-factor", type=int, default=1)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=8000)
-    parser.add_argument("--books-only", action="store_true",
-                        help="the Gutenberg books alone (BooksCorpus's stand-in)")
+    parser.add_argument("--wikitext", action="store_true", help="add the WikiText-2 articles to the books")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -160,24 +175,47 @@ def main(argv: list[str] | None = None) -> None:
 
     with tempfile.TemporaryDirectory(prefix="bench_instances-") as tmp:
         tmp = Path(tmp)
-        corpora = {c: write_corpus(args.text, tmp / f"corpus-{c}x-copies.txt", c, args.books_only)
+        corpora = {c: write_corpus(args.text, tmp / f"corpus-{c}x-copies.txt", c, args.wikitext)
                    for c in sorted(set(args.copies))}
         docs = load_documents(str(corpora[min(corpora)]), cache_dir=tmp / "vocab-cache")
         texts = (s for batch in docs.iter(batch_size=256) for d in batch["sentences"] for s in d)
         vocab = str(save_vocab(train_wordpiece(texts, args.vocab_size), tmp / "vocab"))
-        for copies, corpus in corpora.items():
-            for num_proc in args.num_proc:
-                run = {"corpus": str(corpus), "vocab": vocab, "copies": copies, "num_proc": num_proc,
-                       "dupe_factor": args.dupe_factor, "max_seq_length": args.max_seq_length,
-                       "cache_dir": str(tmp / f"cache-{copies}-{num_proc}")}
-                proc = subprocess.run([sys.executable, "-m", "bert_repro.benchmarks.instances", "--child",
-                                       json.dumps(run)],
-                                      capture_output=True, text=True, env={**os.environ,
-                                                                           "TOKENIZERS_PARALLELISM": "false"})
-                if proc.returncode != 0:
-                    raise SystemExit(f"error: the run {run} failed:\n{proc.stderr[-3000:]}")
-                print(proc.stdout.strip().splitlines()[-1], flush=True)
+        first = min(corpora)
+        configurations = [(c, 1) for c in corpora] + [(first, n) for n in args.num_proc if n != 1]
+        results = []
+        for copies, num_proc in configurations:
+            run = {"corpus": str(corpora[copies]), "vocab": vocab, "copies": copies, "num_proc": num_proc,
+                   "dupe_factor": args.dupe_factor, "max_seq_length": args.max_seq_length,
+                   "cache_dir": str(tmp / f"cache-{copies}-{num_proc}")}
+            proc = subprocess.run([sys.executable, "-m", "bert_repro.benchmarks.instances", "--child",
+                                   json.dumps(run)],
+                                  capture_output=True, text=True, env={**os.environ,
+                                                                       "TOKENIZERS_PARALLELISM": "false"})
+            if proc.returncode != 0:
+                raise SystemExit(f"error: the run {run} failed:\n{proc.stderr[-3000:]}")
+            result = json.loads(proc.stdout.strip().splitlines()[-1])
+            results.append(result)
+            print(json.dumps(result), flush=True)
+        print(summary(results), flush=True)
 
+
+def summary(results: list[dict]) -> str:
+    """The issue's three figures, with the machine they were measured on."""
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    one = {r["corpus_copies"]: r for r in results if r["num_proc"] == 1}
+    first = one[min(one)]
+    lines = [f"CPU: {cpu}, {os.cpu_count()} cores; load average {os.getloadavg()[0]:.2f} (1 min) at the end",
+             f"one process, {first['corpus_mb']} MB: {first['mb_per_s']} MB/s of raw text "
+             f"({first['mb_per_s'] / REFERENCE_MB_PER_S:.1f}x google-research/bert's "
+             f"{REFERENCE_MB_PER_S:.2f} MB/s; target 10x), {first['cpu_mb_per_s']} MB per CPU-second"]
+    for r in results:
+        if r["num_proc"] > 1:
+            lines.append(f"num_proc={r['num_proc']}: {r['mb_per_s'] / first['mb_per_s']:.2f}x one process "
+                         f"(target >= {0.8 * r['num_proc']:.1f})")
+    lines.append("peak heap (anon PSS above the baseline): " + ", ".join(
+        f"{c}x {r['peak_anon_increase_mb']} MB" for c, r in sorted(one.items())))
+    return "\n".join(lines)
 
 if __name__ == "__main__":
     main()

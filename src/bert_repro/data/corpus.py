@@ -31,7 +31,7 @@ from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-import numpy as np
+import pyarrow.compute as pc
 from datasets import Dataset, load_dataset
 
 from bert_repro.data.textfiles import refuse_non_text
@@ -272,7 +272,7 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
                              remove_columns=["text"], num_proc=num_proc, desc="splitting documents")
     if len(documents) == 0:
         raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) holds no documents")
-    dropped = int(np.sum(documents.with_format("numpy")["dropped"]))
+    dropped = pc.sum(documents.data.column("dropped")).as_py() or 0  # in Arrow, not row by row
     if dropped:
         log.warning("corpus %r: dropped %d undecodable byte sequence(s) (not UTF-8), as "
                     "google-research/bert's convert_to_unicode(errors='ignore') does", source, dropped)

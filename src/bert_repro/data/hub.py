@@ -3,8 +3,10 @@ book collection (§3.4), or any text dataset, turned into documents of sentences
 
 Each entry of `data.hub` names one dataset and how to read it:
 
-  path, name, split, revision   what `datasets.load_dataset(path, name, split=split, revision=revision)`
-                                loads (a Hub id or a local dataset directory); pin `revision` to reproduce
+  path, name, split, revision,  what `datasets.load_dataset(path, name, split=split, revision=revision,
+  data_files                    data_files=data_files)` loads (a Hub id or a local copy of the repository);
+                                pin `revision` to reproduce; `data_files` (a glob inside the repository, e.g.
+                                "20231101.en/train-*.parquet") reads those files only
   text_column                   the column holding the text (default "text")
   format                        wiki:      a row is an article; text passages only (`corpus.wiki_passages`),
                                            split into sentences
@@ -31,8 +33,8 @@ from datasets.exceptions import DatasetGenerationError
 from bert_repro.data.corpus import prose_sentences, wiki_passages
 
 FORMATS = ("wiki", "text", "sentences")
-DEFAULTS = {"name": None, "split": "train", "revision": None, "text_column": "text", "format": "text",
-            "streaming": False, "document_column": None, "rows_per_document": None}
+DEFAULTS = {"name": None, "split": "train", "revision": None, "data_files": None, "text_column": "text",
+            "format": "text", "streaming": False, "document_column": None, "rows_per_document": None}
 DOCUMENT_FEATURES = Features({"sentences": Sequence(Value("string"))})
 
 
@@ -83,7 +85,8 @@ def _sentence_documents(rows: Iterable[dict], spec: dict) -> Iterator[list[str]]
 
 def _load(spec: dict, cache_dir: Path | None, streaming: bool):
     rows = load_dataset(spec["path"], spec["name"], split=spec["split"], revision=spec["revision"],
-                        streaming=streaming, cache_dir=str(cache_dir) if cache_dir else None)
+                        data_files=spec["data_files"], streaming=streaming,
+                        cache_dir=str(cache_dir) if cache_dir else None)
     columns = rows.column_names or []  # a stream may not know its columns before the first row
     needed = [spec["text_column"]] + ([spec["document_column"]] if spec["document_column"] else [])
     missing = [c for c in needed if columns and c not in columns]

@@ -11,7 +11,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 import torch
-from datasets import Dataset
+from datasets import Dataset, concatenate_datasets
 from filelock import FileLock
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
@@ -27,7 +27,8 @@ from bert_repro.work_progress import datasets_progress
 log = logging.getLogger(__name__)
 
 PAD_ID = 0  # [PAD] is id 0 in google-research/bert vocabularies (checked against the tokenizer)
-CACHE_FORMAT = 2  # bump when the cached token or instance layout changes, so old caches are not read back
+CACHE_FORMAT = 3  # bump when the cached token or instance layout changes, so old caches are not read back
+BATCH_DOCUMENTS = 64  # documents per map batch: enough for array work; the heap holds one batch
 
 
 class PretrainingCollator:
@@ -223,37 +224,43 @@ class PretrainDataModule(L.LightningDataModule):
         num_proc = hp.num_proc if hp.num_proc > 1 else None
         tokens_key = cache_key(CACHE_FORMAT, docs._fingerprint, self.vocab, self.lowercase)
         start = time.perf_counter()
-        # Small batches, written out as they come: a batch of books is the largest thing held in memory.
+        # Batches of documents, written out as they come: a batch is the largest thing held in memory.
         with datasets_progress(f"{split}: tokenizing {len(docs)} documents"):
-            tokens = docs.map(instances.tokenize_batch, batched=True, batch_size=64, writer_batch_size=64,
-                              remove_columns=docs.column_names, fn_kwargs={"tokenizer": self._tokenizer},
-                              num_proc=num_proc, features=instances.TOKENS_FEATURES,
-                              cache_file_name=str(folder / f"tokens-{split}-{tokens_key}.arrow"),
-                              new_fingerprint=tokens_key, desc=f"{split}: tokenizing documents")
+            tokens = docs.with_format("arrow").map(
+                instances.WordPieceIds(self._tokenizer), batched=True, batch_size=BATCH_DOCUMENTS,
+                writer_batch_size=BATCH_DOCUMENTS, remove_columns=docs.column_names, num_proc=num_proc,
+                features=instances.TOKENS_FEATURES, new_fingerprint=tokens_key,
+                cache_file_name=str(folder / f"tokens-{split}-{tokens_key}.arrow"),
+                desc=f"{split}: tokenizing documents").with_format(None)
         tokenize_seconds = time.perf_counter() - start
         mask = self._mask_settings() if static else None
-        settings = dict(seed=seed, dupe_factor=dupe_factor, max_seq_length=hp.max_seq_length,
-                        short_seq_prob=hp.short_seq_prob, nsp=hp.nsp, cls_id=self.special_ids["[CLS]"],
-                        sep_id=self.special_ids["[SEP]"], mask=mask)
+        settings = dict(seed=seed, max_seq_length=hp.max_seq_length, short_seq_prob=hp.short_seq_prob,
+                        nsp=hp.nsp, cls_id=self.special_ids["[CLS]"], sep_id=self.special_ids["[SEP]"],
+                        mask=mask)
         mask_key = mask and {k: v for k, v in mask.items() if k != "is_continuation"}
-        key = cache_key(CACHE_FORMAT, tokens_key, {**settings, "mask": mask_key})
-        cache_file = folder / f"instances-{split}-{key}.arrow"
-        # with num_proc, datasets writes one file per shard
-        cached = any(folder.glob(f"{cache_file.stem}*.arrow"))
         start = time.perf_counter()
-        with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"):
-            dataset = tokens.map(instances.instances_batch, batched=True, batch_size=64, with_indices=True,
-                                 input_columns=[], remove_columns=["tokens"],
-                                 fn_kwargs={"all_documents": tokens, **settings}, num_proc=num_proc,
-                                 features=instances.instance_features(hp.nsp, mask is not None),
-                                 cache_file_name=str(cache_file), new_fingerprint=key,
-                                 desc=f"{split}: creating instances")
+        # One cached dataset per dupe_factor round, in num_proc shards: a killed preparation restarts from its
+        # finished rounds and shards (datasets reprocesses only missing shards), and more rounds reuse these.
+        rounds, cached = [], True
+        for dupe in range(dupe_factor):
+            key = cache_key(CACHE_FORMAT, tokens_key, {**settings, "mask": mask_key, "dupe": dupe})
+            cache_file = folder / f"instances-{split}-{key}.arrow"
+            cached &= any(folder.glob(f"{cache_file.stem}*.arrow"))  # with num_proc, one file per shard
+            with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"):
+                rounds.append(tokens.map(
+                    instances.InstanceMaker(tokens, dupe=dupe, **settings), batched=True,
+                    batch_size=BATCH_DOCUMENTS, with_indices=True, input_columns=[],
+                    remove_columns=["tokens"], num_proc=num_proc,
+                    features=instances.instance_features(hp.nsp, mask is not None),
+                    cache_file_name=str(cache_file), new_fingerprint=key,
+                    desc=f"{split}: creating instances, round {dupe + 1} of {dupe_factor}"))
+        dataset = rounds[0] if len(rounds) == 1 else concatenate_datasets(rounds)
         seconds = time.perf_counter() - start
         self.instance_stats[split] = dict(documents=len(tokens), instances=len(dataset),
                                           tokenize_s=tokenize_seconds, instances_s=seconds, cached=cached)
         if cached:
             log.info("%s: %d instances from %d documents, loaded from %s", split, len(dataset), len(tokens),
-                     cache_file)
+                     folder)
         else:
             log.info("%s: %d instances from %d documents in %.1fs (%.0f documents/s, %.0f instances/s)",
                      split, len(dataset), len(tokens), seconds, len(tokens) / seconds, len(dataset) / seconds)

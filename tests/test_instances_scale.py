@@ -1,0 +1,92 @@
+"""Instance creation at corpus scale: the word-cached tokenization, sharded output identical for any num_proc,
+a killed preparation resumed from its finished shards, and peak heap flat in corpus size."""
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pyarrow as pa
+import pytest
+
+from bert_repro.data.corpus import wikitext_documents, write_documents
+from bert_repro.data.instances import WordPieceIds
+from bert_repro.data.pretraining import PretrainDataModule
+from bert_repro.tokenization import save_vocab, train_wordpiece
+
+from .conftest import SHARED
+
+WIKI = SHARED / "pretrain_text" / "wikitext-2-raw" / "wiki.test.raw"
+
+
+@pytest.fixture(scope="module")
+def wiki(tmp_path_factory):
+    if not WIKI.is_file():
+        pytest.skip(f"{WIKI} not found (shared data; set BERT_REPRO_SHARED_DATA)")
+    docs = [d for d in wikitext_documents(WIKI) if d]
+    tokenizer = train_wordpiece((s for d in docs for s in d), vocab_size=3000)
+    root = tmp_path_factory.mktemp("wiki")
+    return docs, tokenizer, str(save_vocab(tokenizer, root)), root
+
+
+def test_word_cache_tokenizes_as_the_tokenizer(wiki):
+    docs, tokenizer, _, _ = wiki
+    odd = [["Café  naïve\tfaçade — 東京 x\u00ad y", "  ", "Ünïcödé [SEP] [UNK]!"], [" "]]  # last: no tokens
+    documents = docs + odd
+    words = WordPieceIds(tokenizer)
+    words.WORDS_PER_TEXT = 97  # several joined texts per batch
+    got = [row for half in (documents[:30], documents[30:])  # two batches: the second reuses the cache
+           for row in words(pa.table({"sentences": half})).column("tokens").to_pylist()]
+    expected = [[e.ids for e in tokenizer.encode_batch(d, add_special_tokens=False) if e.ids]
+                for d in documents]
+    assert got == [d for d in expected if d]
+
+
+def _module(corpus, vocab, cache_dir, **kwargs) -> PretrainDataModule:
+    settings = dict(tokenizer=vocab, masking="static", dupe_factor=2, val_fraction=0.1, seed=3)
+    dm = PretrainDataModule(corpus, cache_dir=str(cache_dir), **{**settings, **kwargs})
+    dm.setup()
+    return dm
+
+
+def test_killed_preparation_resumes_and_any_num_proc_gives_the_same_instances(wiki, tmp_path):
+    docs, _, vocab, _ = wiki
+    corpus = str(write_documents(docs[:20], tmp_path / "wiki20.txt"))
+    one = _module(corpus, vocab, tmp_path / "one").train_set.to_dict()
+    two = _module(corpus, vocab, tmp_path / "two", num_proc=2)
+    assert len(one["input_ids"]) > 1000 and two.train_set.to_dict() == one  # same seed, num_proc 1 or 2
+    shards = sorted((tmp_path / "two" / "pretrain").glob("instances-train-*_of_00002.arrow"))
+    assert len(shards) == 4  # 2 rounds x 2 shards
+    finished = {path: (path.stat().st_mtime_ns, path.read_bytes()) for path in shards}
+    # killed while writing round 2's second shard: datasets writes a shard to a temporary file and renames it
+    # when done, so the shard is missing and a temporary file is left
+    shards[-1].rename(shards[-1].with_name("tmpkilled"))
+    again = _module(corpus, vocab, tmp_path / "two", num_proc=2)
+    assert again.train_set.to_dict() == one
+    for path, (mtime, data) in finished.items():
+        assert path.read_bytes() == data
+        assert path == shards[-1] or path.stat().st_mtime_ns == mtime  # the finished shards were not redone
+
+
+def _peak_heap_mb(corpus: Path, vocab: str, cache_dir: Path) -> float:
+    """Peak heap above the baseline of a fresh process running the DataModule's setup on `corpus` (the
+    benchmark's own measurement: a process that ran other tests would reuse memory it already holds)."""
+    run = {"corpus": str(corpus), "vocab": vocab, "copies": 1, "num_proc": 1, "dupe_factor": 1,
+           "max_seq_length": 128, "cache_dir": str(cache_dir)}
+    command = [sys.executable, "-m", "bert_repro.benchmarks.instances", "--child", json.dumps(run)]
+    proc = subprocess.run(command, capture_output=True, text=True,
+                          env={**os.environ, "TOKENIZERS_PARALLELISM": "false"})
+    assert proc.returncode == 0, proc.stderr[-2000:]
+    return json.loads(proc.stdout.splitlines()[-1])["peak_anon_increase_mb"]
+
+
+@pytest.mark.e2e
+def test_peak_heap_is_flat_in_corpus_size(wiki, tmp_path):
+    """1x and 4x the WikiText-2 test text (2 and 8 batches of documents): the heap holds one batch, whatever
+    the corpus size (the caches are memory-mapped files, not heap)."""
+    docs, _, vocab, _ = wiki
+    text = write_documents(docs * 2, tmp_path / "1x.txt").read_text()
+    (tmp_path / "4x.txt").write_text(text * 4)
+    one, four = (_peak_heap_mb(tmp_path / f"{size}.txt", vocab, tmp_path / size) for size in ("1x", "4x"))
+    assert 0 < four < 1.25 * one + 8, (one, four)  # growing with the corpus, 4x would be about 4 times 1x
