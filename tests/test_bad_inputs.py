@@ -66,8 +66,6 @@ CASES = [
     ("output-folder-not-writable", ["hydra.run.dir=FILES/a_file/run"], None,
      ["output folder FILES/a_file/run cannot be written (Not a directory); "
       "choose another with hydra.run.dir="]),
-    ("fsdp-on-cpu", ["trainer=fsdp", "trainer.accelerator=cpu", "trainer.precision=32-true"], None,
-     ["trainer=fsdp needs GPUs"]),
     ("collect-malformed-results", ["ROOT/collect"], "bert_repro.selection",
      ["ROOT/collect/run0/results.json is not a results.json as src/train.py writes it",
       "expected JSON with"]),

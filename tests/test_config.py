@@ -222,13 +222,3 @@ def test_launchers_compose(launcher):
     cfg = compose_cfg([f"hydra/launcher={launcher}"])
     assert launcher.split("_")[0] in cfg.hydra.launcher._target_.lower()
 
-
-def test_fsdp_strategy_wraps_encoder_layers():
-    from hydra.utils import instantiate
-    from lightning.pytorch.strategies import FSDPStrategy
-
-    from bert_repro.model import Layer
-
-    strategy = instantiate(resolved(compose_cfg(["trainer=fsdp"]))["trainer"]["strategy"])
-    assert isinstance(strategy, FSDPStrategy)
-    assert Layer in strategy.kwargs["auto_wrap_policy"]._module_classes

@@ -23,6 +23,11 @@ class SweepUsageError(UsageError):
     """A wrong input common to every job of a multirun: the whole sweep stops, no job is recorded."""
 
 
+# torch 2.13's DDP.register_comm_hook refuses its bf16 hook without CUDA, in these words; Lightning 2.6 passes
+# comm hooks on CUDA only and would drop it silently (trainer.build_strategy)
+BF16_HOOK_NEEDS = "BF16 all reduce communication hook required CUDA 11+ and NCCL 2.10+ or XPU and XCCL"
+
+
 def world_size(trainer_cfg: DictConfig) -> int:
     devices, nodes = trainer_cfg.devices, int(trainer_cfg.get("num_nodes", 1))
     if isinstance(devices, int):
@@ -101,9 +106,11 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
         raise UsageError(f"checkpoint.every_n_steps={every}: expected a positive number of steps, or null")
     if keep < 0:
         raise UsageError(f"checkpoint.keep_recent={keep}: expected 0 or more")
-    if "fsdp" in str(cfg.trainer.strategy).lower() and cfg.trainer.accelerator == "cpu":
-        raise UsageError("trainer=fsdp needs GPUs: Lightning's FSDPStrategy does not run on CPU; use "
-                         "trainer=cpu or trainer=ddp_cpu here, trainer=fsdp on a GPU node")
+    allreduce = cfg.get("speed", {}).get("grad_allreduce", "fp32")
+    if allreduce != "fp32" and cfg.trainer.get("accelerator") not in ("gpu", "cuda"):
+        raise UsageError(f"speed.grad_allreduce={allreduce} runs on CUDA GPUs only (torch: "
+                         f"\"{BF16_HOOK_NEEDS}\"); leave speed.grad_allreduce=fp32 on "
+                         f"trainer.accelerator={cfg.trainer.get('accelerator')}")
     if HydraConfig.initialized():
         hydra_cfg = HydraConfig.get()
         launcher = str(hydra_cfg.launcher.get("_target_", ""))

@@ -1,5 +1,6 @@
 """The Lightning Trainer of a run: its arguments from trainer/, its callbacks from callbacks/, the run length
-and the schedule's checks from optim, the accumulation that makes up the global batch."""
+and the schedule's checks from optim, the accumulation that makes up the global batch, and the strategy's
+arguments that come from elsewhere (DDP's communication speed: keys, FSDP's mesh over every rank)."""
 
 from __future__ import annotations
 
@@ -10,7 +11,9 @@ import lightning as L
 from hydra.utils import instantiate
 from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
+from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from bert_repro.checks import world_size
 from bert_repro.keys import science
 from bert_repro.record import RunRecord
 from bert_repro.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
@@ -31,6 +34,24 @@ def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list,
     return callbacks
 
 
+# speed.grad_allreduce: torch's DDP communication hook for each dtype (fp32: none, DDP's own all-reduce)
+ALLREDUCE_HOOKS = {"fp32": None, "bf16": default_hooks.bf16_compress_hook}
+
+
+def build_strategy(cfg: DictConfig) -> Any:
+    """trainer.strategy with what trainer/ cannot say itself: DDP's bucket size and gradient dtype from
+    speed:, FSDP's data-parallel size (every rank: devices x nodes, devices=auto counted here)."""
+    strategy = cfg.trainer.strategy
+    if not OmegaConf.is_dict(strategy):  # "auto", or a registered name
+        return strategy
+    if strategy._target_.endswith("DDPStrategy"):
+        return instantiate(strategy, bucket_cap_mb=cfg.speed.bucket_cap_mb,
+                           ddp_comm_hook=ALLREDUCE_HOOKS[cfg.speed.grad_allreduce])
+    if strategy._target_.endswith("ModelParallelStrategy") and strategy.data_parallel_size is None:
+        return instantiate(strategy, data_parallel_size=world_size(cfg.trainer))
+    return instantiate(strategy)
+
+
 def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path, resume_strict: bool = False,
                   start: float | None = None, run_name: str | None = None) -> L.Trainer:
     """``run_name``: the W&B run's name (tracking.wandb_run_name: task, the shape that runs, folder)."""
@@ -49,6 +70,7 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path, resume_s
     )
     return instantiate(
         cfg.trainer, **run_length,
+        strategy=build_strategy(cfg),
         accumulate_grad_batches=accumulation,
         callbacks=build_callbacks(cfg, resume_strict, loggers, start),
         logger=loggers or False,

@@ -14,7 +14,8 @@ line printed is the JSON's path. The steps:
   pretrain-300   300 bf16 pre-training steps of base on the shared text: the loss falls, MFU logged, no NaN
   mrpc-bf16      MRPC fine-tuned in bf16 from all-MiniLM-L6-v2; Dev accuracy against the same run in fp32 on
                  CPU, read from --cpu-reference (written beforehand by `--cpu-reference-run`)
-  ddp, fsdp      one training step under trainer=ddp and trainer=fsdp on the single GPU
+  ddp, fsdp      one training step under trainer=ddp (bf16 gradient all-reduce) and trainer=fsdp (FSDP2) on
+                 the single GPU
   fp8            one Transformer Engine FP8 matmul step, only where transformer_engine imports
 
 Without CUDA it exits at once with a message (status 2).
@@ -186,7 +187,9 @@ def steps(data: Path, cpu_reference: Path) -> list[Step]:
             ),
             lambda stdout, folder: compare_mrpc(read_results(stdout, folder), cpu_reference),
         ),
-        Step("ddp", 40, train(*one_step, "trainer=ddp", "trainer.devices=1"), read_results),
+        # the bf16 all-reduce hook too: torch 2.13 registers it on CUDA only (tests/test_ddp.py skips on CPU)
+        Step("ddp", 40, train(*one_step, "trainer=ddp", "trainer.devices=1", "speed.grad_allreduce=bf16"),
+             read_results),
         Step("fsdp", 40, train(*one_step, "trainer=fsdp", "trainer.devices=1"), read_results),
         Step("fp8", 25, lambda folder: [PY, "-c", FP8_STEP]),
     ]

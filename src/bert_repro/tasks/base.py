@@ -11,7 +11,7 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 from torch import nn
 
-from bert_repro.model import BertConfig
+from bert_repro.model import BertConfig, Layer
 from bert_repro.pretrained import with_shape
 from bert_repro.speed import SpeedOptions
 
@@ -121,6 +121,22 @@ class BertTaskModule(L.LightningModule):
         self.identity = checkpoint.get("identity") or self.identity
         if "history" in checkpoint:
             self.history = list(checkpoint["history"])
+
+    # -- FSDP2 (trainer=fsdp, fsdp_cpu: Lightning's ModelParallelStrategy gives the device mesh) -----------
+    def configure_model(self) -> None:
+        """One shard unit per encoder layer, gathered only around its own forward and backward, then the
+        rest (embeddings, heads) as the root unit; a no-op without a mesh (every other strategy) and on the
+        calls after fit's (validate, test), as the module is sharded already."""
+        from torch.distributed.fsdp import FSDPModule, fully_shard
+
+        if self.device_mesh is None or isinstance(self, FSDPModule):
+            return
+
+        mesh = self.device_mesh["data_parallel"]
+        for layer in self.model.modules():
+            if isinstance(layer, Layer):
+                fully_shard(layer, mesh=mesh)
+        fully_shard(self, mesh=mesh)
 
     # -- the paper's optimizer recipe ------------------------------------------------------------
     def configure_optimizers(self):
