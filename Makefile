@@ -11,7 +11,9 @@ CONSTRAINTS ?= constraints.txt
 PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP  := $(VENV)/.installed
 
-.PHONY: install test test-fast demo demo-pretrain lint bench gpu-check clean constraints
+.PHONY: install curves test test-fast demo table5_demo demo-pretrain lint bench gpu-check clean constraints slurm-up slurm-down
+# where a table's runs execute (the table targets and demo below): local | joblib | slurm
+LAUNCHER ?= local
 
 install: $(STAMP)
 
@@ -46,9 +48,9 @@ test-fast: install
 # a token-level and a pair demonstration task derived from it; cells with 95% intervals, the paper's comparisons with
 # verdicts (experiments/results/table5_demo.{md,json}), the paper's Table 5 beside (conf/table/table5_demo.yaml).
 # `make demo-pretrain` is the single 600-step pre-training run of conf/experiment/demo.yaml.
-demo: install
-	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m bert_repro.tables run table5_demo --scale smoke \
-		$(if $(filter 1 yes true,$(FORCE)),--force)
+demo table5_demo: install
+	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SLURM_ENV) $(BIN)/python -m bert_repro.tables run table5_demo \
+		--scale smoke --launcher $(LAUNCHER) $(if $(filter 1 yes true,$(FORCE)),--force)
 
 demo-pretrain: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python src/train.py experiment=demo
@@ -64,7 +66,14 @@ bench: install
 gpu-check: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m bert_repro.benchmarks.gpu_check
 
+# a run's loss, learning rate and Dev metrics against the step, from its CSV history (logger=csv): RUN/curves.png
+curves: install
+	$(BIN)/python -m bert_repro.curves $(RUN)
+
+# deletes every run's results and checkpoints too: it asks first (YES=1 skips the question)
 clean:
+	@echo "make clean deletes $(VENV), .cache and every run in outputs/ and multirun/ (results, checkpoints)."
+	@[ "$(YES)" = 1 ] || { read -p "Delete them? [y/N] " answer && [ "$$answer" = y ]; }
 	rm -rf $(VENV) .cache outputs multirun
 
 # The paper's tables beside its numbers: experiments/results/<table>.{md,csv,tex} (+ figures).
@@ -80,10 +89,22 @@ clean:
 TABLES   := $(basename $(notdir $(wildcard conf/table/table[0-9].yaml conf/table/figure[0-9].yaml)))  # as tables/__init__.py
 SCALE    ?= smoke
 ACTION   ?= run
-LAUNCHER ?= local
-.PHONY: $(TABLES)
+.PHONY: $(TABLES) tables
 
-$(TABLES): install
-	$(BIN)/python -m bert_repro.tables $(ACTION) $@ --scale $(SCALE) --launcher $(LAUNCHER) \
+# make tables SCALE=paper ACTION=plan: every table planned together, each shared pre-training once
+tables $(TABLES): install
+	$(SLURM_ENV) $(BIN)/python -m bert_repro.tables $(ACTION) $(if $(filter tables,$@),$(TABLES),$@) --scale $(SCALE) \
+		--launcher $(LAUNCHER) \
 		$(if $(filter 1 yes true,$(FORCE)),--force) $(if $(INIT),--init $(INIT)) $(if $(LOGGER),--logger $(LOGGER)) \
 		$(if $(ACCELERATOR),--accelerator $(ACCELERATOR)) $(if $(GRID),--rehearse-grid $(GRID))
+
+# A SLURM cluster on this host (munge, slurmctld, two 1-CPU slurmd nodes: tools/slurm/cluster.sh), its state in
+# SLURM_STATE; as root, after `apt-get install slurm-wlm munge`. With LAUNCHER=slurm the table targets and demo
+# submit to it (Hydra's submitit launcher) through its slurm.conf; elsewhere, to the cluster SLURM is set up for.
+SLURM_STATE ?= .slurm
+SLURM_ENV   = $(if $(and $(filter slurm,$(LAUNCHER)),$(wildcard $(SLURM_STATE)/slurm.conf)),SLURM_CONF=$(abspath $(SLURM_STATE)/slurm.conf))
+slurm-up:
+	tools/slurm/cluster.sh up $(SLURM_STATE)
+
+slurm-down:
+	tools/slurm/cluster.sh down $(SLURM_STATE)

@@ -18,7 +18,11 @@ hydra_hooks.register_resolvers()  # ${run_name:...}: run folders named by the co
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    # torch and Lightning load only when a run starts: --help and --cfg job stay fast
+    # torch and Lightning load only when a run starts: --help, --cfg job and a finished run stay fast
+    from bert_repro.finished import report_finished
+
+    if (done := report_finished(cfg)) is not None:  # its folder's results.json: nothing rerun (+force=true)
+        return done["metrics"]["final"].get(cfg.task.monitor)
     from bert_repro.run import main as run_main
 
     return run_main(cfg)  # the value a Hydra sweeper optimises: the task's monitored metric

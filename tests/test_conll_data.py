@@ -143,3 +143,31 @@ def test_hub_layout_with_class_label_ids(tmp_path, minilm_dir):
     assert data.sentences["dev"]["tags"] == s["tags"] and data.test_splits == ["test"]
     assert ([r["labels"][1] for r in rows_of(data, "train")]
             == [CONLL2003_LABELS.index(t[0]) for t in s["tags"]])
+
+
+def test_real_dev_windows_hold_the_maximal_document_context(tmp_path, minilm_dir, shared_data):
+    """v2 §5.3 "maximal document context": on real eng.testa word pieces at the model's length (the task
+    config's max_seq_length), each window is its document up to 512 pieces, never a fixed 128."""
+    from hydra import compose, initialize_config_dir
+
+    from .conftest import REPO
+
+    with initialize_config_dir(str(REPO / "conf"), version_base=None):
+        cfg = compose("train", overrides=["task=conll2003", "model=large"])
+    assert cfg.data.max_seq_length == cfg.model.max_position == 512 and cfg.data.document_context
+    data = ConllDataModule(str(shared_data / "conll2003"), tokenizer=str(minilm_dir), lowercase=True,
+                           max_seq_length=512, document_context=True, max_train_examples=1,
+                           cache_dir=str(tmp_path / "cache"))
+    data.setup()
+    raw, _ = data.raw_sentences()["dev"]
+    pieces = Counter()  # per document: its word pieces (an emptied word keeps one position, [UNK])
+    for tokens, document, encoding in zip(raw["tokens"], raw["document"], data._tokenizer.encode_batch(
+            raw["tokens"], is_pretokenized=True, add_special_tokens=False)):
+        per_word = Counter(encoding.word_ids)
+        pieces[document] += sum(max(1, per_word[w]) for w in range(len(tokens)))
+    dev = data.datasets["dev"]
+    documents = [raw["document"][s] for s in dev["sentence"]]
+    assert dev["length"] == [min(512, pieces[d] + 2) for d in documents]
+    assert sum(n > 128 for n in dev["length"]) > len(dev) / 2  # most windows reach past 128 pieces
+    seen = Counter((s, w) for s, ws in zip(dev["sentence"], dev["word"]) for w in ws if w >= 0)
+    assert len(seen) == sum(len(t) for t in raw["tokens"]) and set(seen.values()) == {1}

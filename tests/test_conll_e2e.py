@@ -42,7 +42,7 @@ def test_fine_tuned_ner_writes_metrics_and_test_predictions(tmp_path, minilm_dir
     assert {"val/precision", "val/recall", "val/f1", "val/token_acc", "val/loss"} <= set(final)
     assert 0.0 <= final["val/f1"] <= 1.0 and final["val/token_acc"] > 0.3  # O alone is ~83% of words
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 3
-    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu",
+    checkpoint = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", map_location="cpu",
                             weights_only=False)
     # run.py: MiniLM's own casing, with a warning
     assert checkpoint["lowercase"] is True and "uncased vocabulary" in out
@@ -68,7 +68,7 @@ def test_feature_based_ner_trains_only_the_bilstm_and_classifier(tmp_path, minil
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["ablation"] == "feature_concat_last_four" and "val/f1" in results["metrics"]["final"]
     assert results["missing_heads"] == ["classifier", "lstm"]
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu",
+    state = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", map_location="cpu",
                        weights_only=False)["state_dict"]
     pretrained = load_checkpoint(str(minilm_dir)).state_dict
     encoder = [k for k in state if k.startswith("model.bert.")]

@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import importlib.util
 import json
+import shutil
 import subprocess
 import sys
 from pathlib import Path
@@ -454,7 +455,7 @@ def test_exported_mrpc_model_gives_transformers_the_same_logits(tmp_path):
     module = finetuned(module, loaded.vocab)
     theirs, config = exported(module, tmp_path, "AutoModelForSequenceClassification")
     assert type(theirs).__name__ == "BertForSequenceClassification"
-    assert config["id2label"] == {str(i): name for i, name in enumerate(module.spec.labels)}
+    assert config["id2label"] == {"0": "not_equivalent", "1": "equivalent"}  # GLUE's names, not its digits
     assert config["problem_type"] == "single_label_classification"
     tokenizer = tokenizer_from_vocab(loaded.vocab, lowercase=True)
     tokenizer.enable_padding(pad_id=loaded.vocab.index("[PAD]"))
@@ -555,3 +556,92 @@ def test_cli_exports_a_finetuned_checkpoint_with_its_head_and_refuses_a_bilstm(t
     err = capsys.readouterr().err
     assert "rte.ckpt" in err and "BiLSTM head" in err and "--encoder-only" in err
     assert not (tmp_path / "rte").exists()
+
+
+# ------------------------------------------------------------------------------------ model card, Hub push
+
+RESULTS = {"status": "complete", "task": "mrpc", "scale": "smoke", "seed": 3, "global_step": 12,
+           "init": "sentence-transformers/all-MiniLM-L6-v2",
+           "metrics": {"final": {"val/acc": 0.75, "val/f1": 0.8125, "val/loss": 0.5}},
+           "config": {"task": {"name": "mrpc"}, "optim": {"lr": 2e-5, "epochs": 3}, "seed": 3}}
+
+
+PAIRS = [*SENTENCES, *((b, a) for a, b in SENTENCES), *((a, a) for a, _ in SENTENCES)]
+
+
+def pair_batch(vocab):
+    from bert_repro.tokenization import tokenizer_from_vocab
+
+    tokenizer = tokenizer_from_vocab(vocab, lowercase=True)
+    tokenizer.enable_padding(pad_id=vocab.index("[PAD]"))
+    enc = tokenizer.encode_batch(PAIRS)
+    fields = {"input_ids": "ids", "token_type_ids": "type_ids", "attention_mask": "attention_mask"}
+    return {k: torch.tensor([getattr(e, a) for e in enc]) for k, a in fields.items()}
+
+
+@pytest.fixture(scope="module")
+def mrpc_export(tmp_path_factory):
+    """all-MiniLM-L6-v2 as an MRPC classifier (a random head), exported with its card."""
+    from bert_repro.convert.card import write_card
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    loaded = load_checkpoint(minilm_dir())
+    module = SequenceClassificationModule(loaded.config.to_dict(), {}, task="mrpc", num_labels=2)
+    module.load_pretrained(loaded)
+    module = finetuned(module, loaded.vocab)
+    with torch.no_grad():  # the bias at the median margin: both labels are predicted, not one constant
+        margin = module(pair_batch(loaded.vocab)) @ torch.tensor([-1.0, 1.0])
+        module.model.classifier.bias[1] -= margin.median() + 1e-3
+    out = convert.export_finetuned(module, tmp_path_factory.mktemp("card") / "mrpc-hf")
+    write_card(out, "BertForSequenceClassification", {"task": "mrpc", "labels": ["0", "1"]}, RESULTS)
+    return module, loaded, out
+
+
+@torch.no_grad()
+def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mrpc_export):
+    from huggingface_hub import ModelCard
+
+    module, loaded, out = mrpc_export
+    card = ModelCard.load(out / "README.md")
+    assert card.data.base_model == "sentence-transformers/all-MiniLM-L6-v2"
+    assert card.data.pipeline_tag == "text-classification"
+    assert {(r.metric_type, r.metric_value) for r in card.data.eval_results} == {
+        ("acc", 0.75), ("f1", 0.8125), ("loss", 0.5)}
+    assert "| val/f1 | 0.8125 |" in card.text and "lr: 2.0e-05" in card.text
+    assert "devlin-etal-2019-bert" in card.text
+    classify = transformers.pipeline("text-classification", model=str(out), device="cpu")
+    theirs = [p["label"] for p in classify([{"text": a, "text_pair": b} for a, b in PAIRS])]
+    ours = module(pair_batch(loaded.vocab)).argmax(-1)
+    assert theirs == [("not_equivalent", "equivalent")[i] for i in ours.tolist()]
+    assert len(set(theirs)) == 2  # both names occur: the comparison is not of a constant
+
+
+def test_push_to_hub_creates_the_repo_and_uploads_the_folder(mrpc_export, monkeypatch, tmp_path, capsys):
+    """huggingface_hub's HfApi faked at its calls, as the download path's snapshot_download is."""
+    from huggingface_hub import HfApi
+
+    hub = tmp_path / "hub"
+    calls = []
+
+    def create_repo(self, repo_id, private=False, exist_ok=False, **kwargs):
+        calls.append(("create", repo_id, private, exist_ok))
+
+    def upload_folder(self, repo_id, folder_path, commit_message=None, **kwargs):
+        calls.append(("upload", repo_id, commit_message))
+        shutil.copytree(folder_path, hub / repo_id)
+        return f"https://huggingface.co/{repo_id}/commit/abc"
+
+    monkeypatch.setattr(HfApi, "create_repo", create_repo)
+    monkeypatch.setattr(HfApi, "upload_folder", upload_folder)
+    _, _, out = mrpc_export
+    assert main(["push-to-hub", str(out), "me/bert-mrpc", "--private"]) == 0
+    assert calls == [("create", "me/bert-mrpc", True, True),
+                     ("upload", "me/bert-mrpc", "bert-repro export of mrpc-hf")]
+    assert sorted(p.name for p in (hub / "me/bert-mrpc").iterdir()) == sorted(p.name for p in out.iterdir())
+    assert "README.md" in {p.name for p in out.iterdir()}
+    assert "pushed" in capsys.readouterr().out
+    calls.clear()
+    (tmp_path / "bare").mkdir()
+    assert main(["push-to-hub", str(tmp_path / "bare"), "me/x"]) == 2 and calls == []  # nothing uploaded
+    assert "no config.json, README.md; expected a folder that `python -m bert_repro.convert to-hf`" in \
+        capsys.readouterr().err

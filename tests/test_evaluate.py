@@ -23,9 +23,10 @@ def evaluate_py(*args: str) -> subprocess.CompletedProcess:
 def test_a_trained_checkpoint_evaluates_to_its_training_numbers_and_predicts_a_file(tmp_path, minilm_dir,
                                                                                     shared_data):
     trained = tmp_path / "train"
+    # checkpoint.keep_last: the final weights, whose numbers the training run reports
     proc = train_py(*SMALL, f"data.tokenizer={minilm_dir / 'vocab.txt'}", "optim.max_steps=3",
-                    "data.max_train_examples=32", "logger=none", f"paths.cache_dir={tmp_path / 'cache'}",
-                    f"hydra.run.dir={trained}")
+                    "data.max_train_examples=32", "logger=none", "checkpoint.keep_last=true",
+                    f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={trained}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     pairs = tmp_path / "pairs.csv"
     pairs.write_text("id,first,second\n7,The cat sat on the mat.,A cat sat on the mat.\n"

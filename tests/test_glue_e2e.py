@@ -76,7 +76,7 @@ def test_select_then_submit(sweep, tmp_path, capsys):
     assert mrpc["selected"] in healthy and f1[mrpc["selected"]] == max(f1[d] for d in healthy)
     with zipfile.ZipFile(tmp_path / "sel" / "submission.zip") as archive:  # both predicted after the fact
         assert sorted(archive.namelist()) == ["MRPC.tsv", "WNLI.tsv"]
-        mrpc_lines = archive.read("MRPC.tsv").decode().splitlines()  # from the selected run's last.ckpt
+        mrpc_lines = archive.read("MRPC.tsv").decode().splitlines()  # from the selected run's best.ckpt
         wnli_lines = archive.read("WNLI.tsv").decode().splitlines()  # the majority class of WNLI train
     assert mrpc_lines[0] == "index\tprediction" and len(mrpc_lines) == 1 + 1725
     assert {line.split("\t")[1] for line in mrpc_lines[1:]} <= {"0", "1"}

@@ -61,6 +61,24 @@ def test_restarts_report_mean_and_std_per_hyper_parameters(tmp_path):
     assert selection.select(selection.load_runs([loss_runs])[0])[0]["selected"].endswith("/y")
 
 
+def test_mrpc_is_selected_on_the_metric_its_table_reports(tmp_path, capsys):
+    """Table 1 reports MRPC F1, Tables 5 and 6 accuracy (PAPER.md; reference.yaml): the run chosen is the one
+    best on that number, not on the task's monitor (F1) whatever the table shows."""
+    write_run(tmp_path, "lr5", "mrpc", 1, 5e-5, {"val/f1": 0.90, "val/acc": 0.84})
+    write_run(tmp_path, "lr2", "mrpc", 1, 2e-5, {"val/f1": 0.88, "val/acc": 0.86})
+    write_run(tmp_path, "lr3", "mrpc", 1, 3e-5, {"val/f1": 0.89})  # no accuracy: never chosen on it
+    runs = selection.load_runs([tmp_path])[0]
+    (on_f1,) = selection.select(runs, metric="val/f1")
+    (on_acc,) = selection.select(runs, metric="val/acc")
+    assert selection.select(runs)[0]["selected"] == on_f1["selected"] == str(tmp_path / "lr5")
+    assert on_acc["selected"] == str(tmp_path / "lr2") and on_acc["metrics"]["val/acc"] == 0.86
+    assert on_acc["monitor"] == "val/acc"
+    (restarts,) = selection.select(runs, restarts=True, metric="val/acc")
+    assert restarts["hparams"]["lr"] == 2e-5
+    assert selection.main([str(tmp_path), "--metric", "val/acc", "--out", str(tmp_path / "sel")]) == 0
+    assert "| mrpc | base | none | val/acc | 0.8600 | 2e-05 |" in capsys.readouterr().out
+
+
 def test_table1_average_and_summary(tmp_path, capsys):
     table1 = {"mnli": {"val/mnli_m_acc": 0.846, "val/mnli_mm_acc": 0.834}, "qqp": {"val/f1": 0.712},
               "qnli": {"val/acc": 0.905}, "sst2": {"val/acc": 0.935}, "cola": {"val/mcc": 0.521},

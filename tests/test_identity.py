@@ -45,7 +45,9 @@ def rte(tmp_path_factory, minilm_dir, shared_data):
     env_before = os.environ.get("WANDB_MODE")
     os.environ["WANDB_MODE"] = "offline"
     try:
-        proc = train_py("task=rte", *TINY, *common, "logger=wandb", f"hydra.run.dir={folder}")
+        # checkpoint.keep_last: the resume refusals below need a resumable last.ckpt
+        proc = train_py("task=rte", *TINY, *common, "logger=wandb", "checkpoint.keep_last=true",
+                        f"hydra.run.dir={folder}")
     finally:
         os.environ.pop("WANDB_MODE") if env_before is None else os.environ.update(WANDB_MODE=env_before)
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]

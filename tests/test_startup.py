@@ -37,3 +37,36 @@ def test_the_table_collector_does_not_import_torch(tmp_path):
             "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
     assert heavy_imports(argv, "run_module", "bert_repro.tables", ", alter_sys=True") == "heavy: []"
     assert (tmp_path / "results" / "table5_demo.md").is_file()  # it did collect
+
+
+def test_a_finished_run_prints_its_result_without_torch(good):
+    """Finished is finished: the same command again answers from results.json, no torch, nothing rewritten."""
+    from .conftest import FAST, fingerprint
+
+    _, out, cache, _ = good
+    before = fingerprint(out)
+    train = str(REPO / "src" / "train.py")
+    argv = [train, *FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}"]
+    assert heavy_imports(argv, "run_path", train) == "heavy: []"
+    assert fingerprint(out) == before
+
+
+@pytest.mark.e2e
+def test_force_reruns_a_finished_run_from_scratch(good, tmp_path):
+    import json
+    import shutil
+
+    from .conftest import FAST, run_py
+
+    _, out, cache, _ = good
+    copy = tmp_path / "again"
+    shutil.copytree(out, copy)  # the good run stays as it was for the other tests
+    proc = run_py(*FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={copy}", "+force=true")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    said = proc.stdout + proc.stderr
+    assert "is finished" not in said and "resuming from" not in said
+    results = json.loads((copy / "results.json").read_text())
+    assert results["status"] == "complete" and results["resumes"] == 0 and results["resumed_from"] is None
+    assert results["global_step"] == 4
+    # Dev once at the end: the fit's last evaluation (step 4) is the final one, never a second pass
+    assert said.count("Dev at step 4") == 1 and "Dev at step 2" in said

@@ -106,3 +106,57 @@ def test_only_the_wandb_logger_gets_the_config():
     assert logger_kwargs(named, cfg, name="mrpc/base/default")["name"] == "theirs"
     assert logger_kwargs(OmegaConf.create({"_target_": "lightning.pytorch.loggers.CSVLogger"}), cfg) == {}
 
+
+
+def test_tensorboard_and_mlflow_hold_the_config_and_the_final_metrics(tmp_path):
+    """Lightning's own TensorBoard and MLflow loggers from conf/logger/, through a short fit: the resolved
+    config as hyper-parameters, results.json's final metrics and the file (MLflow) at the end."""
+    import lightning as L
+    from hydra import compose, initialize_config_dir
+    from mlflow.tracking import MlflowClient
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from bert_repro.tracking import close_loggers, instantiate_logger
+
+    from .conftest import CONF
+    from .test_progress import Tiny, loader
+
+    with initialize_config_dir(str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=[
+            "task=mrpc", "logger=[tensorboard,mlflow]", "seed=7",
+            f"logger.mlflow.tracking_uri=file:{tmp_path}/mlruns",
+            *(f"paths.{key}={tmp_path / key}" for key in ("output_dir", "cache_dir", "shared_data"))])
+    out = tmp_path / "output_dir"
+    tb, ml = (instantiate_logger(cfg.logger[name], cfg) for name in ("tensorboard", "mlflow"))
+    trainer = L.Trainer(max_steps=2, logger=[tb, ml], enable_progress_bar=False, enable_checkpointing=False,
+                        enable_model_summary=False, default_root_dir=out)
+    trainer.fit(Tiny(), loader())
+    out.mkdir(exist_ok=True)
+    results = {"status": "complete", "global_step": 2, "metrics": {"final": {"val/f1": 0.8125}}, "config": {}}
+    (out / "results.json").write_text(json.dumps(results))
+    close_loggers([tb, ml], results, out / "results.json")
+
+    events = EventAccumulator(str(out / "tensorboard")).Reload()
+    assert [e.value for e in events.Scalars("final/val/f1")] == [0.8125]
+    text = events.Tensors("results.json/text_summary")[0].tensor_proto.string_val[0].decode()
+    assert json.loads(text.strip("`\n"))["metrics"]["final"] == {"val/f1": 0.8125}
+    hparams = OmegaConf.load(out / "tensorboard" / "hparams.yaml")
+    assert hparams.cfg.seed == 7 and hparams.cfg.task.name == "mrpc"
+    client = MlflowClient(f"file:{tmp_path / 'mlruns'}")
+    run = client.get_run(ml.run_id)
+    assert run.data.params["cfg/seed"] == "7" and run.data.params["cfg/task/name"] == "mrpc"
+    assert run.data.metrics["final/val/f1"] == 0.8125 and run.info.status == "FINISHED"
+    assert [a.path for a in client.list_artifacts(ml.run_id)] == ["results.json"]
+
+
+def test_an_offline_wandb_run_keeps_its_config_and_summary_readable(good):
+    """The good run logged to W&B offline: beside the binary .wandb file, its resolved config as YAML and
+    results.json less the config as JSON, the same as the run folder's."""
+    _, out, _, _ = good
+    runs = list((out / "wandb").glob("offline-run-*"))
+    assert len(runs) == 1 and len(list(runs[0].glob("*.wandb"))) == 1, runs
+    results = json.loads((out / "results.json").read_text())
+    config = OmegaConf.to_container(OmegaConf.load(runs[0] / "config.yaml"))
+    assert config == results["config"] and config["optim"]["max_steps"] == 4
+    summary = json.loads((runs[0] / "summary.json").read_text())
+    assert summary == {k: v for k, v in results.items() if k != "config"} and summary["status"] == "complete"

@@ -1,9 +1,15 @@
-"""Training-loop measurements that every run records (results.json carries the averages)."""
+"""Training-loop measurements that every run records (results.json carries the averages), and what a
+finished run keeps of its checkpoints (``retain_checkpoints``), and the progress lines a run prints where no
+progress bar draws (``ProgressLines``)."""
 
 from __future__ import annotations
 
 import logging
+import re
+import sys
 import time
+from collections.abc import Iterable
+from pathlib import Path
 
 import lightning as L
 import torch
@@ -11,6 +17,30 @@ import torch
 from bert_repro.flops import accelerator_peak_flops, batch_flops, measured_peak_flops
 
 log = logging.getLogger(__name__)
+
+
+STEP_CHECKPOINT = re.compile(r"step-(\d+)\.ckpt")  # tasks.pretrain.StepCheckpoint's names
+
+
+def retain_checkpoints(folder: Path, keep_last: bool, keep_steps: Iterable[int] | None) -> list[Path]:
+    """What a complete run no longer needs, deleted from its ``checkpoints/`` (conf/train.yaml checkpoint:):
+    last.ckpt and recent-*.ckpt unless ``keep_last`` (they are for resuming; never without a best.ckpt to
+    stand for the run), and step-<N>.ckpt whose N is not in ``keep_steps`` (None keeps all). Returns the
+    deleted files."""
+    keep = None if keep_steps is None else {int(step) for step in keep_steps}
+    doomed = []
+    if not keep_last and (folder / "best.ckpt").is_file():
+        doomed += [folder / "last.ckpt", *folder.glob("recent-*.ckpt")]
+    if keep is not None:
+        doomed += [p for p in folder.glob("step-*.ckpt")
+                   if (m := STEP_CHECKPOINT.fullmatch(p.name)) and int(m.group(1)) not in keep]
+    deleted = [p for p in doomed if p.is_file()]
+    for path in deleted:
+        path.unlink()
+    if deleted:
+        log.info("run complete: deleted %s (checkpoint.keep_last / checkpoint.keep_steps)",
+                 ", ".join(p.name for p in deleted))
+    return deleted
 
 
 def module_batch_flops(pl_module: L.LightningModule, batch: dict) -> float:
@@ -107,3 +137,93 @@ class Throughput(L.Callback):
                 "tflops_per_device": self.flops_per_s / 1e12 if self.flops_per_s else None,
                 "peak_tflops": self.peak_flops / 1e12 if self.peak_flops else None,
                 "peak_source": self.peak_source, "mfu": self.mfu}
+
+
+def _duration(seconds: float) -> str:
+    minutes, s = divmod(int(seconds), 60)
+    hours, m = divmod(minutes, 60)
+    return f"{hours}h{m:02d}m" if hours else f"{m}m{s:02d}s"
+
+
+class ProgressLines(L.Callback):
+    """Plain log lines where no progress bar draws (SLURM, nohup, a pipe, the table runner's launch.log, or
+    trainer.enable_progress_bar=false), every ``every_s`` seconds or ``every_n_steps`` optimizer steps: the
+    job, step, epoch, mean loss since the last line, tokens/s and MFU (the Throughput callback's) and the ETA
+    of this attempt's pace; a line per Dev evaluation, and one at the end. On a terminal the bar shows them.
+    ETA goes to the loggers too (``progress/eta_s``, beside Throughput's ``perf/*`` and the module's loss).
+    ``validated_step``: the step of the last Dev evaluation (run.py does not evaluate the same weights again).
+    """
+
+    def __init__(self, every_s: float | None = 20.0, every_n_steps: int | None = None):
+        if not every_s and not every_n_steps:
+            raise ValueError("ProgressLines: give every_s (seconds) or every_n_steps (optimizer steps)")
+        self.every_s, self.every_n_steps = every_s, every_n_steps
+        self.validated_step: int | None = None
+        self.lines: list[str] = []  # what was printed, in order (tests read it)
+
+    def setup(self, trainer, pl_module, stage: str) -> None:
+        bar = trainer.progress_bar_callback
+        self.active = trainer.is_global_zero and (bar is None or not sys.stdout.isatty())
+        if self.active and bar is not None:  # off a terminal a bar writes control codes, not lines
+            bar.disable()
+        root = Path(trainer.default_root_dir)
+        self.job = f"{root.parent.name}/{root.name}"  # the task (or sweep) and the run folder
+
+    def on_train_start(self, trainer, pl_module) -> None:
+        self._throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
+        self._began, self._first_step = time.monotonic(), trainer.global_step
+        self._last_time, self._last_step = self._began, trainer.global_step
+        self._loss, self._losses = 0.0, 0
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
+        if loss is not None:
+            self._loss, self._losses = self._loss + float(loss), self._losses + 1
+        step, now = trainer.global_step, time.monotonic()
+        if step == self._last_step:  # mid-accumulation: no optimizer step yet
+            return
+        eta = self._eta(trainer, now)
+        if eta is not None and trainer._logger_connector.should_update_logs:  # Throughput's cadence
+            pl_module.log("progress/eta_s", eta, on_step=True, on_epoch=False)
+        due = (self.every_n_steps and step % self.every_n_steps == 0) or (
+            self.every_s and now - self._last_time >= self.every_s)
+        if due:
+            self._print(trainer, eta)
+            self._last_time, self._last_step = now, step
+
+    def on_validation_end(self, trainer, pl_module) -> None:
+        if trainer.sanity_checking or trainer.state.fn != "fit":
+            return
+        self.validated_step = trainer.global_step
+        dev = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        self._say(f"{self.job}: Dev at step {trainer.global_step}: "
+                  + " ".join(f"{k} {v:.4f}" for k, v in sorted(dev.items())))
+
+    def on_train_end(self, trainer, pl_module) -> None:
+        self._print(trainer, 0.0, done=True)
+
+    def _eta(self, trainer, now: float) -> float | None:
+        total, done = trainer.estimated_stepping_batches, trainer.global_step - self._first_step
+        if done <= 0 or total == float("inf"):
+            return None
+        return max(0.0, (now - self._began) / done * (total - trainer.global_step))
+
+    def _print(self, trainer, eta: float | None, done: bool = False) -> None:
+        total = trainer.estimated_stepping_batches
+        epochs = f"/{trainer.max_epochs}" if trainer.max_epochs and trainer.max_epochs > 0 else ""
+        parts = [f"step {trainer.global_step}" + (f"/{total}" if total != float("inf") else ""),
+                 f"epoch {trainer.current_epoch + (0 if done else 1)}{epochs}"]
+        if self._losses:
+            parts.append(f"loss {self._loss / self._losses:.4f}")
+        self._loss, self._losses = 0.0, 0
+        speed = self._throughput
+        parts.append(f"tokens/s {speed.tokens_per_s:,.0f}" if speed and speed.tokens_per_s
+                     else "tokens/s n/a")
+        parts.append(f"MFU {speed.mfu:.1%}" if speed and speed.mfu is not None else "MFU n/a")
+        parts.append("done" if done else f"ETA {_duration(eta)}" if eta is not None else "ETA n/a")
+        self._say(f"{self.job}: " + " | ".join(parts))
+
+    def _say(self, line: str) -> None:
+        if self.active:
+            self.lines.append(line)
+            log.info("%s", line)

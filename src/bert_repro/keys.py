@@ -3,7 +3,8 @@
 The run folder's name (``hydra_hooks.run_name``), the settings a resumed checkpoint must share (its
 identity's science), the restarts ``selection`` groups together and the table collector all derive from
 it. A key ending in "." covers a whole node. ``data.group_by_length`` is science: it changes which examples
-share a batch.
+share a batch. So is ``data.max_eval_examples`` (a debug run's Dev on a subset): its scores are not the full
+run's, so it names its own folder and is never taken for the full run, which does not set it.
 """
 
 from __future__ import annotations
@@ -15,6 +16,7 @@ NOT_SCIENCE = (
     "trainer.", "speed.", "logger.", "callbacks.", "paths.", "checkpoint.", "ckpt_path", "test",
     "data.cache_dir",
     "data.num_workers", "data.num_proc", "data.padding",  # in results.json written before the speed node
+    "force",  # +force=true: rerun a finished run from scratch (finished.py)
 )
 # group choices that only change speed or places (an experiment's science keys are in results.json)
 NOT_SCIENCE_GROUPS = ("trainer", "logger", "callbacks", "experiment", "hydra/launcher")

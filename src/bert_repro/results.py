@@ -158,10 +158,13 @@ def find_runs(folders: list[Path]) -> list[Path]:
     return sorted(dict.fromkeys(found))
 
 
-def print_results(results: dict[str, Any], console: Console | None = None) -> None:
+def print_results(results: dict[str, Any], console: Console | None = None, scaled: bool = True) -> None:
+    """``scaled``: whether the scale= choice changed the run (finished.scale_reads); a fine-tuning run's
+    numbers are not a smoke-scale demonstration's because scale=smoke was composed beside them."""
     scale = results.get("scale")
-    caption = ("scale=smoke: a smoke-scale demonstration of the whole path, not the paper's numbers"
-               if scale == "smoke" else f"scale={scale}")
+    caption = None if not scaled else (
+        "scale=smoke: a smoke-scale demonstration of the whole path, not the paper's numbers"
+        if scale == "smoke" else f"scale={scale}")
     table = Table(title=f"{results['task']} | model={results.get('model')} | ablation={results['ablation']} "
                         f"| seed={results['seed']}", caption=caption)
     # What a model that learned nothing scores, so a smoke run's numbers can be read at a glance.

@@ -11,6 +11,7 @@ import inspect
 import logging
 import os
 import time
+import warnings
 from dataclasses import asdict, dataclass
 from pathlib import Path
 from typing import Any
@@ -24,9 +25,10 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from bert_repro.callbacks import Throughput
+from bert_repro.callbacks import ProgressLines, Throughput, retain_checkpoints
 from bert_repro.checks import SweepUsageError, UsageError, check_inputs, resolve_ckpt_path, split_batch
 from bert_repro.convert.safe import safe_torch_load
+from bert_repro.finished import config_summary, scale_reads
 from bert_repro.identity import checkpoint_identity, describe, head_mismatch, resume_refusal, run_identity
 from bert_repro.keys import science
 from bert_repro.locks import FolderInUse, RunFolderLock, is_launcher
@@ -210,18 +212,27 @@ def check_resume(ckpt_path: str | None, found: bool, cfg: DictConfig, identity: 
     a schedule it continues (this folder's own last.ckpt is checked by reliability.SameRun)."""
     if ckpt_path is None or found:
         return
-    saved = checkpoint_identity(safe_torch_load(ckpt_path, what="a bert_repro Lightning checkpoint"))
-    why = resume_refusal(ckpt_path, saved, identity, cfg.optim.get("resume_step") is not None)
+    checkpoint = safe_torch_load(ckpt_path, what="a bert_repro Lightning checkpoint")
+    why = resume_refusal(ckpt_path, checkpoint_identity(checkpoint), identity,
+                         cfg.optim.get("resume_step") is not None)
     if why:
         raise UsageError(why)
+    if "optimizer_states" not in checkpoint:  # Lightning would fail deep in its restore with a KeyError
+        raise UsageError(f"ckpt_path={ckpt_path} holds weights only (a best.ckpt: "
+                         "checkpoint.best_weights_only), not the optimizer state a resume needs; start from "
+                         f"its weights with init={ckpt_path}, or resume a last.ckpt")
 
 
 def train(cfg: DictConfig) -> dict[str, Any]:
     """Build data, model and trainer from ``cfg``, fit, validate the final weights, write results.json."""
     start = time.time()
     output_dir = Path(cfg.paths.output_dir)
+    if is_launcher():  # once: DDP's other ranks rerun the command
+        log.info("%s", config_summary(cfg))
     check_inputs(cfg, output_dir)
-    ckpt_path, found = resolve_ckpt_path(cfg.ckpt_path, output_dir)
+    # +force=true: a finished run (finished.py) reruns from scratch, not from its folder's last.ckpt
+    fresh = cfg.get("force") and cfg.ckpt_path == "last"
+    ckpt_path, found = resolve_ckpt_path(None if fresh else cfg.ckpt_path, output_dir)
     optim = _plain(cfg.optim)
     if found:  # resuming this run's own progress: phase 2's check of phase 1's final step does not apply
         optim["resume_step"] = None
@@ -242,7 +253,9 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     try:
         if not majority:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
-        if majority or not trainer.fast_dev_run:  # one dict per dev set (MNLI: matched, mismatched)
+        if _validated_last(trainer):  # Dev of the final weights was the fit's last evaluation: not again
+            final = floats({k: v for k, v in trainer.callback_metrics.items() if k.startswith("val/")})
+        elif majority or not trainer.fast_dev_run:  # one dict per dev set (MNLI: matched, mismatched)
             final = floats({k: v for d in trainer.validate(module, datamodule=datamodule, verbose=False)
                             for k, v in d.items()})
         else:
@@ -282,7 +295,10 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     )
     if trainer.is_global_zero:
         results.write(output_dir / RESULTS)
-        print_results(asdict(results))
+        if status == "complete":  # the resumable state and unread step checkpoints served an unfinished run
+            kept = cfg.checkpoint
+            retain_checkpoints(output_dir / "checkpoints", kept.keep_last, kept.keep_steps)
+        print_results(asdict(results), scaled=scale_reads(cfg))
     close_loggers(trainer.loggers, asdict(results), output_dir / RESULTS)  # W&B: results.json as the summary
     return asdict(results)
 
@@ -291,6 +307,13 @@ def _callback(trainer: L.Trainer, kind: type) -> Any:
     """The trainer's callback of ``kind``; RunRecord is always there (trainer.build_callbacks), Throughput
     unless a user removed it (``~callbacks.throughput``): then results.json has no throughput."""
     return next((c for c in trainer.callbacks if isinstance(c, kind)), None)
+
+
+def _validated_last(trainer: L.Trainer) -> bool:
+    """Whether the fit ended with a Dev evaluation of its final weights (ProgressLines saw it)."""
+    progress = _callback(trainer, ProgressLines)
+    return (not trainer.fast_dev_run and progress is not None and trainer.global_step > 0
+            and progress.validated_step == trainer.global_step)
 
 
 def _sizes(datamodule: L.LightningDataModule) -> dict[str, int] | None:
@@ -319,7 +342,22 @@ class JobFailed(Exception):
     """One job of a multirun failed: Hydra's launcher records it, runs the others, and fails at the end."""
 
 
+def _no_tip(record: logging.LogRecord) -> bool:
+    return not str(record.msg).startswith("💡 Tip")
+
+
+def one_voice() -> None:
+    """Each Lightning message once, through Hydra's handlers (the console and the run's log file): the
+    ``lightning`` package adds a console handler of its own beside them. Its tips to install more go, and the
+    srun hint (SLURM runs go through Hydra's submitit launcher, not srun)."""
+    if logging.getLogger().handlers:  # Hydra configured logging
+        logging.getLogger("lightning").handlers.clear()
+    logging.getLogger("lightning.pytorch.utilities.rank_zero").addFilter(_no_tip)  # added once however often
+    warnings.filterwarnings("ignore", message=r"The `srun` command is available")
+
+
 def main(cfg: DictConfig) -> float | None:
+    one_voice()
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     output_dir = Path(cfg.paths.output_dir)
     places = {"hydra.run.dir": output_dir, "paths.cache_dir": Path(cfg.paths.cache_dir)}

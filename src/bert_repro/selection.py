@@ -92,10 +92,22 @@ def _best(runs: list[dict]) -> dict:
     return max(healthy, key=lambda r: sign * r["score"])
 
 
-def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None = None) -> list[dict]:
+def scored_on(runs: list[dict], metric: str) -> list[dict]:
+    """``runs`` scored on ``metric`` (a score: higher is better) instead of each run's task monitor, so a
+    table selects on the number it reports (MRPC: F1 in Table 1, accuracy in Tables 5 and 6). A run without it
+    scores -inf: never chosen while another has it."""
+    return [{**r, "monitor": metric, "mode": r["mode"] if metric == r["monitor"] else "max",
+             "score": r["final"][metric] if r["final"].get(metric) is not None else -math.inf}
+            for r in runs]
+
+
+def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None = None,
+           metric: str | None = None) -> list[dict]:
     """One entry per setting: the run best on Dev, or (``restarts``) the hyper-parameters best on mean Dev
     over seeds, with every metric's mean and std over those seeds. ``failed`` runs (``load_runs``) are
-    listed in their setting's entry with their reasons; a setting with no completed run is an entry too."""
+    listed in their setting's entry with their reasons; a setting with no completed run is an entry too.
+    ``metric``: select on it (``scored_on``) rather than on each run's task monitor."""
+    runs = scored_on(runs, metric) if metric else runs
     chosen = []
     failures = _groups(failed or [], lambda f: f["setting"])
     for key, members in _groups(runs, lambda r: r["setting"]).items():
@@ -194,8 +206,8 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
 
 
 def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
-    """Test predictions of a finished run's final weights (checkpoints/last.ckpt), in its
-    test_predictions/."""
+    """Test predictions of a finished run, in its test_predictions/: its final weights where the run kept
+    them (checkpoints/last.ckpt, checkpoint.keep_last), else its weights best on Dev (best.ckpt)."""
     import lightning as L
     from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf
@@ -210,10 +222,14 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
             vocab = (run_dir / "init_vocab.txt").read_text(encoding="utf-8").splitlines()
         module = instantiate(config["module"], model=results["model_config"], optim=config["optim"])
     else:
-        ckpt = run_dir / "checkpoints" / "last.ckpt"
-        if not ckpt.is_file():
-            raise FileNotFoundError(f"{ckpt} does not exist; rerun {run_dir} with test=true to predict its "
-                                    "test set")
+        kept = [run_dir / "checkpoints" / name for name in ("last.ckpt", "best.ckpt")]
+        ckpt = next((path for path in kept if path.is_file()), None)
+        if ckpt is None:
+            raise FileNotFoundError(f"{run_dir / 'checkpoints'} holds neither last.ckpt nor best.ckpt; rerun "
+                                    f"{run_dir} with test=true to predict its test set")
+        if ckpt.name == "best.ckpt":
+            log.info("%s: predicting with best.ckpt, the epoch best on Dev (the final weights were not kept: "
+                     "checkpoint.keep_last=false)", run_dir)
         module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu",
                                                                               weights_only=True)
         vocab, lowercase = module.vocab, module.lowercase
@@ -262,6 +278,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mean +- std over seeds per hyper-parameter setting")
     parser.add_argument("--submit", action="store_true",
                         help="write the GLUE server's files for the selected runs")
+    parser.add_argument("--metric", help="select on this Dev metric, e.g. val/acc (default: each run's "
+                                         "task.monitor)")
     parser.add_argument("--collapse", type=float, default=COLLAPSE_SHARE,
                         help="share of one predicted class that flags a run as collapsed (default "
                              "%(default)s)")
@@ -273,7 +291,7 @@ def main(argv: list[str] | None = None) -> int:
         runs, skipped = load_runs(args.folders, args.collapse, failed=failed)
         if not runs and not failed:
             raise ValueError(f"no completed run (results.json) under {', '.join(map(str, args.folders))}")
-        entries = select(runs, restarts=args.restarts, failed=failed)
+        entries = select(runs, restarts=args.restarts, failed=failed, metric=args.metric)
         glue = table1_scores(entries)
         out = args.out or args.folders[0]
         out.mkdir(parents=True, exist_ok=True)

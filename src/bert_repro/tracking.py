@@ -11,6 +11,7 @@ tables.render.log_wandb), else one per sweep: its folder and a hash of its scien
 from __future__ import annotations
 
 import hashlib
+import json
 import logging
 import os
 from pathlib import Path
@@ -93,18 +94,30 @@ def logger_kwargs(logger_cfg: DictConfig, cfg: DictConfig, name: str | None = No
 
 def instantiate_logger(logger_cfg: DictConfig, cfg: DictConfig, name: str | None = None) -> Any:
     """The logger of ``logger_cfg`` (conf/logger/), given what ``logger_kwargs`` adds (``config`` is also the
-    first argument of Hydra's instantiate, hence the partial)."""
+    first argument of Hydra's instantiate, hence the partial). The others (TensorBoard, MLflow, CSV) get the
+    resolved config as hyper-parameters, under ``cfg/`` as W&B's."""
     from hydra.utils import instantiate
 
-    return instantiate(logger_cfg, _partial_=True)(**logger_kwargs(logger_cfg, cfg, name))
+    if str(logger_cfg.get("tracking_uri") or "").startswith("file:"):  # MLflow's documented opt-in to a
+        os.environ.setdefault("MLFLOW_ALLOW_FILE_STORE", "true")      # local file store (no database needed)
+    logger = instantiate(logger_cfg, _partial_=True)(**logger_kwargs(logger_cfg, cfg, name))
+    if not _is_wandb(logger):  # W&B has it as its run's config (logger_kwargs)
+        logger.log_hyperparams({"cfg": OmegaConf.to_container(cfg, resolve=True)})
+    return logger
 
 
 def close_loggers(loggers: list[Any], results: dict[str, Any] | None = None,
                   results_file: Path | None = None) -> None:
     """Finish every W&B run, with ``results`` (results.json, less the config it already has) as its summary;
     called on failure too (no results), so one failed run does not leave a sweep's next run attached to it."""
+    from lightning.pytorch.utilities import rank_zero_only
+
+    if rank_zero_only.rank != 0:  # the other ranks hold Lightning's stand-in experiment: rank 0 owns the run
+        return
     for logger in loggers:
-        run = getattr(logger, "experiment", None) if hasattr(logger, "experiment") else None
+        if results is not None and not _is_wandb(logger):
+            _summarize(logger, results, results_file)
+        run = getattr(logger, "experiment", None) if _is_wandb(logger) else None
         if run is None or not hasattr(run, "finish"):
             continue
         try:
@@ -112,5 +125,28 @@ def close_loggers(loggers: list[Any], results: dict[str, Any] | None = None,
                 run.summary.update({k: v for k, v in results.items() if k != "config"})
                 if results_file is not None and results_file.is_file() and hasattr(run, "save"):
                     run.save(str(results_file), base_path=str(results_file.parent), policy="end")
+                if getattr(run, "dir", None):  # the .wandb file is binary: both readable beside it
+                    beside = Path(run.dir).parent  # run.dir is its files/, which W&B fills with its own
+                    (beside / "config.yaml").write_text(OmegaConf.to_yaml(results.get("config") or {}))
+                    (beside / "summary.json").write_text(json.dumps(
+                        {k: v for k, v in results.items() if k != "config"}, indent=2, default=str))
         finally:
             run.finish()
+
+
+def _is_wandb(logger: Any) -> bool:
+    return type(logger).__name__ == "WandbLogger"
+
+
+def _summarize(logger: Any, results: dict[str, Any], results_file: Path | None) -> None:
+    """results.json as the summary of a TensorBoard or MLflow run: its final metrics under ``final/`` at the
+    last step, and the file itself (MLflow: an artifact; TensorBoard: a text entry)."""
+    final = {f"final/{k}": v for k, v in (results.get("metrics", {}).get("final") or {}).items()
+             if isinstance(v, int | float)}
+    logger.log_metrics(final, step=int(results.get("global_step") or 0))
+    if type(logger).__name__ == "MLFlowLogger" and results_file is not None and results_file.is_file():
+        logger.experiment.log_artifact(logger.run_id, str(results_file))
+    elif type(logger).__name__ == "TensorBoardLogger":
+        text = json.dumps({k: v for k, v in results.items() if k != "config"}, indent=2)
+        logger.experiment.add_text("results.json", f"```\n{text}\n```")
+    logger.finalize("success" if results.get("status") == "complete" else results.get("status") or "failed")

@@ -1,6 +1,7 @@
-"""``python -m bert_repro.convert check|to-hf``: the parity check against transformers, and export to
-Hugging Face format of any checkpoint ``load_checkpoint`` reads (a fine-tuned one with its task head), into
-an empty or new folder (``--force`` replaces a non-empty one whole)."""
+"""``python -m bert_repro.convert check|to-hf|push-to-hub``: the parity check against transformers, export to
+Hugging Face format of any checkpoint ``load_checkpoint`` reads (a fine-tuned one with its task head, label
+names and a model card), into an empty or new folder (``--force`` replaces a non-empty one whole), and the
+upload of such a folder to the Hub."""
 
 from __future__ import annotations
 
@@ -10,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bert_repro.convert.card import push_to_hub, run_results, write_card
 from bert_repro.convert.export import export_finetuned, export_hf, finetuned_architecture, fresh_folder
 from bert_repro.convert.loaders import build_model, load_checkpoint
 from bert_repro.convert.names import ARCHITECTURES, HEADS
@@ -97,12 +99,15 @@ def _to_hf(src: str, out: str, encoder_only: bool, force: bool) -> int:
             except ValueError as err:
                 raise CheckpointError(f"{src}: {err}") from None
             export_finetuned(module, new)
+            identity = getattr(module, "identity", None)
         else:
             loaded = load_checkpoint(src)
             model = build_model(loaded, nsp="nsp" not in loaded.missing_heads)
             export_hf(model, new, loaded.vocab, loaded.lowercase is not False, loaded.missing_heads,
                       loaded.identity)
             architecture = ARCHITECTURES[tuple(head not in loaded.missing_heads for head in HEADS)]
+            identity = loaded.identity
+        write_card(new, architecture, identity, run_results(src))
     if replaced:
         print(f"--force: deleted the earlier contents of {out}: {', '.join(replaced)}")
     print(f"wrote {out} ({architecture})")
@@ -123,11 +128,20 @@ def main(argv: list[str] | None = None) -> int:
                        help="export a fine-tuned checkpoint's encoder without its task head")
     to_hf.add_argument("--force", action="store_true",
                        help="replace OUT_DIR when it is not empty (everything in it is deleted)")
+    push = sub.add_parser("push-to-hub", help="upload a folder that to-hf wrote to a Hub repository")
+    push.add_argument("folder")
+    push.add_argument("repo", help="owner/name on the Hub (created when missing; `hf auth login` first)")
+    push.add_argument("--private", action="store_true", help="create the repository private")
     args = parser.parse_args(argv)
+    from huggingface_hub.errors import HfHubHTTPError
+
     try:
         if args.command == "check":
             return _check(args.src, args.tol)
+        if args.command == "push-to-hub":
+            print(f"pushed {args.folder} to {args.repo}: {push_to_hub(args.folder, args.repo, args.private)}")
+            return 0
         return _to_hf(args.src, args.out_dir, args.encoder_only, args.force)
-    except (ValueError, ImportError, OSError) as err:  # CheckpointError is a ValueError
+    except (ValueError, ImportError, OSError, HfHubHTTPError) as err:  # CheckpointError is a ValueError
         print(f"error: {err}", file=sys.stderr)
         return 2

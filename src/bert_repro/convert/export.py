@@ -120,7 +120,7 @@ def _labels(module: nn.Module, architecture: str) -> dict:
         return {"id2label": dict(enumerate(tags)), "label2id": {n: i for i, n in enumerate(tags)}}
     if architecture != "BertForSequenceClassification":
         return {}
-    names = list(module.spec.labels or ["score"])
+    names = list(module.spec.names or module.spec.labels or ["score"])  # MRPC's "equivalent", not its "1"
     return {"id2label": dict(enumerate(names)), "label2id": {n: i for i, n in enumerate(names)},
             "problem_type": "single_label_classification" if module.spec.labels else "regression"}
 

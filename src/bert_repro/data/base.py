@@ -14,6 +14,7 @@ from pathlib import Path
 import lightning as L
 import numpy as np
 from datasets import Dataset
+from filelock import FileLock
 from lightning.fabric.utilities.data import AttributeDict
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
@@ -59,6 +60,7 @@ class FineTuningDataModule(L.LightningDataModule):
     cache_folder: str  # under default_cache_dir() when cache_dir is null
     batch_columns: tuple[str, ...]  # the columns of datasets[split] that the collator reads
     task: str
+    example_column: str | None = None  # the column naming a row's example (a window's question); None: a row
 
     def __init__(self):
         super().__init__()
@@ -92,7 +94,13 @@ class FineTuningDataModule(L.LightningDataModule):
         raise NotImplementedError
 
     def prepare_data(self) -> None:
-        self.setup()  # rank 0 builds every cache; setup on the other ranks then reads them
+        """Every cache built once: Lightning calls this on each node's first rank while the others wait in
+        its barrier without the process group's timeout (data_connector's _InfiniteBarrier), then setup on
+        every rank reads the caches. The cache folder's lock makes nodes that share it, and runs of the same
+        data started side by side, tokenize once: the first to take it builds, the others read."""
+        self.cache_dir.mkdir(parents=True, exist_ok=True)
+        with FileLock(self.cache_dir / "prepare.lock"):
+            self.setup()
 
     def setup(self, stage: str | None = None) -> None:
         if self.datasets:
@@ -100,6 +108,22 @@ class FineTuningDataModule(L.LightningDataModule):
         if self._tokenizer is None:
             self.prepare_tokenizer()
         self.build()
+        self.limit_eval()
+
+    def limit_eval(self) -> None:
+        """``max_eval_examples`` (data.max_eval_examples, a subclass argument): each Dev split keeps that
+        many of its examples, a fixed subset (HELD_OUT_SEED), every window of each. A debug and speed key, not
+        science: unlike SQuAD's ``max_dev_examples`` it names no run folder and leaves the caches as they
+        are."""
+        limit = self.hparams.get("max_eval_examples")
+        for split in self.dev_splits if limit is not None else ():
+            data = self.datasets[split]
+            owners = data[self.example_column] if self.example_column else list(range(len(data)))
+            examples = sorted(set(owners))
+            keep = fixed_subset(len(examples), limit)
+            if keep is not None:
+                kept = {examples[i] for i in keep}
+                self.datasets[split] = data.select([row for row, e in enumerate(owners) if e in kept])
 
     @property
     def dev_splits(self) -> list[str]:

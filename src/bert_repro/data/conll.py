@@ -3,11 +3,12 @@
 Files: one word a line (``word POS chunk NER``), a blank line ends a sentence, ``-DOCSTART-`` starts a
 document. The original release tags in IOB1; tags are converted to IOB2 on reading, which conlleval scores
 the same and which gives each entity one B- label. Each word is WordPiece-tokenized; its first piece carries
-the label and every other position gets -100 (no loss, no prediction: the paper's "X"). A sentence longer
-than max_seq_length is cut into windows at word boundaries, the rest of the sentence filling each window as
-unlabelled context, so every word is predicted exactly once. ``document_context``: fill windows from the
-neighbouring sentences of the document instead (what the released NER model is known to have done; not
-what the paper describes), off by default.
+the label and every other position gets -100 (no loss, no prediction: the paper's "X"). Each sentence is
+labelled in a window of up to max_seq_length pieces (conf/task/conll2003.yaml: the model's length), a longer
+one in several, cut at word boundaries, so every word is predicted exactly once. The rest of each window is
+unlabelled context, about half on each side: with ``document_context`` (the task config's default) from the
+whole document around the sentence, the "maximal document context provided by the data" of v2 §5.3; without
+it (the constructor's default, and the Hub copy, which has no document boundaries) from the sentence alone.
 """
 
 from __future__ import annotations
@@ -179,11 +180,13 @@ class ConllDataModule(FineTuningDataModule):
 
     cache_folder = "conll2003"
     batch_columns = ("input_ids", "labels", "word", "sentence")
+    example_column = "sentence"  # max_eval_examples keeps whole sentences: F1 rebuilds them from windows
     task = "conll2003"
 
     def __init__(self, conll_dir: str | None = None, hub: dict | None = None, tokenizer: str | None = None,
                  lowercase: bool = False, max_seq_length: int = 128, document_context: bool = False,
-                 batch_size: int = 32, max_train_examples: int | None = None, num_workers: int = 0,
+                 batch_size: int = 32, max_train_examples: int | None = None,
+                 max_eval_examples: int | None = None, num_workers: int = 0,
                  seed: int = 12345, cache_dir: str | None = None):
         if max_seq_length < 3:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] word [SEP]")

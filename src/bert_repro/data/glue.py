@@ -46,6 +46,7 @@ class GlueTask:
     dev: dict[str, str] = field(default_factory=lambda: {"dev": ""})  # dev split -> metric name prefix
     test_index: str = "index"  # id column of test.tsv, echoed in the submission
     no_header: tuple[str, ...] | None = None  # column names of labelled files that have no header (CoLA)
+    names: tuple[str, ...] | None = None  # what digit labels mean (nyu-mll/glue's names): exported id2label
 
     @property
     def num_labels(self) -> int:
@@ -59,7 +60,7 @@ class GlueTask:
 def _read_tasks() -> dict[str, dict[str, GlueTask]]:
     """glue_tasks.yaml, the one place the tasks' facts are written: section -> task name -> GlueTask."""
     sections = yaml.safe_load(Path(__file__).with_name("glue_tasks.yaml").read_text(encoding="utf-8"))
-    tuples = ("labels", "metrics", "score", "hub_text", "no_header")
+    tuples = ("labels", "metrics", "score", "hub_text", "no_header", "names")
 
     def task(facts: dict) -> GlueTask:
         return GlueTask(**{k: tuple(v) if k in tuples and v is not None else v for k, v in facts.items()})
@@ -127,7 +128,8 @@ class GlueDataModule(FineTuningDataModule):
                  hub: dict | None = None, tokenizer: str | None = None, lowercase: bool = True,
                  max_seq_length: int = 128, batch_size: int = 32, padding: str = "longest",
                  group_by_length: bool = False, dev_from_train: float | int | None = None,
-                 max_train_examples: int | None = None, num_workers: int = 0, num_proc: int = 1,
+                 max_train_examples: int | None = None, max_eval_examples: int | None = None,
+                 num_workers: int = 0, num_proc: int = 1,
                  seed: int = 12345, cache_dir: str | None = None):
         spec = glue_task(task)
         if padding not in ("longest", "max_length"):

@@ -226,11 +226,13 @@ class SquadDataModule(FineTuningDataModule):
 
     cache_folder = "squad"
     batch_columns = ("input_ids", "token_type_ids", "start_positions", "end_positions", "window")
+    example_column = "example"  # max_eval_examples keeps whole questions: each is scored from all its windows
 
     def __init__(self, version: int = 1, squad_dir: str | None = None, hub: dict | None = None,
                  tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 384,
                  doc_stride: int = 128, max_query_length: int = 64, batch_size: int = 32,
                  max_train_examples: int | None = None, max_dev_examples: int | None = None,
+                 max_eval_examples: int | None = None,
                  num_workers: int = 0, num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None):
         if version not in FILES:
             raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")

@@ -92,7 +92,8 @@ class SwagDataModule(FineTuningDataModule):
 
     def __init__(self, swag_dir: str | None = None, hub: dict | None = None, tokenizer: str | None = None,
                  lowercase: bool = True, max_seq_length: int = 128, batch_size: int = 16,
-                 max_train_examples: int | None = None, num_workers: int = 0, seed: int = 12345,
+                 max_train_examples: int | None = None, max_eval_examples: int | None = None,
+                 num_workers: int = 0, seed: int = 12345,
                  cache_dir: str | None = None):
         if max_seq_length < 5:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] A [SEP] B [SEP]")

@@ -1,0 +1,141 @@
+"""Every command in the README's code blocks still works as written, checked without running anything:
+``src/train.py`` / ``src/evaluate.py`` lines composed by Hydra with the same overrides, ``python -m
+bert_repro.X`` lines parsed by their own argument parser (``--help``), ``make X`` lines by ``make -n``. A
+stale line fails the test naming it; lines that cannot be checked offline are listed below with the reason."""
+
+import re
+import runpy
+import shlex
+import subprocess
+import sys
+
+import pytest
+from hydra.core.override_parser.overrides_parser import OverridesParser
+
+from .conftest import REPO
+from .test_run_names import hydra_config
+
+# first words of the lines no offline check can prove, and why
+UNCHECKED = {
+    "pip": "installs from a package index",
+    "PIP_EXTRA_INDEX_URL": "installs torch from PyTorch's index",
+    "hf": "downloads from the Hugging Face Hub",
+    "source": "a shell built-in that changes the calling shell",
+    "apt-get": "a system package install",
+    "wandb": "W&B's own CLI (sync uploads)",
+    "tensorboard": "TensorBoard's own server",
+    "mlflow": "MLflow's own server",
+    "git": "the repository's history",
+    "export": "SLURM's own commands (squeue, scontrol) on a running cluster",
+    "sbatch": "submits to a SLURM cluster",
+    "srun": "runs on a SLURM cluster",
+}
+PYTHON_C = "python -c: a one-line check of an exported folder that needs a model written first"
+
+
+def commands() -> list[str]:
+    """The README's code-block lines as a shell reads them: continuations joined, comments dropped."""
+    text = (REPO / "README.md").read_text()
+    lines = []
+    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.M | re.S):
+        for line in block.replace("\\\n", " ").splitlines():
+            words = shlex.split(line, comments=True)
+            if words:
+                lines.append(line.split(" #")[0].strip())
+    return lines
+
+
+def words_of(line: str) -> list[str]:
+    line = re.sub(r"<[^>]*>", "X", line)  # <ckpt>, <all-MiniLM-L6-v2 dir>: placeholders for a value
+    words = [w for w in shlex.split(line, comments=True) if w != "..."]  # "..." stands for the rest
+    while words and (words[0] == "sudo" or re.fullmatch(r"[A-Z_]+=\S*", words[0])):
+        if words[0].startswith("PIP_EXTRA_INDEX_URL"):
+            return words
+        words = words[1:]
+    return words
+
+
+def compose_line(config: str, args: list[str]) -> None:
+    """``args`` composed as Hydra would (a sweep as its first value), then the range checks."""
+    from bert_repro.schema import check
+
+    overrides, skip = [], False
+    for arg in args:
+        if skip or arg.startswith("-"):  # -m, --help, --cfg job
+            skip = arg in ("--cfg", "-c")
+            continue
+        parsed = OverridesParser.create().parse_override(arg)
+        if parsed.is_sweep_override():
+            arg = f"{parsed.get_key_element()}={next(iter(parsed.sweep_string_iterator()))}"
+        overrides.append(arg)
+    cfg = hydra_config(overrides) if config == "train" else _evaluate_config(overrides)
+    check(cfg)
+
+
+def _evaluate_config(overrides: list[str]):
+    from hydra import compose, initialize_config_dir
+    from hydra.core.global_hydra import GlobalHydra
+
+    from bert_repro.hydra_hooks import register_resolvers
+    from bert_repro.tables.spec import CONF_DIR
+
+    register_resolvers()
+    GlobalHydra.instance().clear()
+    try:
+        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+            return compose("evaluate", overrides=overrides, return_hydra_config=True)
+    finally:
+        GlobalHydra.instance().clear()
+
+
+def parse_module(module: str, args: list[str], capsys) -> None:
+    """``python -m module args --help``: the module's parser takes the subcommand and exits 0."""
+    argv = sys.argv
+    sys.argv = [module, *args, "--help"]
+    try:
+        with pytest.raises(SystemExit) as exit_:
+            runpy.run_module(module, run_name="__main__", alter_sys=True)
+    finally:
+        sys.argv = argv
+        capsys.readouterr()
+    assert exit_.value.code in (0, None), f"exit {exit_.value.code}"
+
+
+def check_line(line: str, capsys) -> str:
+    """What was checked ("compose", "parse", "make -n") or why it was not."""
+    words = words_of(line)
+    first = words[0]
+    if first in UNCHECKED or first.split("=")[0] in UNCHECKED:
+        return UNCHECKED.get(first) or UNCHECKED[first.split("=")[0]]
+    if first == "torchrun":
+        words = ["python", *words[next(i for i, w in enumerate(words) if w.endswith(".py")):]]
+    if words[:2] == ["python", "-c"] or words[0].endswith("/python") and words[1:2] == ["-c"]:
+        return PYTHON_C
+    if words[0] == "python" and words[1].endswith(("src/train.py", "src/evaluate.py")):
+        compose_line("train" if words[1].endswith("train.py") else "evaluate", words[2:])
+        return "compose"
+    if words[0] == "python" and words[1] == "-m":
+        parse_module(words[2], words[3:], capsys)
+        return "parse"
+    if words[0] == "make":
+        proc = subprocess.run(["make", "-n", *words[1:]], cwd=REPO, capture_output=True, text=True,
+                              timeout=60)
+        assert proc.returncode == 0, proc.stderr[-500:]
+        return "make -n"
+    raise AssertionError("no check for this kind of command: add one, or list it in UNCHECKED with why")
+
+
+def test_every_readme_command_is_current(capsys):
+    lines = commands()
+    assert len(lines) > 40  # the README's blocks were found
+    stale, kinds = [], {}
+    for line in lines:
+        try:
+            kind = check_line(line, capsys)
+        except BaseException as err:  # noqa: BLE001 (Hydra's and SystemExit alike: the line is named)
+            said = str(err).splitlines()[0] if str(err) else ""
+            stale.append(f"{line}\n    -> {type(err).__name__}: {said}")
+            continue
+        kinds[kind] = kinds.get(kind, 0) + 1
+    assert not stale, "stale README commands:\n" + "\n".join(stale)
+    assert kinds["compose"] > 20 and kinds["make -n"] >= 5 and kinds["parse"] >= 5, kinds
