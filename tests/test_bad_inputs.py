@@ -19,6 +19,7 @@ CASES = [
     ("unknown-ablation", ["ablation=nope"], None, ["ablation/nope", "Available options"]),
     ("unknown-scale", ["scale=galactic"], None, ["scale/galactic", "Available options"]),
     ("misspelled-key", ["optim.lrr=1e-4"], None, ["optim.lrr", "did you mean 'optim.lr'"]),
+    ("unparsable-override", ["task=rte", "setup=[export A=1]"], None, ["no viable alternative at input"]),
     ("heads-do-not-divide-hidden", ["model.num_heads=3"], None, ["hidden_size", "num_heads"]),
     ("max-seq-length-above-max-position", ["scale.pretrain.max_seq_length=1024"], None,
      ["data.max_seq_length=1024 exceeds model.max_position=512"]),

@@ -14,6 +14,7 @@ from typing import Any
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
@@ -143,8 +144,11 @@ def unwritable(folder: Path) -> str | None:
 
 def unknown_key_hints(overrides: list[str], config_dir: Path, config_name: str = "train") -> list[str]:
     """For each plain ``a.b=v`` override whose key the composed config lacks, the keys that do exist there."""
-    parsed = OverridesParser.create().parse_overrides(
-        [o for o in overrides if "=" in o and not o.startswith("-")])
+    try:
+        parsed = OverridesParser.create().parse_overrides(
+            [o for o in overrides if "=" in o and not o.startswith("-")])
+    except OverrideParseException:  # Hydra's own message already names the override it cannot read
+        return []
     group_choices = [o.input_line for o in parsed if "." not in o.key_or_group and not o.is_add()]
     GlobalHydra.instance().clear()
     try:
