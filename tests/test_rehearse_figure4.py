@@ -5,21 +5,36 @@ import json
 
 import pytest
 
-from .helpers import rehearse
+from .helpers import assert_plan_holds, rehearse
+
+
+@pytest.fixture(scope="module")
+def rehearsed(tmp_path_factory, shared_data):
+    """The whole plan by default: both two-phase pre-trainings, every point of the ten learning-rate grids."""
+    with pytest.MonkeyPatch.context() as monkeypatch:
+        return rehearse("figure4", "budget", tmp_path_factory.mktemp("figure4"), monkeypatch)
 
 
 @pytest.mark.slow
-def test_figure4_rehearses_at_budget_scale(tmp_path, monkeypatch, shared_data):
-    """The whole plan by default: both two-phase pre-trainings, every point of the ten learning-rate grids."""
-    folder, cells, record = rehearse("figure4", "budget", tmp_path, monkeypatch)
+def test_figure4_rehearses_at_budget_scale(rehearsed):
+    folder, cells, record = rehearsed
     assert record["divisor"] == 50_000 and record["runs"] == record["rehearsed_jobs"] == 4 + 2 * 5 * 3
     assert all(c["status"] == "ok" for c in cells if c["row"] in ("mlm", "ltr")) and len(cells) >= 10
     mnli = folder / "finetune" / "mlm" / "mnli_k200k"
     jobs = sorted(p.name for p in mnli.iterdir() if p.is_dir())
     assert jobs == [f"optim.lr-{lr}" for lr in ("2e-05", "3e-05", "5e-05")]
-    phase1 = folder / "pretrain" / "mlm" / "phase1" / "default"
-    assert sorted(p.name for p in (phase1 / "checkpoints").glob("step-*.ckpt")) == [
+    store = sorted(folder.parents[1].glob("pretrain/steps-over-50000/budget/*"))  # MLM's and LTR's
+    assert len(store) == 2 and all(s.name.startswith("L12_H768_A12-") for s in store)
+    assert sorted(p.name for p in (store[0] / "phase1" / "default" / "checkpoints").glob("step-*.ckpt")) == [
         f"step-{n}.ckpt" for n in sorted(range(2, 19, 2), key=str)]  # every 100k of 900k steps, / 50k
-    two = json.loads((folder / "pretrain" / "mlm" / "default" / "results.json").read_text())
+    two = json.loads((store[0] / "default" / "results.json").read_text())
     assert two["global_step"] == 20 and two["config"]["data"]["max_seq_length"] == 512
-    assert (folder / "pretrain" / "mlm" / "launch.log").stat().st_size > 0  # the child's output, kept
+    assert (store[0] / "launch.log").stat().st_size > 0  # the child's output, kept
+
+
+@pytest.mark.slow
+@pytest.mark.xfail(strict=True, reason="planned/measured 1.34-1.38 here (issue 27 open): the plan charges MNLI "
+                   "fine-tuning at the full 128 tokens, where batches pad to their longest (~63 real tokens)")
+def test_figure4_cpu_plan_holds_within_125x(rehearsed):
+    folder, _, record = rehearsed
+    assert_plan_holds(record, folder)

@@ -59,11 +59,13 @@ def test_table5_in_miniature_runs_collects_and_resumes(table5_run):
     root = tmp_path / "runs" / "table5" / "smoke"
     mrpc_jobs = sorted(p.name for p in (root / "finetune" / "bert_base" / "mrpc").iterdir() if p.is_dir())
     assert mrpc_jobs == ["optim.lr-0.0001", "optim.lr-0.001"]  # Hydra named them as the table did (run_name)
-    pretrain = json.loads((root / "pretrain" / "none" / "default" / "results.json").read_text())
+    stored = list((tmp_path / "runs" / "pretrain" / "smoke").iterdir())  # the shared pre-training store
+    assert len(stored) == 1 and stored[0].name.startswith("L2_H128_A2-"), stored
+    pretrain = json.loads((stored[0] / "default" / "results.json").read_text())
     assert pretrain["status"] == "complete" and pretrain["global_step"] == 2
     mrpc_dir = root / "finetune" / "bert_base" / "mrpc"
     init = json.loads((mrpc_dir / "optim.lr-0.001" / "results.json").read_text())["init"]
-    assert init == str(root / "pretrain" / "none" / "default" / "checkpoints" / "last.ckpt")
+    assert init == str(stored[0] / "default" / "checkpoints" / "last.ckpt")
 
     md = (tmp_path / "results" / "table5.md").read_text()
     assert "scale=smoke" in md

@@ -13,7 +13,10 @@ from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables.plan import FIELDS, make_plan
 from bert_repro.tables.progress import TableProgress
+from bert_repro.tables.runner import run_table
 from bert_repro.tables.spec import TableError, build
+
+from .test_tables import write_results
 
 
 def test_a_step_checkpoint_the_schedule_never_writes_is_refused(tmp_path):
@@ -21,8 +24,8 @@ def test_a_step_checkpoint_the_schedule_never_writes_is_refused(tmp_path):
     for bad, why in [("step-150000.ckpt", "a multiple of 100000"), ("step-1100000.ckpt", "0 < N <= 1000000"),
                      ("best-5.ckpt", "expected last.ckpt or step-<N>.ckpt")]:
         with pytest.raises(TableError, match="never written|expected last.ckpt") as err:
-            build("figure4", "budget", tmp_path, sets=[f"columns.k400k.checkpoint={bad}"])
-        assert why in str(err.value) and "finetune/mlm/mnli_k400k" in str(err.value)
+            build("figure4", "budget", tmp_path, sets=[f"columns.k500k.checkpoint={bad}"])
+        assert why in str(err.value) and "finetune/mlm/mnli_k500k" in str(err.value)
     with pytest.raises(TableError, match="keeps no step checkpoints"):  # a schedule that saves none
         build("figure4", "smoke", tmp_path,
               sets=["pretrain_overrides.scale.pretrain.checkpoint_every_n_steps=null"])
@@ -36,7 +39,7 @@ def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoin
         assert phases == ("pretrain_phase1", "pretrain_phase2") and two.needs is one
         assert two.overrides["ckpt_path"] == str(one.jobs()[0][1] / "checkpoints/last.ckpt")
         x = [c["x"] for c in table.parts[0].columns.values()]
-        assert x == [200_000, 400_000, 600_000, 800_000, 1_000_000]
+        assert x == [200_000, 500_000, 600_000, 800_000, 1_000_000]  # §5.3's +1.0 is 1M vs 500k
         # 200k ... 800k are written by phase 1 (900k steps), 1M (last.ckpt) by phase 2
         assert table.sweeps["finetune/ltr/mnli_k800k"].needs is table.sweeps["pretrain/ltr/phase1"]
         assert table.sweeps["finetune/ltr/mnli_k1m"].needs is table.sweeps["pretrain/ltr"]
@@ -63,16 +66,22 @@ def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(
     args = ["plan", "table5", "--scale", "paper", "--accelerator", "a100", "--runs-dir", str(tmp_path)]
     assert cli.main(args) == 0
     out = capsys.readouterr().out
-    assert "assumed 30%" in out and "GPU-hours on a100" in out
+    assert "assumed 30% for H<=768" in out and "total on a100" in out and "total on h200" in out
     plan = json.loads((tmp_path / "table5" / "paper" / "plan.json").read_text())
-    assert set(plan) == {"runs", "total_gpu_hours", "accelerator"} and plan["accelerator"] == "a100"
-    assert all(tuple(r) == FIELDS for r in plan["runs"])
+    assert {"runs", "total_gpu_hours", "accelerator", "totals"} <= set(plan) and plan["accelerator"] == "a100"
+    assert all(tuple(r) == FIELDS for r in plan["runs"]) and set(plan["totals"]) == {"h100", "h200", "a100"}
+    for r in plan["runs"]:
+        assert r["gpu_hours"] == pytest.approx(r["compute_hours"] + r["comm_hours"] + r["eval_hours"])
+        assert r["eval_hours"] > 0 and r["disk_gb"] > 0
     pretrain = [r for r in plan["runs"] if r["kind"] == "pretrain"]
     phases = [(r["phase"], r["steps"], r["seq_length"]) for r in pretrain[:2]]
     assert phases == [(1, 900_000, 128), (2, 100_000, 512)]
     assert len(pretrain) == 6 and pretrain[0]["tokens"] == 900_000 * 256 * 128
+    # the layout of conf/scale/paper.yaml: one node of 8 GPUs, bf16 gradients over NVLink, compute dominating
+    assert {(r["devices"], r["interconnect"]) for r in pretrain} == {(8, "nvlink")}
+    assert 0 < pretrain[0]["comm_hours"] < pretrain[0]["compute_hours"] / 5
     finetune = [r for r in plan["runs"] if r["kind"] == "finetune"]
-    assert len(finetune) == 4 * (4 * 12 + 1)  # 4 rows x (4 GLUE grids of 12 + SQuAD's one fixed run)
+    assert len(finetune) == 4 * (4 * 18 + 1)  # 4 rows x (4 GLUE grids of 18, v2 A.3 + SQuAD's one fixed run)
     squad = [r for r in finetune if "/squad_v1/" in r["name"]]
     assert len(squad) == 4 and {r["seq_length"] for r in squad} == {384}
     # 87,599 questions / 32 x 3 epochs (Table 2's recipe)
@@ -111,6 +120,23 @@ def test_a_row_whose_ablation_does_not_exist_fails_the_plan_naming_it(tmp_path):
                   sets=["rows.last_hidden.overrides.ablation=feature_lats"])
     with pytest.raises(TableError, match="finetune/last_hidden/conll2003 .*does not compose.*feature_lats"):
         make_plan(table)
+
+
+def test_a_run_derived_from_its_shape_is_the_config_hydra_composes():
+    """Build and plan compose a run without its model and ablation and set those groups' own nodes on it
+    (spec.compose_run): the same config, interpolations included, as Hydra's composition of the run."""
+    from hydra import compose
+    from omegaconf import OmegaConf
+
+    from bert_repro.tables.spec import compose_run, composing
+
+    args = ["scale=budget", "task=conll2003", "ablation=feature_concat_last_four", "model=L6_H768_A3"]
+    with composing():
+        derived, whole = compose_run(args), compose("train", overrides=args)
+    assert OmegaConf.to_container(derived) == OmegaConf.to_container(whole)
+    features = OmegaConf.to_container(derived.module.features, resolve=True)
+    assert features["layers"] == [-4, -3, -2, -1] and derived.model.num_heads == 3
+    assert derived.data.max_seq_length == 512  # ${model.max_position}, resolved on the derived config
 
 
 @pytest.mark.slow
@@ -200,3 +226,28 @@ def test_a_table_spec_is_not_a_runnable_experiment():
 
     with pytest.raises(MissingConfigException, match="experiment/table5"):
         compose_cfg(["experiment=table5"])
+
+
+def test_a_second_table_reuses_the_first_tables_pre_training_and_the_plan_counts_it_once(tmp_path, capsys):
+    """Table 5's none and ltr_no_nsp are Figure 4's mlm and ltr (one folder of the pre-training store, named
+    by the science keys): once Table 5 has trained them, Figure 4 launches no pre-training."""
+    one = ["grid.optim.epochs=3", "grid.data.batch_size=32"]  # fewer compositions; the runs are the same
+    first, second = (build(name, "budget", tmp_path, sets=one) for name in ("table5", "figure4"))
+    assert second.sweeps["pretrain/mlm"].folder == first.sweeps["pretrain/none"].folder
+    assert second.sweeps["pretrain/ltr"].folder == first.sweeps["pretrain/ltr_no_nsp"].folder
+    assert first.sweeps["pretrain/no_nsp"].folder not in {s.folder for s in second.sweeps.values()}
+    plan = make_plan([first, second])
+    shared = plan["shared"]
+    assert len([r for r in plan["runs"] if r["kind"] == "pretrain"]) == 6 and shared["runs_asked"] == \
+        shared["runs_unique"] + 4  # two pre-trainings of two phases each, counted once
+    stores = (str(first.sweeps[f"pretrain/{name}"].folder) for name in ("none", "ltr_no_nsp"))
+    reused = [r["gpu_hours"] for store in stores for r in plan["runs"] if r["folder"].startswith(store)]
+    assert len(reused) == 4 and shared["gpu_hours_saved"] == pytest.approx(sum(reused))
+    run_table(second, dry_run=True)  # nothing trained yet: Figure 4 would pre-train
+    assert any("task=pretrain" in line for line in capsys.readouterr().out.splitlines())
+    for sweep in first.sweeps.values():  # Table 5's pre-training, finished
+        if sweep.stage == "pretrain":
+            write_results(sweep.jobs()[0][1], "pretrain", {"val/mlm_loss": 5.0})  # a finished run's
+    run_table(second, dry_run=True)
+    launched = capsys.readouterr().out.splitlines()
+    assert launched and not any("task=pretrain" in line for line in launched)

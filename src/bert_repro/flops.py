@@ -14,11 +14,12 @@ from __future__ import annotations
 
 import time
 from collections.abc import Callable
+from typing import TYPE_CHECKING
 
-import torch
-from lightning.fabric.utilities.throughput import _CUDA_FLOPS, get_available_flops
+if TYPE_CHECKING:  # torch and Lightning load only where a device is read: a plan (tables.plan) counts FLOPs
+    import torch
 
-from bert_repro.model import BertConfig
+    from bert_repro.model import BertConfig
 
 
 def encoder_parameters(config: BertConfig) -> int:
@@ -61,6 +62,9 @@ def accelerator_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[fl
     with-sparsity tensor-core figures (SXM bf16: 2000 TFLOP/s for a dense 989) and it does not parse the
     plain name "NVIDIA H200": an H200 SXM is read as the H100 SXM row (the same GH100 tensor cores and
     clocks), an H200 NVL as half its sparse row."""
+    import torch
+    from lightning.fabric.utilities.throughput import _CUDA_FLOPS, get_available_flops
+
     name = torch.cuda.get_device_name(device)
     if "h200" not in name.lower():
         peak = get_available_flops(device, dtype)
@@ -76,10 +80,13 @@ def accelerator_peak_flops(device: torch.device, dtype: torch.dtype) -> tuple[fl
 
 
 def matmul_probe(device: str | torch.device = "cpu", n: int = 1024, reps: int = 4,
-                 dtype: torch.dtype = torch.float32) -> Callable[[], float]:
+                 dtype: torch.dtype | None = None) -> Callable[[], float]:
     """A function that times ``reps`` square ``n`` x ``n`` matmuls on ``device`` and returns their FLOP/s: the
-    ceiling a GEMM-bound training step can approach, where no datasheet peak applies (e.g. a CPU)."""
-    device = torch.device(device)
+    ceiling a GEMM-bound training step can approach, where no datasheet peak applies (e.g. a CPU). ``dtype``:
+    float32 by default."""
+    import torch
+
+    device, dtype = torch.device(device), dtype or torch.float32
     a = torch.randn(n, n, device=device, dtype=dtype)
     b = torch.randn(n, n, device=device, dtype=dtype)
     sync = torch.cuda.synchronize if device.type == "cuda" else (lambda: None)
@@ -97,7 +104,7 @@ def matmul_probe(device: str | torch.device = "cpu", n: int = 1024, reps: int = 
 
 
 def measured_peak_flops(device: str | torch.device = "cpu", n: int = 1024, reps: int = 4,
-                        dtype: torch.dtype = torch.float32, trials: int = 3) -> float:
+                        dtype: torch.dtype | None = None, trials: int = 3) -> float:
     """The best of ``trials`` matmul probes: a peak, so a trial that a noisy machine slowed does not lower
     it."""
     probe = matmul_probe(device, n, reps, dtype)

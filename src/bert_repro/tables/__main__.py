@@ -44,7 +44,8 @@ def parse_inits(values: list[str]) -> dict[str, str]:
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.tables", description=__doc__)
     parser.add_argument("action", choices=("run", "collect", "plan", "rehearse"))
-    parser.add_argument("table", help=f"one of {', '.join(TABLES + DEMOS)}")
+    parser.add_argument("table", nargs="+", help=f"one or more of {', '.join(TABLES + DEMOS)}; several "
+                        "(make tables) are planned together, each shared pre-training once, and run in turn")
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="re-run complete runs too, deleting every earlier attempt's run folder first")
@@ -63,7 +64,30 @@ def main(argv: list[str] | None = None) -> int:
                         help="the GPU the plan's GPU-hours are for (default %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
+    if args.action == "plan" and len(args.table) > 1:
+        return plan_together(args)
+    codes = [one_table(args, name) for name in args.table]  # a later table reuses what an earlier trained
+    return next((code for code in codes if code), 0)
+
+
+def plan_together(args: argparse.Namespace) -> int:
+    """Several tables' plan, each unique run (a shared pre-training) once, and what sharing saved."""
+    try:
+        inits = parse_inits(args.init)
+        tables = [build(name, args.scale, args.runs_dir.resolve(), inits, args.set, args.logger)
+                  for name in args.table]
+        plan = make_plan(tables, args.accelerator)
+    except TableError as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 2
+    print_plan(plan)
+    print(f"wrote {write_plan(plan, args.runs_dir)}")
+    return 0
+
+
+def one_table(args: argparse.Namespace, name: str) -> int:
     start = time.time()
+    args = argparse.Namespace(**{**vars(args), "table": name})
     try:
         table = build(args.table, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set,
                       args.logger)

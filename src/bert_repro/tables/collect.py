@@ -118,7 +118,7 @@ def finetune_cell(sweep: Sweep, out: Outcome, metric: str, scale: float) -> Cell
     if not out.runs:
         return _mark(out, sweep)
     restarts = sweep.selection == "mean_over_restarts"
-    entries = selection.select(out.runs, restarts=restarts)
+    entries = selection.select(out.runs, restarts=restarts, metric=metric)  # selected on what it reports
     if len(entries) != 1:
         raise TableError(f"{sweep.folder}: runs of {len(entries)} different settings in one sweep")
     entry = entries[0]

@@ -2,35 +2,76 @@
 
 Each run is composed by Hydra exactly as src/train.py will compose it (the sweep's overrides plus the job's
 swept values), so a misspelled key, a checkpoint the schedule never writes or a fine-tuning length beyond the
-positions its checkpoint was trained at fails here, not on the GPU. Training FLOPs are bert_repro.flops'
-formula (the one the runs log); GPU-hours divide them by the accelerator's bf16 peak times the MFU that
-``python -m bert_repro.bench --device cuda`` measured (a JSON line under experiments/results/gpu/), or an
-assumed 30% MFU when no such file exists. Fine-tuning steps come from the train sizes in
-conf/table/table_tasks.yaml (``train_sizes``), capped by ``data.max_train_examples``.
+positions its checkpoint was trained at fails here, not on the GPU. A run's GPU-hours are the sum of:
+
+- compute: training FLOPs (bert_repro.flops, the formula the runs log) at the accelerator's bf16 peak times
+  the MFU for the model's size: measured by ``python -m bert_repro.bench --device cuda`` (a JSON line under
+  experiments/results/gpu/) for that size and length, else ASSUMED_MFU; Table 7's frozen encoder is charged
+  its forward pass only, its BiLSTM its own training at LSTM_MFU;
+- comm: DDP's ring all-reduce of the gradients every optimizer step, 2 (n-1)/n x gradient bytes (bf16 with
+  speed.grad_allreduce=bf16) over the slowest link (NVLink in one node, InfiniBand across nodes), all n
+  devices waiting, not overlapped with the backward pass (an upper bound);
+- eval: the Dev forward passes at every evaluation point (each epoch; pre-training's val_check_interval).
+
+Beside them: ``prep_hours`` (CPU-core-hours to build the pre-training instances, at PREP_TOKENS_PER_S) and
+``disk_gb`` (the instances of each phase, data.instances.stored_instance_bytes, and the checkpoints the
+run's ``checkpoint:`` retention keeps). Fine-tuning steps come from the train sizes in
+conf/table/table_tasks.yaml (``train_sizes``; Dev: ``dev_sizes``), capped by ``data.max_train_examples``.
+Several tables planned together (``make tables``) count each pre-training of the shared store once.
 """
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
-from hydra import compose
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.tables import REPO, TableError
-from bert_repro.tables.spec import Sweep, Table, composing
+from bert_repro.tables import CONF_DIR, REPO, TableError
+from bert_repro.tables.spec import Sweep, Table, compose_run, composing
 
-ACCELERATORS = {"h100": "h100-sxm/bf16", "h200": "h200/bf16", "a100": "a100/bf16"}  # flops.PEAK_TFLOPS keys
-ASSUMED_MFU = 0.30  # eager PyTorch on BERT-base (conf/scale/budget.yaml); bench --device cuda replaces it
+
+@dataclass(frozen=True)
+class Accelerator:
+    peak: str  # a flops.PEAK_TFLOPS key
+    nvlink_gbs: float  # per GPU, one direction
+    infiniband_gbs: float  # per GPU across nodes (one NIC a GPU)
+
+
+# NVLink 4 (H100/H200): 900 GB/s both ways, NDR InfiniBand 400 Gb/s; A100: NVLink 3 600 GB/s, HDR 200 Gb/s
+ACCELERATORS = {
+    "h100": Accelerator("h100-sxm/bf16", 450, 50), "h200": Accelerator("h200/bf16", 450, 50),
+    "a100": Accelerator("a100/bf16", 300, 25),
+}
+PCIE_GBS = 32  # PCIe Gen4 x16, one direction: nodes without NVLink (--set a layout there to plan it)
+GPUS_PER_NODE = 8  # trainer.devices=auto on an HGX/DGX node
+# assumed MFU per model size (hidden size up to): eager PyTorch in bf16 fills an H100's tensor cores better
+# the wider the matrices; BERT-base's 30% is conf/scale/budget.yaml's; bench --device cuda replaces them
+ASSUMED_MFU = {256: 0.05, 512: 0.15, 768: 0.30, 1024: 0.35}
+LSTM_MFU = 0.05  # cuDNN's BiLSTM steps through the sequence: a small share of peak (assumed)
+PREP_TOKENS_PER_S = 1e5  # instance creation (tokenize, pair, mask) per CPU core (assumed)
 BENCH_DIR = REPO / "experiments" / "results" / "gpu"
-# disk: a checkpoint holds fp32 weights and AdamW's two moments (12 bytes a parameter); pre-training instances
-# hold ~6 bytes a token (int32 ids, int8 segments and mask) for dupe_factor passes over the corpus
-CKPT_BYTES_PER_PARAM, INSTANCE_BYTES_PER_TOKEN = 12, 6
 CORPUS_TOKENS = {"hub": 4.3e9}  # §3.4: 3.3B words, ~1.3 WordPiece tokens a word (our estimate)
-FIELDS = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours")  # plan.json's runs
+WEIGHT_BYTES, RESUMABLE_BYTES = 4, 12  # a parameter in fp32; with AdamW's two moments
+FIELDS = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours",  # plan.json's runs
+          "compute_hours", "comm_hours", "eval_hours", "prep_hours", "disk_gb", "devices", "interconnect",
+          "folder")
+
+
+@dataclass
+class Work:
+    """A run's work, independent of the accelerator."""
+
+    flops: float  # training
+    eval_flops: float
+    lstm_flops: float  # Table 7's BiLSTM, at LSTM_MFU
+    allreduce_bytes: float  # per device, over all steps (ring: 2 (n-1)/n x gradient bytes a step)
+    devices: int
+    nodes: int
+    hidden: int
 
 
 @dataclass
@@ -42,53 +83,102 @@ class Run:
     seq_length: int
     tokens: int
     flops: float
-    gpu_hours: float
-    disk_gb: float  # printed; plan.json keeps the fields of FIELDS
+    gpu_hours: float  # compute + comm + eval
+    compute_hours: float
+    comm_hours: float
+    eval_hours: float
+    prep_hours: float  # CPU-core-hours
+    disk_gb: float
+    devices: int
+    interconnect: str
+    folder: str  # the run folder: the same pre-training in two tables is one folder
 
 
-def peak_and_mfu(accelerator: str) -> tuple[float, float, str]:
-    """(peak FLOP/s, MFU, where the MFU comes from) for ``accelerator``."""
-    from bert_repro.flops import PEAK_TFLOPS
-
-    if accelerator not in ACCELERATORS or ACCELERATORS[accelerator] not in PEAK_TFLOPS:
-        raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
-    measured = []
+def measured_mfu() -> dict[tuple[int, int], tuple[float, str]]:
+    """(hidden size, sequence length) -> (MFU, source) from bench --device cuda's JSON lines."""
+    found: dict[tuple[int, int], tuple[float, str]] = {}
     for path in sorted(BENCH_DIR.glob("*.json*")) if BENCH_DIR.is_dir() else []:
         for line in path.read_text(errors="replace").splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if isinstance(record, dict) and record.get("device") == "cuda" and record.get("ours_mfu"):
-                measured.append((record["ours_mfu"], f"measured by bench --device cuda ({path.name})"))
-    assumed = (f"assumed {ASSUMED_MFU:.0%} (no bench --device cuda results under "
-               f"{BENCH_DIR.relative_to(REPO)})")
-    mfu, source = max(measured) if measured else (ASSUMED_MFU, assumed)
-    return PEAK_TFLOPS[ACCELERATORS[accelerator]] * 1e12, float(mfu), source
+            if not (isinstance(record, dict) and record.get("device") == "cuda" and record.get("ours_mfu")):
+                continue
+            model = CONF_DIR / "model" / f"{record.get('model')}.yaml"
+            hidden = OmegaConf.load(model).get("hidden_size") if model.is_file() else None
+            key = (hidden or 768, int(record.get("seq") or 128))  # base.yaml takes base/model's 768
+            found[key] = max(found.get(key, (0.0, "")), (float(record["ours_mfu"]), f"bench ({path.name})"))
+    return found
+
+
+def mfu_for(hidden: int, seq: int, measured: dict) -> tuple[float, str]:
+    if (hidden, seq) in measured:
+        return measured[(hidden, seq)]
+    size = min((h for h in ASSUMED_MFU if hidden <= h), default=max(ASSUMED_MFU))
+    return ASSUMED_MFU[size], f"assumed {ASSUMED_MFU[size]:.0%} for H<={size}"
+
+
+def interconnect(work: Work, acc: Accelerator) -> tuple[str, float]:
+    """The slowest link of a run's all-reduce and its bandwidth in bytes/s."""
+    if work.devices * work.nodes == 1:
+        return "none", math.inf
+    if work.nodes > 1:
+        return "infiniband", acc.infiniband_gbs * 1e9
+    return "nvlink", acc.nvlink_gbs * 1e9
+
+
+def hours(work: Work, seq: int, accelerator: str, measured: dict) -> dict[str, float]:
+    """Compute, comm and eval GPU-hours of ``work`` on ``accelerator``."""
+    from bert_repro.flops import PEAK_TFLOPS
+
+    if accelerator not in ACCELERATORS:
+        raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
+    acc = ACCELERATORS[accelerator]
+    peak = PEAK_TFLOPS[acc.peak] * 1e12
+    mfu, _ = mfu_for(work.hidden, seq, measured)
+    _, bandwidth = interconnect(work, acc)
+    n = work.devices * work.nodes
+    compute = work.flops / (peak * mfu) + work.lstm_flops / (peak * LSTM_MFU)
+    return {"compute_hours": compute / 3600, "comm_hours": work.allreduce_bytes / bandwidth * n / 3600,
+            "eval_hours": work.eval_flops / (peak * mfu) / 3600}
 
 
 # overrides that change no step count, length or shape and name no config: runs that differ only in them share
 # one composition (each ablation is composed, so a misspelled one fails the plan)
 COST_FREE = ("seed=", "optim.lr=", "init=", "ckpt_path=", "logger=", "++logger.")
+# plain numbers a grid sweeps that the plan reads as they are: set on the shared composition (v2 A.3's grid
+# would otherwise compose each of its 6 epoch x batch points)
+SET_AFTER = ("optim.epochs=", "data.batch_size=")
 
 
 def compose_job(sweep: Sweep, swept: list[str], cache: dict) -> dict:
     """The run's config as src/train.py composes it (hydra.* launcher keys left out), the keys a plan needs
     resolved; a compose error names the run."""
-    key = tuple(s for s in sweep.compose_args() + swept if not s.startswith(COST_FREE))
+    key = tuple(s for s in sweep.compose_args() + swept if not s.startswith(COST_FREE + SET_AFTER))
     if key not in cache:
         cache[key] = _compose(sweep, swept)
-    return cache[key]
+    cfg = {**cache[key], "optim": dict(cache[key]["optim"])}
+    for item in (s for s in swept if s.startswith(SET_AFTER)):
+        name, value = item.split("=", 1)
+        if name == "optim.epochs":
+            cfg["optim"]["epochs"] = int(value)
+        else:
+            cfg[name] = int(value)
+    return cfg
 
 
 def _compose(sweep: Sweep, swept: list[str]) -> dict:
+    # the cost-free overrides change nothing read here: phase 2 (ckpt_path=) reuses build's composition
+    args = [a for a in sweep.compose_args() + swept if not a.startswith(COST_FREE)]
     try:
-        cfg = compose("train", overrides=sweep.compose_args() + swept)
+        cfg = compose_run(args)
     except HydraException as err:
         raise TableError(f"{sweep.name} {' '.join(swept)}: does not compose ({err})") from None
     keys = ("model", "optim", "data.batch_size", "data.max_seq_length", "data.max_predictions_per_seq",
-            "data.max_train_examples", "data.train_examples", "data.dupe_factor", "data.source", "task.name",
-            "module.features", "ablation.ltr", "data.vocab_size")
+            "data.max_train_examples", "data.max_dev_examples", "data.train_examples", "data.dupe_factor",
+            "data.source", "task.name", "module.features", "module.nsp", "ablation.ltr", "data.vocab_size",
+            "trainer.devices", "trainer.num_nodes", "speed.grad_allreduce", "checkpoint")
     out = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
@@ -96,15 +186,55 @@ def _compose(sweep: Sweep, swept: list[str]) -> dict:
     return out
 
 
-def _model(config: dict):
-    from bert_repro.model import BertConfig
+@dataclass(frozen=True)
+class Shape:
+    """The encoder dimensions bert_repro.flops reads, as model.BertConfig derives them (intermediate 4H by
+    default), without importing torch (model.py) into a plan."""
 
-    fields = set(BertConfig.__dataclass_fields__)
-    return BertConfig(**{k: v for k, v in config.items() if k in fields})
+    hidden_size: int
+    num_layers: int
+    num_heads: int
+    vocab_size: int
+    max_position: int
+    intermediate_size: int
 
 
-def plan_job(sweep: Sweep, swept: list[str], folder: Path, peak: float, mfu: float, sizes: dict,
-             cache: dict) -> Run:
+def _model(config: dict) -> Shape:
+    vocab = int(config.get("vocab_size") or 30522)  # model.BertConfig's default: the released vocabulary's
+    hidden = int(config["hidden_size"])
+    return Shape(hidden, int(config["num_layers"]), int(config["num_heads"]), vocab,
+                 int(config["max_position"]), int(config.get("intermediate_size") or 4 * hidden))
+
+
+def _val_sequences(limit, batch: int, available: int) -> int:
+    """Dev sequences one evaluation reads: optim.limit_val_batches (batches, or a share) of ``available``."""
+    if isinstance(limit, int) and not isinstance(limit, bool):
+        return min(available, limit * batch)
+    return int(available * float(limit if limit is not None else 1.0))
+
+
+def _bilstm_flops(model, features: dict, tokens: int) -> float:
+    """Training FLOPs of heads.FeatureTagger's two-layer BiLSTM over ``tokens``: per direction and layer
+    4 gates of (input + hidden) x hidden multiply-adds a token, x 6 for forward and backward."""
+    width = model.hidden_size * (len(features["layers"]) if features.get("combine") == "concat" else 1)
+    h = int(features.get("lstm_hidden") or model.hidden_size)
+    return 6.0 * tokens * 2 * 4 * h * ((width + h) + (2 * h + h))
+
+
+def checkpoint_bytes(cfg: dict, params: int, steps_written: list[int]) -> float:
+    """What the run's ``checkpoint:`` retention keeps (conf/train.yaml): best.ckpt (weights only, or with
+    the AdamW moments), last.ckpt where keep_last, pre-training's step-<N>.ckpt where keep_steps keeps N."""
+    keep = cfg["checkpoint"] or {}
+    best = params * (WEIGHT_BYTES if keep.get("best_weights_only", True) else RESUMABLE_BYTES)
+    last = params * RESUMABLE_BYTES if keep.get("keep_last") else 0
+    kept = keep.get("keep_steps")
+    steps = [n for n in steps_written if kept is None or n in kept]
+    return best + last + len(steps) * params * RESUMABLE_BYTES
+
+
+def plan_job(sweep: Sweep, swept: list[str], folder: Path, sizes: dict, dev_sizes: dict,
+             cache: dict) -> tuple[Run, Work]:
+    from bert_repro.data.instances import stored_instance_bytes
     from bert_repro.flops import encoder_parameters, training_flops
 
     cfg = compose_job(sweep, swept, cache)
@@ -114,6 +244,11 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, peak: float, mfu: flo
     model, optim = _model({**cfg["model"], **vocab}), cfg["optim"]
     seq, batch = int(cfg["data.max_seq_length"]), int(cfg["data.batch_size"])
     params = encoder_parameters(model) + (model.vocab_size + model.max_position) * model.hidden_size
+    devices = cfg["trainer.devices"]
+    devices = GPUS_PER_NODE if devices in (None, "auto", -1) else int(devices)
+    nodes = int(cfg["trainer.num_nodes"] or 1)
+    grad_bytes = params * (2 if cfg["speed.grad_allreduce"] == "bf16" else 4)
+    lstm_flops, prep, disk = 0.0, 0.0, 0.0
     if sweep.stage == "pretrain":
         start = int(optim.get("resume_step") or 0)
         steps = int(optim["max_steps"]) - start
@@ -121,11 +256,17 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, peak: float, mfu: flo
         # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
         per_seq = seq - 1 if cfg["ablation.ltr"] else int(cfg["data.max_predictions_per_seq"])
         flops = training_flops(model, tokens, seq, steps * batch * per_seq)
+        evals = steps // int(optim["val_check_interval"])
+        val = evals * _val_sequences(optim["limit_val_batches"], batch, batch * 10**6)
+        eval_flops = training_flops(model, val * seq, seq, val * per_seq) / 3  # forward only
         every = sweep.schedule.every
-        saved = 2 + (len(range(start + every, int(optim["max_steps"]) + 1, every)) if every else 0)
+        written = list(range(start + every, int(optim["max_steps"]) + 1, every)) if every else []
+        # each phase builds its own instances, at its own length (v2 A.2)
         corpus = CORPUS_TOKENS.get(cfg["data.source"], 0) * int(cfg["data.dupe_factor"] or 1)
-        instances = corpus * INSTANCE_BYTES_PER_TOKEN if start == 0 else 0
-        disk = saved * params * CKPT_BYTES_PER_PARAM + instances
+        nsp = bool(cfg["module.nsp"]) if cfg["module.nsp"] is not None else True
+        instances = corpus / seq * stored_instance_bytes(seq, int(cfg["data.max_predictions_per_seq"]), nsp)
+        prep = corpus / PREP_TOKENS_PER_S / 3600
+        disk = instances + checkpoint_bytes(cfg, params, written)
     else:
         # data.train_examples: how many rows the demonstration tasks (data/pydoc_tasks.py) write
         task, cap = cfg["task.name"], cfg["data.max_train_examples"] or cfg["data.train_examples"]
@@ -133,15 +274,27 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, peak: float, mfu: flo
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
                              "train_sizes, and no data.max_train_examples (or data.train_examples)")
         examples = min(sizes.get(task, cap), cap or sizes[task])
-        sequences = examples * (4 if task == "swag" else 1)  # SWAG: four [CLS] A [SEP] B_i sequences
-        steps = int(optim["max_steps"]) if (optim.get("max_steps") or -1) > 0 else \
-            math.ceil(examples / batch) * int(optim["epochs"])
-        tokens = steps * min(batch, examples) * seq * (sequences // examples)
+        choices = 4 if task == "swag" else 1  # SWAG: four [CLS] A [SEP] B_i sequences
+        per_epoch = math.ceil(examples / batch)
+        fixed = (optim.get("max_steps") or -1) > 0
+        steps = int(optim["max_steps"]) if fixed else per_epoch * int(optim["epochs"])
+        tokens = steps * min(batch, examples) * seq * choices
         flops = training_flops(model, tokens, seq)  # padded tokens: an upper bound on the real ones
-        disk = 2 * params * CKPT_BYTES_PER_PARAM  # best.ckpt and last.ckpt
+        dev = dev_sizes.get(task, examples)
+        dev = min(dev, cfg["data.max_dev_examples"] or dev)
+        val = math.ceil(steps / per_epoch) * _val_sequences(optim["limit_val_batches"], batch, dev) * choices
+        eval_flops = training_flops(model, val * seq, seq) / 3  # at each epoch's end (val_check_interval 1.0)
+        if cfg["module.features"]:  # Table 7: the frozen encoder runs forward only, the BiLSTM trains
+            lstm_flops = _bilstm_flops(model, cfg["module.features"], tokens)
+            flops /= 3
+        disk = checkpoint_bytes(cfg, params, [])
+    n = devices * nodes
+    work = Work(flops, eval_flops, lstm_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
+                model.hidden_size)
     phase = sweep.phase if sweep.stage == "pretrain" else None
-    return Run(f"{sweep.name}/{folder.name}", sweep.stage, phase, steps, seq, tokens, flops,
-               flops / (peak * mfu) / 3600, disk / 1e9)
+    run = Run(f"{sweep.name}/{folder.name}", sweep.stage, phase, steps, seq, tokens, flops + lstm_flops, 0.0,
+              0.0, 0.0, 0.0, prep, disk / 1e9, n, "", str(folder))
+    return run, work
 
 
 def check_lengths(sweep: Sweep, run: Run) -> None:
@@ -156,41 +309,95 @@ def check_lengths(sweep: Sweep, run: Run) -> None:
                          "start from a later checkpoint")
 
 
-def make_plan(table: Table, accelerator: str = "h100") -> dict:
-    peak, mfu, source = peak_and_mfu(accelerator)
-    sizes = table.spec.get("train_sizes") or {}
-    runs, cache = [], {}
+def priced(runs: list[tuple[Run, Work]], accelerator: str, measured: dict) -> list[Run]:
+    """The runs with their hours on ``accelerator``."""
+    out = []
+    for run, work in runs:
+        parts = hours(work, run.seq_length, accelerator, measured)
+        link = interconnect(work, ACCELERATORS[accelerator])[0]
+        out.append(replace(run, **parts, gpu_hours=sum(parts.values()), interconnect=link))
+    return out
+
+
+def _totals(runs: list[Run]) -> dict:
+    return {"gpu_hours": sum(r.gpu_hours for r in runs), "compute_hours": sum(r.compute_hours for r in runs),
+            "comm_hours": sum(r.comm_hours for r in runs), "eval_hours": sum(r.eval_hours for r in runs)}
+
+
+def plan_work(tables: list[Table]) -> tuple[list[tuple[Run, Work]], list[tuple[Run, Work]]]:
+    """Every job's run and work, unpriced: each run folder once, and every table's runs as asked (a shared
+    pre-training as often as tables ask for it)."""
+    planned: dict[str, tuple[Run, Work]] = {}
+    asked: list[tuple[Run, Work]] = []
+    cache: dict = {}
     with composing():
-        for sweep in table.sweeps.values():
-            for swept, folder in sweep.jobs():
-                run = plan_job(sweep, swept, folder, peak, mfu, sizes, cache)
-                check_lengths(sweep, run)
-                runs.append(run)
-    return {"table": table.name, "scale": table.scale, "accelerator": accelerator,
-            "peak_tflops": peak / 1e12, "mfu": mfu, "mfu_source": source,
-            "runs": [asdict(r) for r in runs],
-            "total_gpu_hours": sum(r.gpu_hours for r in runs), "total_flops": sum(r.flops for r in runs),
-            "total_disk_gb": sum(r.disk_gb for r in runs)}
+        for one in tables:
+            sizes, dev_sizes = one.spec.get("train_sizes") or {}, one.spec.get("dev_sizes") or {}
+            for sweep in one.sweeps.values():
+                for swept, folder in sweep.jobs():
+                    found = plan_job(sweep, swept, folder, sizes, dev_sizes, cache)
+                    check_lengths(sweep, found[0])
+                    asked.append(found)
+                    planned.setdefault(found[0].folder, found)
+    return list(planned.values()), asked
+
+
+def make_plan(table: Table | list[Table], accelerator: str = "h100") -> dict:
+    """One table's plan, or several tables' planned together: a run folder two tables share (the
+    pre-training store) is counted once, and ``shared`` says what that saved."""
+    from bert_repro.flops import PEAK_TFLOPS
+
+    tables = table if isinstance(table, list) else [table]
+    if accelerator not in ACCELERATORS:
+        raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
+    measured = measured_mfu()
+    unique, asked = plan_work(tables)
+    runs = priced(unique, accelerator, measured)
+    totals = {acc: _totals(priced(unique, acc, measured)) for acc in ACCELERATORS}
+    every = _totals(priced(asked, accelerator, measured))
+    sizes = sorted({(w.hidden, r.seq_length) for r, w in unique})
+    return {"table": "+".join(t.name for t in tables) if len(tables) > 1 else tables[0].name,
+            "tables": [t.name for t in tables], "scale": tables[0].scale, "accelerator": accelerator,
+            "peak_tflops": PEAK_TFLOPS[ACCELERATORS[accelerator].peak],
+            "mfu": {f"H{h}/T{t}": mfu_for(h, t, measured) for h, t in sizes},
+            "runs": [asdict(r) for r in runs], "totals": totals,
+            "shared": {"runs_asked": len(asked), "runs_unique": len(unique),
+                       "gpu_hours_saved": every["gpu_hours"] - totals[accelerator]["gpu_hours"]},
+            "total_gpu_hours": totals[accelerator]["gpu_hours"], "total_flops": sum(r.flops for r in runs),
+            "total_disk_gb": sum(r.disk_gb for r in runs),
+            "total_prep_hours": sum(r.prep_hours for r in runs)}
 
 
 def print_plan(plan: dict) -> None:
     print(f"{plan['table']} at scale={plan['scale']}: {len(plan['runs'])} runs on {plan['accelerator']} "
-          f"({plan['peak_tflops']:.0f} TFLOP/s bf16 peak, MFU {plan['mfu']:.0%}: {plan['mfu_source']})")
-    print(f"{'run':58} {'kind':8} {'ph':>2} {'steps':>9} {'len':>4} {'tokens':>9} {'FLOPs':>9} "
-          f"{'GPU-h':>8} {'disk GB':>8}")
+          f"({plan['peak_tflops']:.0f} TFLOP/s bf16 peak); MFU by width and length: "
+          + ", ".join(f"{k} {v[0]:.0%} ({v[1]})" for k, v in plan["mfu"].items()))
+    print(f"{'run':58} {'kind':8} {'ph':>2} {'steps':>9} {'len':>4} {'dev':>3} {'link':>10} {'FLOPs':>9} "
+          f"{'compute':>8} {'comm':>7} {'eval':>6} {'GPU-h':>8} {'disk GB':>8}")
     for r in plan["runs"]:
         print(f"{r['name'][-58:]:58} {r['kind']:8} {r['phase'] or '':>2} {r['steps']:>9,} "
-              f"{r['seq_length']:>4} {r['tokens']:>9.2e} {r['flops']:>9.2e} {r['gpu_hours']:>8.2f} "
-              f"{r['disk_gb']:>8.2f}")
-    print(f"total: {plan['total_flops']:.3e} FLOPs = {plan['total_gpu_hours']:,.1f} GPU-hours on "
-          f"{plan['accelerator']}, {plan['total_disk_gb']:,.1f} GB of instances and checkpoints")
+              f"{r['seq_length']:>4} {r['devices']:>3} {r['interconnect']:>10} {r['flops']:>9.2e} "
+              f"{r['compute_hours']:>8.2f} {r['comm_hours']:>7.2f} {r['eval_hours']:>6.2f} "
+              f"{r['gpu_hours']:>8.2f} {r['disk_gb']:>8.2f}")
+    for acc, t in plan["totals"].items():
+        print(f"total on {acc}: {t['gpu_hours']:,.1f} GPU-hours (compute {t['compute_hours']:,.1f}, comm "
+              f"{t['comm_hours']:,.1f}, eval {t['eval_hours']:,.1f})")
+    shared = plan["shared"]
+    print(f"total: {plan['total_flops']:.3e} FLOPs, {plan['total_disk_gb']:,.1f} GB of instances and "
+          f"checkpoints, {plan['total_prep_hours']:,.1f} CPU-core-hours of data preparation")
+    if shared["runs_asked"] > shared["runs_unique"]:
+        print(f"sharing: {shared['runs_asked']} runs asked for, {shared['runs_unique']} unique; the shared "
+              f"pre-training store saves {shared['gpu_hours_saved']:,.1f} GPU-hours on {plan['accelerator']}")
 
 
 def write_plan(plan: dict, runs_dir: Path) -> Path:
-    """plan.json: ``runs`` (the fields of FIELDS), ``total_gpu_hours`` and ``accelerator``."""
-    path = runs_dir / plan["table"] / plan["scale"] / "plan.json"
+    """plan.json: ``runs`` (the fields of FIELDS), ``total_gpu_hours``, ``accelerator``, and ``totals`` per
+    accelerator, ``shared`` (what the pre-training store saved); several tables' at <runs>/tables/<scale>."""
+    name = "tables" if len(plan["tables"]) > 1 else plan["table"]
+    path = runs_dir / name / plan["scale"] / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     record = {"runs": [{k: r[k] for k in FIELDS} for r in plan["runs"]],
-              "total_gpu_hours": plan["total_gpu_hours"], "accelerator": plan["accelerator"]}
+              "total_gpu_hours": plan["total_gpu_hours"], "accelerator": plan["accelerator"],
+              "totals": plan["totals"], "shared": plan["shared"], "tables": plan["tables"]}
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path

@@ -21,6 +21,7 @@ import time
 from pathlib import Path
 
 from bert_repro.tables import TableError
+from bert_repro.tables.calibrate import calibrate, cpu_speed, write_report
 from bert_repro.tables.plan import make_plan
 from bert_repro.tables.runner import run_table
 from bert_repro.tables.schedule import STEP_CKPT, Schedule
@@ -30,7 +31,8 @@ PRETRAIN_STEPS = 20  # the longest pre-training of a rehearsal
 REHEARSAL_EXAMPLES = 32  # train examples (questions, sentences) per fine-tuning run
 CPU = {"trainer": "cpu", "logger": "csv", "trainer.enable_progress_bar": False,
        "+trainer.enable_model_summary": False, "+trainer.num_sanity_val_steps": 0}
-DROPPED = ("trainer.", "logger.", "++logger.", "model.", "hydra")  # the GPU's settings and the real shapes
+# the GPU's settings (speed.grad_allreduce=bf16 needs NCCL) and the real shapes
+DROPPED = ("trainer.", "logger.", "++logger.", "model.", "hydra", "speed.")
 
 
 def divisor(table: Table) -> int:
@@ -66,7 +68,9 @@ def _shrink_pretrain(s: Schedule, d: int) -> dict:
 def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[str] | None = None) -> Table:
     """The rehearsal's table: the same sweeps (``sets``: the table's --set) over <runs>/rehearsal, each with
     the overrides above."""
-    small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, sets, logger="csv")
+    # a store of its own per divisor: a shrunk pre-training depends on D beside the real one's science
+    small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, sets, logger="csv",
+                  store=runs_dir / "rehearsal" / "pretrain" / f"steps-over-{d}")
     small.spec |= {"logger": "csv", "data_note": None,
                    "scale_note": f"a rehearsal of the {table.scale} plan on CPU: tiny models, steps / {d}, "
                                  f"{REHEARSAL_EXAMPLES}-example subsets of ../shared/data; it proves the "
@@ -127,15 +131,24 @@ def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = Fals
     plan = make_plan(table)
     d = divisor(table)
     small = shrink(table, runs_dir, d, grid, sets)
+    speed = cpu_speed()  # once, before the runs: the CPU plan's rate
     summary = run_table(small, {}, force=force)
     problems = check_steps(table, small, d)
     folder = runs_dir / "rehearsal" / table.name / table.scale
+    calibration = calibrate(small, summary, speed)
     record = {"divisor": d, "runs": len(plan["runs"]), "grid": grid,
               "rehearsed_jobs": sum(len(s.jobs()) for s in small.sweeps.values()),
-              "wall_s": round(time.time() - start, 1), "sweeps": summary, "step_problems": problems}
+              "wall_s": round(time.time() - start, 1), "sweeps": summary, "step_problems": problems,
+              "calibration": calibration}
     (folder / "rehearsal.json").write_text(json.dumps(record, indent=2) + "\n")
+    report = write_report(calibration, folder)
     if problems:
         raise TableError("rehearsal: " + "; ".join(problems))
     print(f"rehearsal of {table.name} at scale={table.scale}: {record['rehearsed_jobs']} of "
           f"{len(plan['runs'])} planned runs ({grid} grid), steps / {d}, {time.time() - start:.0f} s")
+    for key in ("total", "held_out"):
+        t = calibration[key]
+        if t["ratio"] is not None:
+            print(f"CPU plan vs measured ({key}, {t['runs']} runs): {t['planned_s']:.0f} s planned, "
+                  f"{t['measured_s']:.0f} s measured, ratio {t['ratio']:.2f} ({report})")
     return small, results_dir / "rehearsal"

@@ -11,13 +11,16 @@ phase's.
 
 from __future__ import annotations
 
+import hashlib
+import json
 import re
-from dataclasses import dataclass
+from dataclasses import asdict, dataclass
 
-from hydra import compose
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from bert_repro.keys import flatten as flat_keys
+from bert_repro.keys import is_science
 from bert_repro.tables import TableError
 
 STEP_CKPT = re.compile(r"^step-(\d+)\.ckpt$")
@@ -62,24 +65,46 @@ class Schedule:
 
 
 def _compose(where: str, args: list[str]):
+    from bert_repro.tables.spec import compose_run  # spec imports this module
+
     try:
-        return compose("train", overrides=args)
+        return compose_run(args)
     except HydraException as err:
         raise TableError(f"{where}: does not compose ({err})") from None
 
 
-def schedule_of(where: str, args: list[str]) -> Schedule:
+def schedule_of(where: str, args: list[str]) -> tuple[Schedule, str]:
     """The schedule of the pre-training ``where`` with these overrides, read from the configs src/train.py
     composes for it (Hydra initialised by the caller): the run's, or its two phases' where the scale's
-    ``two_phase.in_tables`` says every table pre-training runs both."""
+    ``two_phase.in_tables`` says every table pre-training runs both; and the run's store name (store_name)."""
     run = _compose(where, args)
     every = run.module.checkpoint_every_n_steps
     if not OmegaConf.select(run, "scale.pretrain.two_phase.in_tables", default=False):
-        return Schedule(int(run.optim.max_steps), int(run.data.max_seq_length), every)
+        schedule = Schedule(int(run.optim.max_steps), int(run.data.max_seq_length), every)
+        return schedule, store_name(run, schedule)
     one = _compose(where, [*args, "experiment=pretrain_phase1"])
     two = _compose(where, [*args, "experiment=pretrain_phase2"])
     first, last = int(one.optim.max_steps), int(two.optim.max_steps)
     if not 0 < first < last:
         raise TableError(f"{where}: phase 1 runs {first} steps (scale.pretrain.two_phase.phase1_steps); "
                          f"expected between 0 and max_steps={last}")
-    return Schedule(last, int(one.data.max_seq_length), every, first, int(two.data.max_seq_length))
+    schedule = Schedule(last, int(one.data.max_seq_length), every, first, int(two.data.max_seq_length))
+    return schedule, store_name(run, schedule)
+
+
+# not part of a pre-training's identity: the scale node acts through the data and optim keys it interpolates
+# into, and an ablation's name is a label (Table 8's mask_80_10_10 is the default masking, Table 5's none)
+LABELS = ("scale.", "ablation.name")
+
+
+def store_name(run, schedule: Schedule) -> str:
+    """A pre-training's folder name in the shared store: its shape, and a hash of its science keys (keys.py)
+    as composed and resolved, with its schedule. Tables that ask for the same pre-training get the same name,
+    whatever they call it."""
+    leaves = flat_keys(OmegaConf.to_container(run, resolve=False))
+    science = {k: OmegaConf.select(run, k) for k in sorted(leaves)
+               if is_science(k) and not k.startswith(LABELS)}
+    science["schedule"] = asdict(schedule)
+    digest = hashlib.sha1(json.dumps(science, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    m = run.model
+    return f"L{m.num_layers}_H{m.hidden_size}_A{m.num_heads}-{digest}"

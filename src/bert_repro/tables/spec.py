@@ -1,16 +1,20 @@
 """A table as conf/table/<table>.yaml declares it: parts (sub-tables), rows, columns, and the sweeps
-behind them, each with a folder that depends only on the table, the scale and the run's overrides.
+behind them, each with a folder that depends only on the run's science, the scale and the table.
 
-Folders: ``<runs>/<table>/<scale>/pretrain/<name>/default`` for a pre-training run and
-``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept overrides>`` for a fine-tuning job, where the last part
-is the run folder name of the swept keys only (hydra_hooks.run_name: ``optim.lr-0.0001+seed-1``), so an
-interrupted table finds its finished runs again.
+Folders: ``<runs>/pretrain/<scale>/<store name>/default`` for a pre-training run (phase 1 in ``phase1/``
+below it): the shared store, named by the run's science keys (schedule.store_name), not by the table, so
+Table 5's ``none``, Table 6's ``L12_H768_A12`` and Figure 4's ``mlm`` are one run that the first table to
+need it trains and the others reuse; ``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept overrides>`` for a
+fine-tuning job, where the last part is the run folder name of the swept keys only (hydra_hooks.run_name:
+``optim.lr-0.0001+seed-1``), so an interrupted table finds its finished runs again.
 """
 
 from __future__ import annotations
 
+import copy
 import importlib.util
 import itertools
+import warnings
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -139,6 +143,51 @@ class Table:
         return self.sweeps.get(f"pretrain/{name}") if name else None
 
 
+_COMPOSED: dict[tuple[str, ...], Any] = {}
+
+
+def compose_once(config: str, args: list[str]):
+    """conf/<config>.yaml composed with ``args`` (Hydra initialised by the caller: ``composing``), once a
+    process: build, plan and rehearse compose the same runs again and again (a composition is ~0.5 s).
+    Read-only, so no caller changes what another reads."""
+    key = (str(CONF_DIR), config, *args)
+    if key not in _COMPOSED:
+        cfg = compose(config, overrides=list(args))
+        OmegaConf.set_readonly(cfg, True)
+        _COMPOSED[key] = cfg
+    return _COMPOSED[key]
+
+
+# groups whose node other nodes only interpolate (``${ablation.nsp}``, ``${model.max_position}``): no config
+# chooses its defaults by them or sets their keys, so a run's config is its composition without them with
+# each one's own file (conf/model/<name>.yaml, composed alone) set on it. Table 6's ten shapes x four tasks
+# are then four compositions, Table 5's four ablations one (tests/test_tables_plan.py checks it equal).
+LEAF_GROUPS = ("model", "ablation")
+_RUNS: dict[tuple[str, ...], Any] = {}
+
+
+def compose_run(args: list[str]):
+    """conf/train.yaml composed with a run's ``args`` (Hydra initialised by the caller), read-only."""
+    key = (str(CONF_DIR), *args)
+    if key in _RUNS:
+        return _RUNS[key]
+    leaves = [a for a in args if a.split("=", 1)[0] in LEAF_GROUPS]
+    keys = [a.lstrip("+~").split("=", 1)[0] for a in args]
+    if not leaves or any("." in k and k.split(".")[0] in LEAF_GROUPS for k in keys):
+        return compose_once("train", args)  # a key of theirs set on the command line: Hydra's order
+    cfg = copy.deepcopy(compose_once("train", [a for a in args if a not in leaves]))
+    OmegaConf.set_readonly(cfg, False)
+    for leaf in leaves:
+        group, name = leaf.split("=", 1)
+        with warnings.catch_warnings():  # a group file composed alone has no _self_ in its defaults list
+            warnings.simplefilter("ignore", UserWarning)
+            node = compose_once(f"{group}/{name}", [])
+        OmegaConf.update(cfg, group, node[group], merge=False)
+    OmegaConf.set_readonly(cfg, True)
+    _RUNS[key] = cfg
+    return cfg
+
+
 @contextmanager
 def composing():
     """Hydra over conf/, for compose(): table specs and the runs' configs (cleared after)."""
@@ -164,7 +213,7 @@ def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
     if table in DEMOS and scale != "smoke":
         raise TableError(f"{table} is a demonstration on the embedded corpus: it runs at SCALE=smoke only")
     with composing():
-        cfg = compose("tables", overrides=[f"table={table}", f"scale={scale}"])
+        cfg = compose_once("tables", [f"table={table}", f"scale={scale}"])
     if "table" not in cfg:
         raise TableError(f"conf/table/{table}.yaml has no `table:` node")
     spec = OmegaConf.to_container(cfg.table, resolve=False)
@@ -246,8 +295,10 @@ def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, st
 
 
 def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None = None,
-          sets: list[str] | None = None, logger: str | None = None) -> Table:
+          sets: list[str] | None = None, logger: str | None = None, store: Path | None = None) -> Table:
+    """``store``: the pre-training store's folder (default <runs>/pretrain)."""
     spec = load_spec(table, scale, sets)
+    store = store or runs_dir / "pretrain"
     root = runs_dir / table / scale
     parts = _parts(spec)
     given = dict(inits or {})
@@ -275,10 +326,11 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                      **flatten(spec.get("pretrain_overrides")), **flatten(own)}
         overrides.update(tags(overrides))
         grid = {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()}
-        folder = root / "pretrain" / name
-        single = Sweep("pretrain", f"pretrain/{name}", folder, overrides, grid)
+        single = Sweep("pretrain", f"pretrain/{name}", root, overrides, grid)
         with composing():
-            schedule = single.schedule = schedule_of(single.name, single.compose_args())
+            schedule, stored_as = schedule_of(single.name, single.compose_args())
+        folder = single.folder = store / scale / stored_as
+        single.schedule = schedule
         if schedule.phases == 1:
             sweeps[single.name] = single
             continue
@@ -312,7 +364,9 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                              **flatten(spec["task_data"].get(run["task"])), **flatten(row.get("overrides")),
                              **flatten(run["overrides"]), "task": run["task"]}
                 grid = flatten(spec.get("grid")) if run["grid"] is None else flatten(run["grid"])
-                params = {k: str(v) for k, v in {**grid, **flatten(row.get("grid"))}.items()}
+                # a row's grid (restarts) adds to the run's, on the tasks of grid_tasks where it names them
+                row_grid = row.get("grid") if run["task"] in row.get("grid_tasks", [run["task"]]) else None
+                params = {k: str(v) for k, v in {**grid, **flatten(row_grid)}.items()}
                 for key in params:  # a swept key is not also a fixed one (--set grid.optim.lr=... over it)
                     overrides.pop(key, None)
                 skip = None
