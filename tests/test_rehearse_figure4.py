@@ -33,7 +33,7 @@ def test_figure4_rehearses_at_budget_scale(rehearsed):
 
 
 @pytest.mark.slow
-@pytest.mark.xfail(strict=True, reason="planned/measured 1.34-1.38 here (issue 27 open): the plan charges MNLI "
+@pytest.mark.xfail(strict=True, reason="planned/measured 1.34-1.38 (issue 27 open): the plan charges MNLI "
                    "fine-tuning at the full 128 tokens, where batches pad to their longest (~63 real tokens)")
 def test_figure4_cpu_plan_holds_within_125x(rehearsed):
     folder, _, record = rehearsed
