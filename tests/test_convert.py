@@ -396,7 +396,8 @@ def test_cli_to_hf_refuses_a_folder_with_files_and_force_replaces_it_whole(hf_pr
     capsys.readouterr()
 
     assert main(["to-hf", str(src), str(out), "--force"]) == 0
-    assert sorted(snapshot(out)) == ["config.json", "model.safetensors"]  # no old tokenizer beside the model
+    # the model, its card and no old tokenizer beside them
+    assert sorted(snapshot(out)) == ["README.md", "config.json", "model.safetensors"]
     assert json.loads((out / "config.json").read_text())["architectures"] == ["BertForPreTraining"]
     said = capsys.readouterr().out
     assert f"deleted the earlier contents of {out}: config.json, notes.md" in said

@@ -135,12 +135,12 @@ def test_two_phase_schedule_resumes_phase_one(tmp_path):
     proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={early}",
                  f"hydra.run.dir={tmp_path / 'wrong'}")
     assert proc.returncode == 2 and "resumes at step 3; phase 2 starts at step 6" in proc.stdout + proc.stderr
-    # the same phase-2 command again continues phase 2's own last.ckpt (a killed phase 2 keeps its progress),
-    # not phase 1's: here phase 2 is complete, so it resumes at step 10 and has nothing left to train
+    # the same phase-2 command again: phase 2 is complete, so it is finished (finished.py), not run again
+    before = (two / "results.json").read_text()
     proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={last}", f"hydra.run.dir={two}")
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
-    again = json.loads((two / "results.json").read_text())
-    assert again["resumed_from"] == str(two / "checkpoints" / "last.ckpt") and again["global_step"] == 10
+    assert "is finished (results.json complete, same settings)" in proc.stdout + proc.stderr
+    assert (two / "results.json").read_text() == before
 
 
 def test_phase_two_needs_phase_one(tmp_path):

@@ -109,5 +109,5 @@ def test_punct_task_fine_tunes_a_two_tag_tagger_end_to_end(tmp_path, minilm_dir)
     assert proc.returncode == 0, out[-3000:]
     final = json.loads((tmp_path / "run" / "results.json").read_text())["metrics"]["final"]
     assert 0.0 <= final["val/f1"] <= 1.0 and final["val/token_acc"] > 0.5
-    state = torch.load(tmp_path / "run" / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    state = torch.load(tmp_path / "run" / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
     assert state["state_dict"]["model.classifier.weight"].shape[0] == 2  # O and B-PUNCT: the task's labels

@@ -72,7 +72,7 @@ def test_squad_v2_end_to_end(tmp_path, minilm_dir, shared_data):
         best_span = next(e["text"] for e in nbest[qid] if e["text"])
         assert text == ("" if odds[qid] > tau else best_span), qid
         assert sum(1 for e in nbest[qid] if e["text"] == "") == 1  # the null answer is always listed
-    checkpoint = torch.load(run_dir / "checkpoints" / "last.ckpt", map_location="cpu", weights_only=False)
+    checkpoint = torch.load(run_dir / "checkpoints" / "best.ckpt", map_location="cpu", weights_only=False)
     assert checkpoint["null_threshold"] == pytest.approx(tau)  # stored with the run, for later predictions
 
 

@@ -25,11 +25,14 @@ log = logging.getLogger(__name__)
 
 def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
     """The complete results.json of this very run in its folder, or None: absent, not complete, ``+force``,
-    test predictions asked for that it lacks, or other science settings (said in a warning; the run then
-    goes on as before, and resuming its checkpoint is refused as a different run)."""
+    a ckpt_path= that does not exist, test predictions asked for that it lacks, or other science
+    settings (said in a warning; the run then goes on as before, and resuming its checkpoint is refused as a
+    different run)."""
     path = Path(cfg.paths.output_dir) / RESULTS
     if cfg.get("force") or read_status(path) != "complete":
         return None
+    if cfg.get("ckpt_path") not in (None, "last") and not Path(cfg.ckpt_path).is_file():
+        return None  # a ckpt_path= that is not there is a mistake to name (run.py's checks), not to pass over
     try:
         results = read_results(path)
     except ValueError as err:  # a damaged file is not a finished run: the run goes on, its resume checks it
