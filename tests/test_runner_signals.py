@@ -108,7 +108,8 @@ def start_runner(tmp_path):
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         started.append(proc)
-        return proc, tmp_path / "runs" / "table5" / "smoke" / "pretrain" / "none"
+        # Table 5's `none` pre-training, in the shared store (spec.build: <runs>/pretrain/<scale>/<name>)
+        return proc, build("table5", "smoke", tmp_path / "runs", logger="none").sweeps["pretrain/none"].folder
 
     yield start
     kill_left(tmp_path)
@@ -222,8 +223,12 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     cmd = [sys.executable, "-m", "bert_repro.tables", "run", "table5", "--scale", "smoke", "--logger", "none",
            *(f"--set={s}" for s in sets), "--runs-dir", str(tmp_path / "runs"),
            "--results-dir", str(tmp_path / "results")]
-    root = tmp_path / "runs" / "table5" / "smoke"
+    runs = tmp_path / "runs"
+    root = runs / "table5" / "smoke"
     mrpc = root / "finetune" / "bert_base" / "mrpc"
+    # the pre-training run is in the shared store, outside the table's folder (spec.build)
+    store = build("table5", "smoke", runs, sets=sets, logger="none").sweeps["pretrain/none"].folder
+    pretrained = f"{store.relative_to(runs)}/default/results.json"
     proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 600
     while not list(mrpc.glob("*/results.json")):  # one MRPC job finished, the other starting or training
@@ -240,12 +245,12 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     assert "SIGTERM received" in err and "finetune/bert_base/mrpc" in err and "Traceback" not in err
     assert all(group(pid) == [] for pid in sweeps)  # no orphan left to write into the folders
     assert not list(mrpc.rglob("failed.json"))  # stopped, not failed
-    finished = mtimes(root)
-    assert len(finished) == 2 and "pretrain/none/default/results.json" in finished  # and one MRPC job
+    finished = mtimes(runs)
+    assert len(finished) == 2 and pretrained in finished  # and one MRPC job
 
     again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
     assert again.returncode == 0, again.stderr[-3000:]
-    assert {k: v for k, v in mtimes(root).items() if k in finished} == finished  # not rerun
+    assert {k: v for k, v in mtimes(runs).items() if k in finished} == finished  # not rerun
     summary = {s["sweep"]: s for s in json.loads((root / "summary.json").read_text())["sweeps"]}
     assert summary["pretrain/none"]["skipped"] == 1
     assert [summary["finetune/bert_base/mrpc"][k] for k in ("skipped", "complete", "failed")] == [1, 1, 0]

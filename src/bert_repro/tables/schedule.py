@@ -22,6 +22,7 @@ from omegaconf import OmegaConf
 from bert_repro.keys import flatten as flat_keys
 from bert_repro.keys import is_science
 from bert_repro.tables import TableError
+from bert_repro.tables.compose import compose_run
 
 STEP_CKPT = re.compile(r"^step-(\d+)\.ckpt$")
 
@@ -65,8 +66,6 @@ class Schedule:
 
 
 def _compose(where: str, args: list[str]):
-    from bert_repro.tables.spec import compose_run  # spec imports this module
-
     try:
         return compose_run(args)
     except HydraException as err:
