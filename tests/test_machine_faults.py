@@ -103,11 +103,12 @@ def test_a_full_disk_during_a_run_is_named_and_the_earlier_run_kept(good):
     _, out, cache, _ = good
     before = fingerprint(out)
     last = out / "checkpoints" / "last.ckpt"
-    command = [*FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}"]
-    # the earlier command again: it resumes at its last step, validates, then writes results.json; and a new
-    # start (ckpt_path=null), which first writes a checkpoint
-    for args, written in ((command, f"writing {out}/results.json: "),
-                          ([*command, "ckpt_path=null"], f"writing {out}/checkpoints/")):
+    # +force=true: the good run is finished (finished.py), so only a forced rerun writes anything
+    command = [*FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}", "+force=true"]
+    # resuming its last.ckpt: at its last step, it validates, then writes results.json; and a new start
+    # (force's default), which first writes a checkpoint
+    for args, written in (([*command, f"ckpt_path={last}"], f"writing {out}/results.json: "),
+                          (command, f"writing {out}/checkpoints/")):
         code, output = full_disk_run(out, *args)
         assert code == 74, output[-3000:]
         assert (f"no space left on device {written}" in output
@@ -139,7 +140,7 @@ def test_a_read_only_cache_folder_is_named(good, tmp_path):
     before = fingerprint(out)
     cache = tmp_path / "read_only_cache"
     cache.mkdir()
-    proc = read_only_run(cache, *FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}")
+    proc = read_only_run(cache, *FAST, f"paths.cache_dir={cache}", f"hydra.run.dir={out}", "+force=true")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output[-3000:]
     assert (f"cache folder {cache} is not writable (Read-only file system); choose another with "
