@@ -68,24 +68,8 @@ def compose_line(config: str, args: list[str]) -> None:
         if parsed.is_sweep_override():
             arg = f"{parsed.get_key_element()}={next(iter(parsed.sweep_string_iterator()))}"
         overrides.append(arg)
-    cfg = hydra_config(overrides) if config == "train" else _evaluate_config(overrides)
+    cfg = hydra_config(overrides, config)
     check(cfg)
-
-
-def _evaluate_config(overrides: list[str]):
-    from hydra import compose, initialize_config_dir
-    from hydra.core.global_hydra import GlobalHydra
-
-    from bert_repro.hydra_hooks import register_resolvers
-    from bert_repro.tables.spec import CONF_DIR
-
-    register_resolvers()
-    GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose("evaluate", overrides=overrides, return_hydra_config=True)
-    finally:
-        GlobalHydra.instance().clear()
 
 
 def parse_module(module: str, args: list[str], capsys) -> None:

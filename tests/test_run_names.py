@@ -17,13 +17,13 @@ from bert_repro.tables.spec import CONF_DIR, Sweep, TableError, build
 ITEM = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.-]+")  # key-value: the key holds no "-", the value no "+"
 
 
-def hydra_config(overrides: list[str]):
-    """The run's config with its hydra node, as src/train.py would see it."""
+def hydra_config(overrides: list[str], config_name: str = "train"):
+    """The run's config with its hydra node, as src/train.py (or src/evaluate.py: "evaluate") would see it."""
     register_resolvers()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            return compose("train", overrides=overrides, return_hydra_config=True)
+            return compose(config_name, overrides=overrides, return_hydra_config=True)
     finally:
         GlobalHydra.instance().clear()
 

@@ -124,11 +124,11 @@ def test_a_row_whose_ablation_does_not_exist_fails_the_plan_naming_it(tmp_path):
 
 def test_a_run_derived_from_its_shape_is_the_config_hydra_composes():
     """Build and plan compose a run without its model and ablation and set those groups' own nodes on it
-    (spec.compose_run): the same config, interpolations included, as Hydra's composition of the run."""
+    (compose.compose_run): the same config, interpolations included, as Hydra's composition of the run."""
     from hydra import compose
     from omegaconf import OmegaConf
 
-    from bert_repro.tables.spec import compose_run, composing
+    from bert_repro.tables.compose import compose_run, composing
 
     args = ["scale=budget", "task=conll2003", "ablation=feature_concat_last_four", "model=L6_H768_A3"]
     with composing():

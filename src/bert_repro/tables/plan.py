@@ -31,7 +31,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from bert_repro.tables import CONF_DIR, REPO, TableError
-from bert_repro.tables.spec import Sweep, Table, compose_run, composing
+from bert_repro.tables.compose import compose_run, composing
+from bert_repro.tables.spec import Sweep, Table
 
 
 @dataclass(frozen=True)

@@ -26,7 +26,7 @@ from bert_repro.keys import is_science
 
 # REPO and TableError are re-exported: the runner, the collector and the CLI import them from here
 from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401
-from bert_repro.tables.compose import compose_once, compose_run, composing  # noqa: F401 (plan imports them here)
+from bert_repro.tables.compose import compose_once, composing
 from bert_repro.tables.schedule import Schedule, schedule_of
 
 SELECTIONS = {
