@@ -30,17 +30,36 @@ def wiki(tmp_path_factory):
     return docs, tokenizer, str(save_vocab(tokenizer, root)), root
 
 
-def test_word_cache_tokenizes_as_the_tokenizer(wiki):
+ODD = [["Café  naïve\tfaçade — 東京 x\u00ad y", "  ", "Ünïcödé [SEP] [UNK]!"], [" "],  # last: no tokens
+       ["x[UNK]y [SEP], (a,b) «q»; e.g.,,. ÉTÉ é,é ;\u037e; don't 3.14% a\x00.b ,\u0301x"]]
+
+
+@pytest.mark.parametrize("separator", [None, "e"])
+def test_word_cache_tokenizes_as_the_tokenizer(wiki, separator):
+    """Word and piece caches, punctuation cut and separator-joined encoding give the tokenizer's own ids; with
+    "e" for separator, pieces like "é" and "É" normalise to it, and their texts are encoded piece by piece."""
     docs, tokenizer, _, _ = wiki
-    odd = [["Café  naïve\tfaçade — 東京 x\u00ad y", "  ", "Ünïcödé [SEP] [UNK]!"], [" "]]  # last: no tokens
-    documents = docs + odd
+    documents = docs + ODD
     words = WordPieceIds(tokenizer)
-    words.WORDS_PER_TEXT = 97  # several joined texts per batch
-    got = [row for half in (documents[:30], documents[30:])  # two batches: the second reuses the cache
-           for row in words(pa.table({"sentences": half})).column("tokens").to_pylist()]
+    words.PIECES_PER_TEXT = 97  # several joined texts per batch
+    if separator:
+        words.separator, words.separator_id = separator, tokenizer.token_to_id(separator)
+    got = [row for part in (documents[:30], documents[30:50], documents[50:])  # later ones reuse the caches
+           for row in words(pa.table({"sentences": part})).column("tokens").to_pylist()]
     expected = [[e.ids for e in tokenizer.encode_batch(d, add_special_tokens=False) if e.ids]
                 for d in documents]
     assert got == [d for d in expected if d]
+
+
+def test_word_cache_starts_afresh_when_full(wiki):
+    docs, tokenizer, _, _ = wiki
+    words = WordPieceIds(tokenizer)
+    words.MAX_WORDS = 3000  # below one batch's words: every batch starts afresh
+    got = [row for part in (docs[:20], docs[20:40])
+           for row in words(pa.table({"sentences": part})).column("tokens").to_pylist()]
+    assert len(words.words) == len({w for d in docs[20:40] for s in d for w in s.split(" ")})  # last batch
+    assert got == [[e.ids for e in tokenizer.encode_batch(d, add_special_tokens=False) if e.ids]
+                   for d in docs[:40]]
 
 
 def _module(corpus, vocab, cache_dir, **kwargs) -> PretrainDataModule:

@@ -1,17 +1,21 @@
 """Pre-training instances: the data algorithm of google-research/bert `create_pretraining_data.py`
-(§3.3.1, §3.3.2, Appendix A.1): `create_instances_from_document`, `create_masked_lm_predictions`
-(here `mask_tokens`, and `mask_batch` for many instances at once) and `truncate_seq_pair` (`_truncate`,
-with the lengths of `glue.truncated_lengths`: the same rule as run_classifier.py's).
+(§3.3.1, §3.3.2, Appendix A.1): `create_instances_from_document` (here `document_pairs`, for many documents
+at once), `create_masked_lm_predictions` (here `mask_tokens`, and `mask_batch` for many instances at once) and
+`truncate_seq_pair` (`_truncate`, with the lengths of `truncated_lengths`: glue's rule, run_classifier.py's).
 
 The same algorithm and distributions as the original, at array speed: a document is one array of token ids
 and its sentence boundaries (zero-copy views of the memory-mapped Arrow column, never a Python list of the
-corpus), an instance is two slices of such arrays, and truncation and masking draw their randomness in
-blocks. numpy Generators replace `random.Random`, one per (seed, dupe round, document), so the result does not
-depend on batching or the number of processes. `WordPieceIds` and `InstanceMaker` are the `datasets.map`
-functions `PretrainDataModule` runs (in parallel with num_proc, one deterministic shard per process).
-"""
+corpus), an instance is two spans of such arrays (a few integers: only the chunking walks a document, an
+instance per step), and random B, truncation, masking and the ids themselves are done on all of a batch's
+instances at once. numpy Generators replace `random.Random`, one per (seed, dupe round, document) drawing its
+randomness in blocks, so the result does not depend on batching or the number of processes. `WordPieceIds`
+and `InstanceMaker` are the `datasets.map` functions `PretrainDataModule` runs (in parallel with num_proc, one
+deterministic shard per process)."""
 
 from __future__ import annotations
+
+from bisect import bisect_left, bisect_right
+from itertools import repeat
 
 import numpy as np
 import pyarrow as pa
@@ -19,7 +23,48 @@ import pyarrow.compute as pc
 from datasets import Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 
+# the order the instances draw their randomness in: bump when a seed gives other instances (the same
+# distributions), so a cache of the earlier ones is not read back as this code's
+DRAWS = 2
 TOKENS_FEATURES = Features({"tokens": Sequence(Sequence(Value("int32")))})
+
+
+class _Cache:
+    """Strings -> their token ids (end to end, with offsets), append-only. The lookup is a dict: a batch costs
+    its own distinct strings, not the cache's size."""
+
+    def __init__(self):
+        self.row_of: dict[str, int] = {}
+        self.ids, self.offsets = np.zeros(0, np.int32), np.zeros(1, np.int64)
+
+    def __len__(self) -> int:
+        return len(self.row_of)
+
+    def index(self, keys: list[str]) -> np.ndarray:
+        """Each key's row in the cache, -1 where new."""
+        return np.fromiter(map(self.row_of.get, keys, repeat(-1)), np.int64, len(keys))
+
+    def add(self, keys: list[str], ids: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """Append new keys; returns their rows."""
+        rows = range(len(self.row_of), len(self.row_of) + len(keys))
+        self.row_of.update(zip(keys, rows))
+        self.ids = np.concatenate([self.ids, ids])
+        self.offsets = np.concatenate([self.offsets, self.offsets[-1] + np.cumsum(lengths)])
+        return np.asarray(rows)
+
+    def rows(self, keys: pa.Array, learn) -> np.ndarray:
+        """The row of each distinct key, new ones added with their `learn(new keys)` -> (ids, lengths)."""
+        names = keys.to_pylist()
+        rows = self.index(names)
+        new = np.flatnonzero(rows < 0)
+        if len(new):
+            rows[new] = self.add([names[i] for i in new], *learn(keys.take(new)))
+        return rows
+
+    def gather(self, rows: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """(the ids of `rows` end to end, their lengths): a ragged gather."""
+        lengths = np.diff(self.offsets)[rows]
+        return self.ids[_ranges(self.offsets[rows], lengths)], lengths
 
 
 class WordPieceIds:
@@ -27,57 +72,104 @@ class WordPieceIds:
     token ids, empty ones dropped (they would break the random-B draw).
 
     Each distinct space-separated word is tokenized once: BERT's normaliser works per character and its
-    pre-tokenizer splits at every space, so a sentence's ids are its words' ids end to end, and the
-    tokenizer's batch encoding runs over new words only (by Zipf's law a few percent of the running text).
+    pre-tokenizer splits at every space and around every punctuation character, so a sentence's ids are its
+    words' ids end to end, and a word's are its pieces' (the word cut around ASCII punctuation: "end." is
+    "end" and "."). Both are cached, and the tokenizer's batch encoding runs over new pieces only (by Zipf's
+    law a few percent of the running text), many to one text with a separator token between them: the
+    separators mark where each piece's ids end.
     """
 
-    MAX_WORDS = 1 << 20  # the word cache starts afresh at this size: memory stays flat on any corpus
-    WORDS_PER_TEXT = 4096  # new words are encoded space-joined, this many to one text
+    MAX_WORDS = 1 << 19  # the caches start afresh at this size: memory stays flat on any corpus
+    PIECES_PER_TEXT = 4096  # new pieces are encoded separator-joined, this many to one text
+    PUNCTUATION = "[!-/:-@\\[-`{-~]"  # ASCII punctuation: always a piece of its own to BertPreTokenizer
 
     def __init__(self, tokenizer: Tokenizer):
+        from tokenizers.pre_tokenizers import BertPreTokenizer
+
+        if tokenizer.padding or tokenizer.truncation:  # ids are counted per text: none may be added or cut
+            tokenizer = Tokenizer.from_str(tokenizer.to_str())
+            tokenizer.no_padding()
+            tokenizer.no_truncation()
         self.tokenizer = tokenizer
+        self.encode = getattr(tokenizer, "encode_batch_fast", tokenizer.encode_batch)  # no offsets needed
+        # Cutting at punctuation beforehand is what BertPreTokenizer does anyway; not so for other ones.
+        self.cut = isinstance(tokenizer.pre_tokenizer, BertPreTokenizer)
+        # Added tokens ([SEP], ...) are matched in the text, so a word holding one is never cut.
+        self.added = [(t.content, t.normalized) for t in tokenizer.get_added_tokens_decoder().values()]
+        self.separator, self.separator_id = None, None
+        unknown = tokenizer.token_to_id(getattr(tokenizer.model, "unk_token", None) or "[UNK]")
+        for char in ",.;:!?":  # the first punctuation character that is one known token
+            ids = tokenizer.encode(char, add_special_tokens=False).ids
+            if len(ids) == 1 and ids[0] != unknown:
+                self.separator, self.separator_id = char, ids[0]
+                break
         self._forget()
 
     def _forget(self) -> None:
-        self.words = pa.array([], pa.string())
-        self.ids, self.offsets = np.zeros(0, np.int32), np.zeros(1, np.int64)
+        self.words, self.pieces = _Cache(), _Cache()
 
-    def _learn(self, words: list[str]) -> None:
-        """Add distinct new words: each token of a space-joined text goes to the word its offset falls in."""
-        texts, starts = [], []
-        for i in range(0, len(words), self.WORDS_PER_TEXT):
-            piece = words[i : i + self.WORDS_PER_TEXT]
-            ends = np.cumsum(np.fromiter(map(len, piece), np.int64, len(piece)) + 1)
-            texts.append(" ".join(piece))
-            starts.append(np.r_[0, ends[:-1]])
-        counts, ids = [], []
-        encodings = self.tokenizer.encode_batch(texts, add_special_tokens=False)
-        for encoding, word_starts in zip(encodings, starts):
-            token_starts = np.array(encoding.offsets, dtype=np.int64).reshape(-1, 2)[:, 0]
-            word = np.searchsorted(word_starts, token_starts, "right") - 1
-            counts.append(np.bincount(word, minlength=len(word_starts)))
-            ids.append(np.array(encoding.ids, dtype=np.int32))
-        self.words = pa.concat_arrays([self.words, pa.array(words, pa.string())])
-        self.ids = np.concatenate([self.ids, *ids])
-        self.offsets = np.concatenate([self.offsets, self.offsets[-1] + np.cumsum(np.concatenate(counts))])
+    def _pieces(self, words: pa.Array) -> pa.ListArray:
+        """Each word's pieces: cut around ASCII punctuation (the words that have some, and no added token)."""
+        if not self.cut:
+            return pa.ListArray.from_arrays(pa.array(np.arange(len(words) + 1, dtype=np.int32)), words)
+        cut = pc.match_substring_regex(words, self.PUNCTUATION)
+        for token, normalized in self.added:
+            cut = pc.and_not(cut, pc.match_substring(words, token, ignore_case=normalized))
+        index = np.arange(len(words))
+        cut = cut.to_numpy(zero_copy_only=False)
+        index[cut] = len(words) + np.arange(cut.sum())
+        spaced = pc.replace_substring_regex(words.filter(cut), f"({self.PUNCTUATION})", r" \1 ")
+        return pc.split_pattern(pa.concat_arrays([words, spaced]).take(index), " ")
+
+    def _encode(self, pieces: list[str]) -> tuple[np.ndarray, np.ndarray]:
+        """(ids end to end, length per piece) of distinct pieces: separator-joined where a piece holds no
+        separator and the separators come back one per join, else one piece to an encoding."""
+        joined = self.separator is not None and self.cut
+        alone = [i for i, piece in enumerate(pieces) if not joined or self.separator in piece]
+        rest = [i for i, piece in enumerate(pieces) if joined and self.separator not in piece]
+        groups = [rest[i : i + self.PIECES_PER_TEXT] for i in range(0, len(rest), self.PIECES_PER_TEXT)]
+        texts = [f" {self.separator} ".join([pieces[i] for i in group]) for group in groups]
+        order, ids, lengths = [], [], []
+        for group, encoding in zip(groups, self.encode(texts, add_special_tokens=False)):
+            group_ids = np.array(encoding.ids, np.int32)
+            separator = group_ids == self.separator_id
+            if separator.sum() != len(group) - 1:  # a piece normalised to the separator: encode them alone
+                alone += group
+                continue
+            order.append(group)
+            lengths.append(np.diff(np.r_[-1, np.flatnonzero(separator), len(group_ids)]) - 1)
+            ids.append(group_ids[~separator])
+        if alone:
+            encodings = self.encode([pieces[i] for i in alone], add_special_tokens=False)
+            order.append(alone)
+            lengths.append(np.array([len(e.ids) for e in encodings], np.int64))
+            ids += [np.array(e.ids, np.int32) for e in encodings]
+        lengths, ids = np.concatenate(lengths), np.concatenate(ids)
+        rank = np.empty(len(pieces), np.int64)  # piece i's results are the rank[i]-th encoded
+        rank[np.concatenate(order)] = np.arange(len(pieces))
+        starts = np.cumsum(lengths) - lengths
+        return ids[_ranges(starts[rank], lengths[rank])], lengths[rank]
+
+    def _word_ids(self, words: pa.Array) -> tuple[np.ndarray, np.ndarray]:
+        """(ids end to end, length per word) of new words: their pieces' ids, new pieces encoded."""
+        pieces = self._pieces(words)
+        distinct = pc.dictionary_encode(pieces.flatten())
+        rows = self.pieces.rows(distinct.dictionary, lambda new: self._encode(new.to_pylist()))
+        ids, piece_lengths = self.pieces.gather(rows[distinct.indices.to_numpy()])
+        bounds = pieces.offsets.to_numpy()
+        return ids, np.diff(np.r_[0, np.cumsum(piece_lengths)][bounds - bounds[0]])
 
     def __call__(self, batch: pa.Table) -> pa.Table:
         documents = batch.column("sentences").combine_chunks()
         sentences = documents.flatten()
         words = pc.split_pattern(sentences, " ")
-        running = words.flatten()
-        new = pc.unique(pc.filter(running, pc.is_null(pc.index_in(running, value_set=self.words))))
-        if len(self.words) + len(new) > self.MAX_WORDS:
+        distinct = pc.dictionary_encode(words.flatten())  # the batch's distinct words, and each running one's
+        if max(len(self.words) + len(distinct.dictionary), len(self.pieces)) > self.MAX_WORDS:
             self._forget()
-            new = pc.unique(running)
-        if len(new):
-            self._learn(new.to_pylist())
-        word = pc.index_in(running, value_set=self.words).to_numpy()
-        # every running word's ids, end to end: a ragged gather from the cache
-        lengths = np.diff(self.offsets)[word]
+        rows = self.words.rows(distinct.dictionary, self._word_ids)
+        # every running word's ids, end to end
+        ids, lengths = self.words.gather(rows[distinct.indices.to_numpy()])
         ends = np.cumsum(lengths)
-        total = int(ends[-1]) if len(ends) else 0
-        ids = self.ids[np.repeat(self.offsets[word] - (ends - lengths), lengths) + np.arange(total)]
         word_bounds = words.offsets.to_numpy()
         sentence_lengths = np.diff(np.r_[0, ends][word_bounds - word_bounds[0]])
         kept = sentence_lengths > 0
@@ -94,113 +186,218 @@ def _offsets(lengths: np.ndarray) -> pa.Array:
 
 class TokenizedDocuments:
     """all_documents[i] -> (token ids, sentence boundaries): zero-copy views of the memory-mapped Arrow column
-    (`tokens`, documents of sentences of ids)."""
+    (`tokens`, documents of sentences of ids), kept per record batch ("chunk"): a chunk's token ids are one
+    array, and its sentence boundaries are positions in it. The batch methods (`sentences`, `random_spans`,
+    `gather`) work in those chunk positions, so an instance is a few integers until its ids are gathered."""
 
-    def __init__(self, dataset: Dataset):
-        assert dataset._indices is None, "needs a flat dataset; row i must be document i"
+    def __init__(self, dataset: Dataset | None = None):
         self.chunks = []
-        for chunk in dataset.data.column("tokens").chunks:
-            sentences = chunk.values  # the child arrays, unsliced: the offsets index into them
-            self.chunks.append((chunk.offsets.to_numpy(), sentences.offsets.to_numpy(),
-                                sentences.values.to_numpy()))
+        if dataset is not None:
+            assert dataset._indices is None, "needs a flat dataset; row i must be document i"
+            for chunk in dataset.data.column("tokens").chunks:
+                sentences = chunk.values  # the child arrays, unsliced: the offsets index into them
+                self.chunks.append((chunk.offsets.to_numpy(), sentences.offsets.to_numpy(),
+                                    sentences.values.to_numpy()))
+        self._index()
+
+    @classmethod
+    def from_lists(cls, documents) -> TokenizedDocuments:
+        """Documents as lists of sentences of ids (tests, the original's `all_documents`): one chunk."""
+        self = cls()
+        lengths = [len(sentence) for document in documents for sentence in document]
+        ids = np.fromiter((t for d in documents for s in d for t in s), np.int32, sum(lengths))
+        self.chunks = [(np.r_[0, np.cumsum([len(d) for d in documents])], np.r_[0, np.cumsum(lengths)], ids)]
+        self._index()
+        return self
+
+    def _index(self) -> None:
         self.starts = np.cumsum([0] + [len(offsets) - 1 for offsets, _, _ in self.chunks])
+        self._starts = self.starts.tolist()  # bisect on a list: a document lookup costs no numpy call
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
+    def sentences(self, i: int) -> tuple[int, list[int]]:
+        """(chunk, sentence boundaries of document i as positions in the chunk's ids)."""
+        c = bisect_right(self._starts, i) - 1
+        documents, sentences, _ = self.chunks[c]
+        j = i - self._starts[c]
+        return c, sentences[documents[j] : documents[j + 1] + 1].tolist()
+
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        c = int(np.searchsorted(self.starts, i, "right")) - 1
-        documents, sentences, ids = self.chunks[c]
-        j = i - self.starts[c]
-        bounds = sentences[documents[j] : documents[j + 1] + 1]
-        return ids[bounds[0] : bounds[-1]], bounds - bounds[0]
+        c, bounds = self.sentences(i)
+        bounds = np.array(bounds)
+        return self.chunks[c][2][bounds[0] : bounds[-1]], bounds - bounds[0]
+
+    def random_spans(self, docs: np.ndarray, u: np.ndarray, need: np.ndarray):
+        """The original's random B: from a uniformly drawn sentence (`u` uniforms) of each document in `docs`,
+        whole sentences until `need` tokens are reached (at least one; at most to the document's end).
+        Returns (chunk, start, length) arrays."""
+        chunks = np.searchsorted(self.starts, docs, "right") - 1
+        starts, lengths = np.zeros(len(docs), np.int64), np.zeros(len(docs), np.int64)
+        for c, part in _groups(chunks):
+            documents, sentences, _ = self.chunks[c]
+            row = docs[part] - self.starts[c]
+            first, last = documents[row], documents[row + 1]  # sentences first..last-1
+            start = first + (u[part] * (last - first)).astype(np.int64)
+            end = np.clip(np.searchsorted(sentences, sentences[start] + need[part]), start + 1, last)
+            starts[part], lengths[part] = sentences[start], sentences[end] - sentences[start]
+        return chunks, starts, lengths
+
+    def gather(self, chunks: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The token ids of spans (chunk, start, length), end to end."""
+        out = np.empty(int(lengths.sum()), np.int32)
+        dest = np.cumsum(lengths) - lengths
+        for c, part in _groups(chunks):
+            out[_ranges(dest[part], lengths[part])] = self.chunks[c][2][_ranges(starts[part], lengths[part])]
+        return out
 
 
-def flat_document(document) -> tuple[np.ndarray, np.ndarray]:
-    """(ids, sentence boundaries) of a document given as a list of sentences of ids (or already flat)."""
-    if isinstance(document, tuple):
-        return document
-    lengths = [len(sentence) for sentence in document]
-    ids = np.fromiter((t for sentence in document for t in sentence), np.int32, sum(lengths))
-    return ids, np.r_[0, np.cumsum(lengths)]
+def _groups(keys: np.ndarray):
+    """(key, positions of that key) for each distinct key."""
+    order = np.argsort(keys, kind="stable")
+    for part in np.split(order, np.flatnonzero(np.diff(keys[order])) + 1):
+        if len(part):
+            yield int(keys[part[0]]), part
 
 
-def _truncate(a: np.ndarray, b: np.ndarray, max_num_tokens: int, rng: np.random.Generator):
-    """truncate_seq_pair: each trimmed token goes from the front or the back by a fair coin (to avoid biases),
-    so each side loses a Binomial(trimmed, 1/2) number from its front."""
-    from bert_repro.data.glue import truncated_lengths  # glue loads Lightning: not for a plan's disk figure
-
-    len_a, len_b = truncated_lengths(len(a), len(b), max_num_tokens)
-    front_a = int(rng.binomial(len(a) - len_a, 0.5)) if len_a < len(a) else 0
-    front_b = int(rng.binomial(len(b) - len_b, 0.5)) if len_b < len(b) else 0
-    return a[front_a : front_a + len_a], b[front_b : front_b + len_b]
+def _ranges(starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+    """start..start+length-1 for each span, end to end (a ragged arange)."""
+    ends = np.cumsum(lengths)
+    return np.repeat(starts - (ends - lengths), lengths) + np.arange(ends[-1] if len(ends) else 0)
 
 
-def document_pairs(all_documents, doc_index: int, max_seq_length: int, short_seq_prob: float,
-                   rng: np.random.Generator, nsp: bool = True) -> tuple[list, int]:
-    """The original's create_instances_from_document as ([(A, B, is_random_next)], target length): A and B
-    are token-id arrays, truncated; B is empty without NSP. `all_documents[i]` is a document, as a list of
-    sentences of ids or as (ids, sentence boundaries)."""
-    ids, bounds = flat_document(all_documents[doc_index])
-    bounds = bounds.tolist()
+PAIR_FIELDS = ("slot", "a_start", "a_length", "b_start", "b_length", "random_document", "u_start", "need")
+
+
+def document_pairs(documents: TokenizedDocuments, doc_indices, rngs, max_seq_length: int,
+                   short_seq_prob: float, nsp: bool = True) -> dict[str, np.ndarray]:
+    """The original's create_instances_from_document for the documents `doc_indices`, document k drawing
+    its randomness from `rngs[k]` only (so the result does not depend on which documents are built
+    together). Returns arrays, one item per instance, in document order: `slot` (k), `doc_index`,
+    `target_length`, `random_next`, and A and B as spans of the chunks' ids (`a_chunk`, `a_start`, `a_length`,
+    `b_...`), truncated; B is empty without NSP. `per_document`: the instances of each document."""
     max_num_tokens = max_seq_length - (3 if nsp else 2)
-    # Mostly fill the sequence, but 10% of the time (per document) aim shorter, so that pre-training
-    # also sees the short inputs of fine-tuning. The target is soft; max_seq_length is hard.
-    target = max_num_tokens
-    if rng.random() < short_seq_prob:
-        target = 2 + int(rng.random() * (max_num_tokens - 1))
-    pairs = []
-    first = i = 0  # the current chunk is sentences first..i
-    while i < len(bounds) - 1:
-        if i == len(bounds) - 2 or bounds[i + 1] - bounds[first] >= target:
-            # A and B are whole "sentences" of the input, not an arbitrary split of the token stream,
-            # which would make NSP too easy.
-            size = i + 1 - first
-            a_end = first + (1 + int(rng.random() * (size - 1)) if size >= 2 else 1)
-            a = ids[bounds[first] : bounds[a_end]]
+    n_documents = len(documents)
+    rows, targets, chunks = [], [], []
+    for k, (index, rng) in enumerate(zip(doc_indices, rngs)):
+        chunk, bounds = documents.sentences(index)
+        # Mostly fill the sequence, but 10% of the time (per document) aim shorter, so that pre-training
+        # also sees the short inputs of fine-tuning. The target is soft; max_seq_length is hard.
+        coin, short = rng.random(2).tolist()
+        target = max_num_tokens if coin >= short_seq_prob else 2 + int(short * (max_num_tokens - 1))
+        targets.append(target)
+        chunks.append(chunk)
+        n_sentences, first = len(bounds) - 1, 0
+        # An instance takes at least one sentence, so a row of uniforms per sentence is enough: the split
+        # point of A, the NSP coin, the random document and the sentence B starts from in it.
+        for u_split, u_next, u_document, u_start in rng.random((n_sentences, 4)).tolist():
+            if first == n_sentences:
+                break
+            # The chunk is sentences first..end-1: up to the first that reaches the target, or the last.
+            # A and B are whole "sentences" of the input, not an arbitrary split of the token stream, which
+            # would make NSP too easy.
+            end = min(bisect_left(bounds, bounds[first] + target, first + 1), n_sentences)
+            a_end = first + 1 + int(u_split * (end - first - 1))
+            a_length = bounds[a_end] - bounds[first]
             if not nsp:
-                a, b, is_random_next = ids[bounds[first] : bounds[i + 1]], ids[:0], False
-            # A one-sentence chunk has no true next part, so it always gets a random B; this is
-            # why the original gives slightly more than 50% NotNext.
-            elif size == 1 or rng.random() < 0.5:
-                # Retry (10 times, as the original) so B rarely comes from this same document.
-                for _ in range(10):
-                    random_index = int(rng.random() * len(all_documents))
-                    if random_index != doc_index:
+                rows.append((k, bounds[first], bounds[end] - bounds[first], 0, 0, -1, 0.0, 0))
+            # A one-sentence chunk has no true next part, so it always gets a random B; this is why the
+            # original gives slightly more than 50% NotNext.
+            elif end - first == 1 or u_next < 0.5:
+                other = int(u_document * n_documents)
+                for _ in range(9):  # retried (10 tries in all, as the original) so B rarely comes from here
+                    if other != index:
                         break
-                other, other_bounds = flat_document(all_documents[random_index])
-                start = int(rng.random() * (len(other_bounds) - 1))
-                # sentences from `start` on until B reaches the target (at least one)
-                end = int(np.searchsorted(other_bounds, other_bounds[start] + target - len(a)))
-                end = min(max(end, start + 1), len(other_bounds) - 1)
-                b, is_random_next = other[other_bounds[start] : other_bounds[end]], True
-                i = a_end - 1  # the unused sentences are "put back" for the next instance
+                    other = int(rng.random() * n_documents)
+                rows.append((k, bounds[first], a_length, 0, 0, other, u_start, target - a_length))
+                end = a_end  # the unused sentences are "put back" for the next instance
             else:
-                b, is_random_next = ids[bounds[a_end] : bounds[i + 1]], False
-            pairs.append((*_truncate(a, b, max_num_tokens, rng), is_random_next))
-            first = i + 1
-        i += 1
-    return pairs, target
+                b_length = bounds[end] - bounds[a_end]
+                rows.append((k, bounds[first], a_length, bounds[a_end], b_length, -1, 0.0, 0))
+            first = end
+    columns = dict(zip(PAIR_FIELDS, np.array(rows, np.float64).reshape(-1, len(PAIR_FIELDS)).T))
+    pairs = {name: column.astype(np.int64) for name, column in columns.items() if name != "u_start"}
+    slot = pairs["slot"]
+    pairs.update(doc_index=np.asarray(doc_indices, np.int64)[slot], target_length=np.array(targets)[slot],
+                 a_chunk=np.array(chunks, np.int64)[slot], b_chunk=np.array(chunks, np.int64)[slot],
+                 random_next=pairs["random_document"] >= 0,
+                 per_document=np.bincount(slot, minlength=len(rngs)))
+    random = pairs["random_next"]
+    if random.any():
+        spans = documents.random_spans(pairs["random_document"][random], columns["u_start"][random],
+                                       pairs["need"][random])
+        pairs["b_chunk"][random], pairs["b_start"][random], pairs["b_length"][random] = spans
+    _truncate(pairs, max_num_tokens, rngs)
+    return pairs
+
+
+def truncated_lengths(len_a: np.ndarray, len_b: np.ndarray, budget: int):
+    """`glue.truncated_lengths` (the original's _truncate_seq_pair: the longer side, B on a tie, loses its
+    last token until both fit) for arrays of lengths; a test checks the two agree."""
+    short = np.minimum(len_a, len_b)
+    a_longer = len_a > len_b
+    one_side = 2 * short <= budget  # only the longer side is cut; else both down to halves, A keeping the odd
+    kept_a = np.where(one_side, np.where(a_longer, budget - len_b, len_a), (budget + 1) // 2)
+    kept_b = np.where(one_side, np.where(a_longer, len_b, budget - len_a), budget // 2)
+    fits = len_a + len_b <= budget
+    return np.where(fits, len_a, kept_a), np.where(fits, len_b, kept_b)
+
+
+def _truncate(pairs: dict, max_num_tokens: int, rngs) -> None:
+    """truncate_seq_pair, in place: each trimmed token goes from the front or the back by a fair coin (to
+    avoid biases), so each side loses a Binomial(trimmed, 1/2) number from its front (drawn per document)."""
+    a, b = pairs["a_length"], pairs["b_length"]
+    kept_a, kept_b = truncated_lengths(a, b, max_num_tokens)
+    trimmed = np.stack([a - kept_a, b - kept_b], axis=1)
+    front = np.zeros_like(trimmed)
+    ends = np.cumsum(pairs["per_document"])
+    for k in np.unique(pairs["slot"][trimmed.any(axis=1)]).tolist():
+        rows = slice(ends[k] - pairs["per_document"][k], ends[k])
+        front[rows] = rngs[k].binomial(trimmed[rows], 0.5)
+    pairs["a_start"] += front[:, 0]
+    pairs["b_start"] += front[:, 1]
+    pairs["a_length"], pairs["b_length"] = kept_a, kept_b
+
+
+def pair_ids(documents: TokenizedDocuments, pairs: dict, cls_id: int, sep_id: int, nsp: bool):
+    """[CLS] A [SEP] B [SEP] (nsp) or [CLS] A [SEP] of every pair, end to end, and the (A, B) segment lengths
+    (with their special tokens) per instance."""
+    a, b = pairs["a_length"], pairs["b_length"]
+    segments = np.stack([a + 2, b + 1], axis=1) if nsp else (a + 2)[:, None]
+    lengths = segments.sum(axis=1)
+    ids = np.full(int(lengths.sum()), sep_id, np.int32)
+    starts = np.cumsum(lengths) - lengths
+    ids[starts] = cls_id
+    ids[_ranges(starts + 1, a)] = documents.gather(pairs["a_chunk"], pairs["a_start"], a)
+    if nsp:
+        ids[_ranges(starts + a + 2, b)] = documents.gather(pairs["b_chunk"], pairs["b_start"], b)
+    return ids, segments
 
 
 def create_instances_from_document(all_documents, doc_index: int, max_seq_length: int, short_seq_prob: float,
                                    rng: np.random.Generator, nsp: bool = True,
                                    cls_id: int = 2, sep_id: int = 3) -> list[dict]:
-    """Instances from `all_documents[doc_index]`, as dicts of lists (`document_pairs` builds them).
+    """Instances from `all_documents[doc_index]` (TokenizedDocuments, or lists of sentences of ids), as
+    dicts of lists (`document_pairs` builds them).
 
     nsp=True: [CLS] A [SEP] B [SEP]; B is the true continuation or, for `next_sentence_label=1`
     (the original's is_random_next), a span of another document. nsp=False (the No-NSP and LTR
     ablations, §5.1): [CLS] contiguous text [SEP], segment 0, no label.
     """
-    pairs, target = document_pairs(all_documents, doc_index, max_seq_length, short_seq_prob, rng, nsp)
+    documents = (all_documents if isinstance(all_documents, TokenizedDocuments)
+                 else TokenizedDocuments.from_lists(all_documents))
+    pairs = document_pairs(documents, [doc_index], [rng], max_seq_length, short_seq_prob, nsp)
+    ids, segments = pair_ids(documents, pairs, cls_id, sep_id, nsp)
     instances = []
-    for a, b, is_random_next in pairs:
-        instance = {"input_ids": [cls_id, *a.tolist(), sep_id] + ([*b.tolist(), sep_id] if nsp else []),
-                    "token_type_ids": [0] * (len(a) + 2) + ([1] * (len(b) + 1) if nsp else []),
-                    "doc_index": doc_index, "target_length": target}
-        if nsp:
-            instance["next_sentence_label"] = int(is_random_next)
+    for row, input_ids in zip(segments, np.split(ids, np.cumsum(segments.sum(axis=1))[:-1])):
+        instance = {"input_ids": input_ids.tolist(),
+                    "token_type_ids": [0] * int(row[0]) + ([1] * int(row[1]) if nsp else []),
+                    "doc_index": doc_index, "target_length": int(pairs["target_length"][0])}
         instances.append(instance)
+    if nsp:
+        for instance, label in zip(instances, pairs["random_next"].tolist()):
+            instance["next_sentence_label"] = int(label)
     return instances
 
 
@@ -268,13 +465,12 @@ def mask_batch(input_ids: np.ndarray, lengths: np.ndarray, draws: dict, mask: di
     or RND by its uniforms. Returns (corrupted flat ids, positions per instance flat, original ids there,
     predictions per instance)."""
     n, width = len(lengths), int(lengths.max())
-    rows = np.repeat(np.arange(n), lengths)
-    cols = np.arange(len(input_ids)) - np.repeat(np.cumsum(lengths) - lengths, lengths)
-    ids = np.zeros((n, width), dtype=input_ids.dtype)
-    ids[rows, cols] = input_ids
-    keys = np.full((n, width), np.inf)
-    candidate = ~np.isin(input_ids, mask["special_ids"])
-    keys[rows[candidate], cols[candidate]] = draws["keys"][rows[candidate], cols[candidate]]
+    padded = _ranges(np.arange(n) * width, lengths)  # each token's place in an (n, width) layout
+    ids = np.zeros(n * width, dtype=input_ids.dtype)
+    ids[padded] = input_ids
+    ids = ids.reshape(n, width)
+    keys = draws["keys"][:, :width].copy()
+    keys[(np.arange(width) >= lengths[:, None]) | np.isin(ids, mask["special_ids"])] = np.inf  # no candidate
     k = np.minimum(mask["max_predictions"], np.maximum(1, np.round(lengths * mask["masked_lm_prob"])))
     k = k.astype(int)
     smallest = min(mask["max_predictions"], width)
@@ -290,7 +486,7 @@ def mask_batch(input_ids: np.ndarray, lengths: np.ndarray, draws: dict, mask: di
     random_ids = draws["random_ids"][at_row, rank]
     ids[at_row, at_col] = np.where(u < mask_share, mask["mask_id"],
                                    np.where(u < mask_share + same_share, labels, random_ids))
-    return ids[rows, cols], at_col, labels, counts
+    return ids.ravel()[padded], at_col, labels, counts
 
 
 def instance_features(nsp: bool, static_mask: bool) -> Features:
@@ -328,7 +524,7 @@ class InstanceMaker:
         self.all_documents, self.seed, self.dupe = all_documents, seed, dupe
         self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
         self.nsp, self.mask = nsp, mask
-        self.cls, self.sep = np.array([cls_id], np.int32), np.array([sep_id], np.int32)
+        self.cls_id, self.sep_id = cls_id, sep_id
         self.whole_word = mask is not None and mask["whole_word"]
         self.features = instance_features(nsp, mask is not None)
         self._documents: TokenizedDocuments | None = None  # opened in the process that runs the map
@@ -339,35 +535,28 @@ class InstanceMaker:
     def __call__(self, indices: list[int]) -> pa.Table:
         if self._documents is None:
             self._documents = TokenizedDocuments(self.all_documents)
-        pieces, segments, labels, doc_index, targets, draws, predictions = [], [], [], [], [], [], []
-        for index in indices:
-            rng = np.random.default_rng([self.seed, self.dupe, index])
-            pairs, target = document_pairs(self._documents, index, self.max_seq_length, self.short_seq_prob,
-                                           rng, self.nsp)
-            for a, b, is_random_next in pairs:
-                parts = [self.cls, a, self.sep, b, self.sep] if self.nsp else [self.cls, a, self.sep]
-                if self.whole_word:  # word by word, so per instance
-                    masked, positions, originals = mask_sequence(np.concatenate(parts), rng, self.mask)
-                    parts = [masked]
-                    predictions.append((positions, originals))
-                pieces += parts
-                segments.append((len(a) + 2, len(b) + 1) if self.nsp else (len(a) + 2,))
-                labels.append(is_random_next)
-            doc_index += [index] * len(pairs)
-            targets += [target] * len(pairs)
-            if self.mask is not None and not self.whole_word and pairs:
-                draws.append(mask_draws(rng, len(pairs), self.max_seq_length, self.mask))
-        if not labels:
+        # one stream per (seed, round, document): the same instances for any batching or num_proc
+        rngs = [np.random.default_rng([self.seed, self.dupe, index]) for index in indices]
+        pairs = document_pairs(self._documents, indices, rngs, self.max_seq_length, self.short_seq_prob,
+                               self.nsp)
+        if not len(pairs["slot"]):
             return self.features.arrow_schema.empty_table()
-        ids, segments = np.concatenate(pieces), np.array(segments)
+        ids, segments = pair_ids(self._documents, pairs, self.cls_id, self.sep_id, self.nsp)
         lengths = segments.sum(axis=1)
-        columns = {"doc_index": np.array(doc_index, np.int32), "target_length": np.array(targets, np.int32),
-                   "dupe": np.full(len(lengths), self.dupe, np.int16),
-                   "next_sentence_label": np.array(labels, np.int8)}
-        if self.whole_word:
+        columns = {"doc_index": pairs["doc_index"], "target_length": pairs["target_length"],
+                   "dupe": np.full(len(lengths), self.dupe), "next_sentence_label": pairs["random_next"]}
+        if self.whole_word:  # word by word, so per instance
+            pieces, predictions = [], []
+            for slot, instance in zip(pairs["slot"].tolist(), np.split(ids, np.cumsum(lengths)[:-1])):
+                masked, positions, originals = mask_sequence(instance, rngs[slot], self.mask)
+                pieces.append(masked)
+                predictions.append((positions, originals))
+            ids = np.concatenate(pieces)
             positions, originals = (np.concatenate(column) for column in zip(*predictions))
             counts = np.array([len(p) for p, _ in predictions])
         elif self.mask is not None:  # static masking: decided once, stored
+            draws = [mask_draws(rngs[k], n, self.max_seq_length, self.mask)
+                     for k, n in enumerate(pairs["per_document"].tolist()) if n]
             block = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
             ids, positions, originals, counts = mask_batch(ids, lengths, block, self.mask)
         if self.mask is not None:
@@ -375,10 +564,22 @@ class InstanceMaker:
             columns["masked_lm_ids"] = _lists(counts, originals)
         columns["input_ids"] = _lists(lengths, ids)
         # segment 0 for [CLS] A [SEP], 1 for B [SEP]
-        segment_ids = np.tile(np.arange(segments.shape[1]), len(segments))
+        segment_ids = np.tile(np.arange(segments.shape[1], dtype=np.int8), len(segments))
         columns["token_type_ids"] = _lists(lengths, np.repeat(segment_ids, segments.ravel()))
-        return pa.table({name: columns[name] for name in self.features}).cast(self.features.arrow_schema)
+        schema = self.features.arrow_schema
+        return pa.table([_column(columns[field.name], field.type) for field in schema], schema=schema)
+
+
+def _column(values, dtype: pa.DataType) -> pa.Array:
+    """An Arrow column of the schema's type (no cast of the table): list columns are built so, the rest are
+    numpy arrays converted."""
+    if isinstance(values, pa.Array):
+        return values
+    return pa.array(np.asarray(values).astype(dtype.to_pandas_dtype()))
 
 
 def _lists(lengths: np.ndarray, values: np.ndarray) -> pa.ListArray:
-    return pa.ListArray.from_arrays(_offsets(lengths), pa.array(values))
+    """int32 offsets, int32 values (int8 values stay int8): the types of `instance_features`."""
+    values = np.asarray(values)
+    return pa.ListArray.from_arrays(_offsets(lengths), pa.array(values if values.dtype == np.int8
+                                                                   else values.astype(np.int32)))

@@ -224,10 +224,13 @@ class PretrainDataModule(L.LightningDataModule):
         num_proc = hp.num_proc if hp.num_proc > 1 else None
         tokens_key = cache_key(CACHE_FORMAT, docs._fingerprint, self.vocab, self.lowercase)
         start = time.perf_counter()
+        # One word cache for both splits (in this process): val's words are mostly known by then.
+        if getattr(self, "_word_ids", (None,))[0] is not self._tokenizer:
+            self._word_ids = (self._tokenizer, instances.WordPieceIds(self._tokenizer))
         # Batches of documents, written out as they come: a batch is the largest thing held in memory.
         with datasets_progress(f"{split}: tokenizing {len(docs)} documents"):
             tokens = docs.with_format("arrow").map(
-                instances.WordPieceIds(self._tokenizer), batched=True, batch_size=BATCH_DOCUMENTS,
+                self._word_ids[1], batched=True, batch_size=BATCH_DOCUMENTS,
                 writer_batch_size=BATCH_DOCUMENTS, remove_columns=docs.column_names, num_proc=num_proc,
                 features=instances.TOKENS_FEATURES, new_fingerprint=tokens_key,
                 cache_file_name=str(folder / f"tokens-{split}-{tokens_key}.arrow"),
@@ -243,7 +246,8 @@ class PretrainDataModule(L.LightningDataModule):
         # finished rounds and shards (datasets reprocesses only missing shards), and more rounds reuse these.
         rounds, cached = [], True
         for dupe in range(dupe_factor):
-            key = cache_key(CACHE_FORMAT, tokens_key, {**settings, "mask": mask_key, "dupe": dupe})
+            key = cache_key(CACHE_FORMAT, instances.DRAWS, tokens_key,
+                            {**settings, "mask": mask_key, "dupe": dupe})
             cache_file = folder / f"instances-{split}-{key}.arrow"
             cached &= any(folder.glob(f"{cache_file.stem}*.arrow"))  # with num_proc, one file per shard
             with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"):
