@@ -13,12 +13,13 @@ from pathlib import Path
 
 import pytest
 import yaml
+from omegaconf import OmegaConf
 
-from bert_repro.tables import SCALES, TABLES, runner
+from bert_repro.tables import DEMOS, SCALES, TABLES, runner
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.render import write_all
-from bert_repro.tables.spec import TableError, build
+from bert_repro.tables.spec import TableError, build, load_spec
 
 from .conftest import REPO
 
@@ -217,6 +218,9 @@ def test_unknown_table_or_scale_is_a_clear_error(capsys, tmp_path):
         build("table9", "smoke", tmp_path)
     assert cli.main(["collect", "table5", "--scale", "huge", "--runs-dir", str(tmp_path)]) == 2
     assert "unknown SCALE 'huge'; expected one of smoke, budget, paper" in capsys.readouterr().err
+    for bad in ("grid.seed=[1,", "no_equals_sign"):  # not Hydra override syntax: the item named, no traceback
+        assert cli.main(["plan", "table5", "--set", bad, "--runs-dir", str(tmp_path)]) == 2
+        assert f"error: --set {bad!r}: " in capsys.readouterr().err
 
 
 @pytest.mark.parametrize("scale", SCALES)
@@ -234,16 +238,54 @@ def test_every_table_config_builds_its_sweeps(scale, tmp_path):
             assert all(folder.is_relative_to(root) for _, folder in sweep.jobs()), sweep.name
 
 
-def test_scale_defaults_lie_beneath_each_table_and_a_grid_replaces_the_one_beneath_it(tmp_path):
-    """conf/scale/<scale>.yaml's `tables:` gives the model, grid and fine-tuning overrides; a table's own
-    win."""
+def _leaves(node: dict, path: tuple = ()) -> dict:
+    """A YAML node's leaves by their path of keys."""
+    out = {}
+    for key, value in node.items():
+        nested = isinstance(value, dict) and value
+        out.update(_leaves(value, (*path, key)) if nested else {(*path, key): value})
+    return out
+
+
+def _yaml(path: Path) -> dict:
+    """A YAML file as OmegaConf reads it (``3e-4`` a float, not YAML 1.1's string)."""
+    return OmegaConf.to_container(OmegaConf.load(path)) if path.is_file() else {}
+
+
+@pytest.mark.parametrize("name,scale", [(n, s) for n in TABLES for s in SCALES] + [("table5_demo", "smoke")])
+def test_a_table_spec_is_its_layers_merged_key_by_key_in_the_order_conf_tables_yaml_lists_them(name, scale):
+    """The spec Hydra composes (conf/tables.yaml's defaults list) is the YAML layers merged key by key, each
+    over the ones before: the scale's `tables:` node, the scale's task data, table_tasks, the table, then the
+    table's own file at this scale; a key set to null replaces the node beneath (a row, a column), and a grid
+    key set to null is not swept."""
+    conf = REPO / "conf"
+    data = _yaml(conf / "table_data" / f"{scale}.yaml")
+    if "defaults" in data:  # paper: budget's
+        data = _yaml(conf / "table_data" / f"{data['defaults'][0]}.yaml")
+    tables = [_yaml(conf / "table" / "table_tasks.yaml"), _yaml(conf / "table" / f"{name}.yaml"),
+              _yaml(conf / "table_scale" / f"{name}_{scale}.yaml")]
+    layers = [_yaml(conf / "scale" / f"{scale}.yaml")["tables"], {"task_data": data},
+              *(t.get("table", {}) for t in tables)]
+    expected: dict = {}
+    for layer in layers:
+        for key, value in _leaves(layer).items():  # a value replaces the node beneath it, and the reverse
+            expected = {k: v for k, v in expected.items() if k[:len(key)] != key and key[:len(k)] != k}
+            expected[key] = value
+    expected = {k: v for k, v in expected.items() if not (k[0] == "grid" and v is None)}
+    assert _leaves(load_spec(name, scale)) == expected
+
+
+def test_a_grid_key_the_layer_above_sets_to_null_is_not_swept_and_set_adds_or_removes_keys(tmp_path):
+    """conf/scale/<scale>.yaml's `tables:` gives the model, grid and fine-tuning overrides; a table's own win,
+    and a table that sweeps other keys sets the scale's to null (Table 2's three restarts: no lr x epochs x
+    batch grid under them)."""
     scales = {s: yaml.safe_load((REPO / "conf" / "scale" / f"{s}.yaml").read_text())["tables"]
               for s in SCALES}
     for scale in ("budget", "paper"):  # Table 5 declares no grid and no model: §3.5's grid on BERT-base
         mnli = build("table5", scale, tmp_path).sweeps["finetune/bert_base/mnli"]
         assert mnli.params == scales[scale]["grid"] and mnli.overrides["model"] == "base"
         assert build("table2", scale, tmp_path).sweeps["finetune/bert_base_single/squad_v1"].params == {
-            "seed": "1,2,3"}  # the table's grid replaces the scale's, never adds its keys
+            "seed": "1,2,3"}  # the table's grid, none of the scale's keys
     for scale in ("budget", "paper"):  # v2 A.3's grid at both: batch 16, 32 and epochs 2, 3, 4
         grid = scales[scale]["grid"]
         assert grid["data.batch_size"] == "16,32" and grid["optim.epochs"] == "2,3,4"
@@ -253,26 +295,33 @@ def test_scale_defaults_lie_beneath_each_table_and_a_grid_replaces_the_one_benea
     assert fixed == {"optim.epochs": 1, "data.batch_size": 16, "optim.limit_val_batches": 13}  # scale, table
     table6 = build("table6", "smoke", tmp_path).sweeps["finetune/L3_H768_A12/mrpc"]  # smoke's grid: seeds
     assert table6.params == {"seed": "1,2"} and table6.overrides["optim.lr"] == 1e-3
+    squad = build("table2", "smoke", tmp_path).sweeps["finetune/bert_base_single/squad_v1"]
+    assert squad.params == {"optim.lr": "1e-4"}  # conf/table_scale/table2_smoke.yaml: one run, the seeds null
     seeded = build("table5", "smoke", tmp_path, sets=["grid.seed=1,2"]).sweeps["finetune/bert_base/mnli"]
     assert seeded.params == {"optim.lr": "1e-3", "seed": "1,2"}  # --set adds to the grid in use
+    sets = ["grid.optim.lr=null", "grid.seed=range(1,3)", "rows.no_nsp=null",
+            "finetune_overrides.optim.warmup_ratio=0.2"]
+    table = build("table5", "budget", tmp_path, sets=sets)
+    mnli = table.sweeps["finetune/bert_base/mnli"]
+    assert mnli.params == {"optim.epochs": "2,3,4", "data.batch_size": "16,32", "seed": "range(1,3)"}
+    assert len(mnli.jobs()) == 3 * 2 * 2 and mnli.overrides["optim.warmup_ratio"] == 0.2  # a node added
+    assert "no_nsp" not in table.parts[0].rows and "finetune/no_nsp/mnli" not in table.sweeps
     with pytest.raises(TableError, match="table5_demo .* runs at SCALE=smoke only"):
         build("table5_demo", "budget", tmp_path)
 
 
 @pytest.mark.parametrize("scale", SCALES)
 def test_no_table_repeats_what_its_scale_gives_every_table(scale):
-    """A table's scales.<scale> block holds only what is its own: no value equal to conf/scale's default,
-    unless the table's top level sets that key too (a grid of its own, replaced whole at this scale)."""
-    from bert_repro.tables.spec import flatten
-
-    shared = flatten(yaml.safe_load((REPO / "conf" / "scale" / f"{scale}.yaml").read_text())["tables"])
-    for path in sorted((REPO / "conf" / "table").glob("*.yaml")):
-        spec = yaml.safe_load(path.read_text())["table"]
-        top = flatten({k: v for k, v in spec.items() if k != "scales"})
-        own = flatten((spec.get("scales") or {}).get(scale))
-        repeated = {k: v for k, v in own.items() if shared.get(k, object()) == v and k not in top
-                    and not (k.startswith("grid.") and "grid" in spec)}
-        assert not repeated, f"{path.name} scales.{scale} repeats conf/scale/{scale}.yaml: {repeated}"
+    """A table's file at a scale (conf/table_scale/<table>_<scale>.yaml) holds only what is its own: no value
+    equal to what lies beneath it, from conf/scale/<scale>.yaml's `tables:` or the table's own file."""
+    shared = _leaves(_yaml(REPO / "conf" / "scale" / f"{scale}.yaml")["tables"])
+    for path in sorted((REPO / "conf" / "table_scale").glob(f"*_{scale}.yaml")):
+        top = _leaves(_yaml(REPO / "conf" / "table" / f"{path.stem.removesuffix('_' + scale)}.yaml")["table"])
+        own = _leaves(_yaml(path)["table"])
+        repeated = {k: v for k, v in own.items() if {**shared, **top}.get(k, object()) == v}
+        assert not repeated, f"{path.name} repeats what lies beneath it: {repeated}"
+    assert not [p.name for p in (REPO / "conf" / "table_scale").glob("*.yaml")
+                if p.stem.rsplit("_", 1)[0] not in TABLES + DEMOS or p.stem.rsplit("_", 1)[1] not in SCALES]
 
 
 def test_runner_skips_complete_runs_relaunches_the_rest_and_force_reruns_all(table5, monkeypatch):

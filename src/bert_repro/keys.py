@@ -17,6 +17,7 @@ NOT_SCIENCE = (
     "data.cache_dir",
     "data.num_workers", "data.num_proc", "data.padding",  # in results.json written before the speed node
     "force",  # +force=true: rerun a finished run from scratch (finished.py)
+    "scale.tables.",  # the tables' layer of the scale (conf/tables.yaml): no run reads it
 )
 # group choices that only change speed or places (an experiment's science keys are in results.json)
 NOT_SCIENCE_GROUPS = ("trainer", "logger", "callbacks", "experiment", "hydra/launcher")

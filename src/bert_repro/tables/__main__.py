@@ -54,7 +54,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--launcher", default="local", choices=LAUNCHERS, help="where the runs execute")
     parser.add_argument("--logger", choices=("csv", "wandb", "none"), help="default: the table's, per scale")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
-                        help="override the table config (dotlist on its `table:` node), e.g. grid.seed=1,2")
+                        help="a Hydra override of the table spec's `table:` node, e.g. grid.seed=1,2")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "experiments" / "runs")
     parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")

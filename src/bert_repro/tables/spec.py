@@ -140,33 +140,33 @@ class Table:
 
 
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
-    """conf/tables.yaml composed by Hydra for ``table=<table> scale=<scale>`` (a table spec is not a run: it
-    lives apart from the runnable presets of conf/experiment/): the table's ``table`` node over the scale's
-    ``tables`` node (what changes with scale for every table: model, grid, logger, overrides), then the
-    table's own ``scales.<scale>`` block, then ``--set``. These layers are merged here, not by Hydra, because
-    a grid replaces the one beneath it whole (swept keys do not add up across layers), which a Hydra merge
-    cannot say. Interpolations (``${paths.shared_data}``) stay for the runs to resolve."""
+    """conf/tables.yaml's ``table`` node, composed by Hydra with ``table=<table> scale=<scale>`` and ``--set``
+    (a spec, not a run: apart from conf/experiment/); ``${paths.shared_data}`` left for the runs to fill."""
     if table not in TABLES + DEMOS:
         raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
         raise TableError(f"unknown SCALE {scale!r}; expected one of {', '.join(SCALES)}")
     if table in DEMOS and scale != "smoke":
         raise TableError(f"{table} is a demonstration on the embedded corpus: it runs at SCALE=smoke only")
-    with composing():
-        cfg = compose_once("tables", [f"table={table}", f"scale={scale}"])
-    if "table" not in cfg:
-        raise TableError(f"conf/table/{table}.yaml has no `table:` node")
-    spec = OmegaConf.to_container(cfg.table, resolve=False)
-    scales, task_data = spec.pop("scales", {}) or {}, spec.pop("task_data", {}) or {}
-    spec["task_data"] = task_data.get(scale, {}) or {}
-    layers = [OmegaConf.to_container(cfg.scale.get("tables") or {}), spec, scales.get(scale) or {}]
-    grid = next((layer["grid"] for layer in reversed(layers) if "grid" in layer), None)
-    layers = [{k: v for k, v in layer.items() if k != "grid"} for layer in layers]
     try:
-        merged = OmegaConf.merge(*layers, {"grid": grid}, OmegaConf.from_dotlist(sets or []))
-    except Exception as err:  # a malformed --set
-        raise TableError(f"--set {sets}: {err}") from None
-    return OmegaConf.to_container(merged, resolve=False)
+        with composing():
+            cfg = compose_once("tables", [f"table={table}", f"scale={scale}", *map(_override, sets or [])])
+    except HydraException as err:  # a --set that does not apply (one that does not parse: _override)
+        raise TableError(f"table={table} scale={scale} --set {sets}: {err}") from None
+    spec = OmegaConf.to_container(cfg.table, resolve=False)
+    spec["grid"] = {k: v for k, v in flatten(spec.get("grid")).items() if v is not None}  # null: not swept
+    return spec
+
+
+def _override(item: str) -> str:
+    """``--set KEY=VALUE`` as the Hydra override of the spec's ``table.KEY`` (added where it is not there); a
+    grid's sweep (``grid.seed=1,2,3``) quoted: a value of the spec, which compose would refuse as a sweep."""
+    try:
+        sweep = OverridesParser.create().parse_override(f"++table.{item}").is_sweep_override()
+    except HydraException as err:
+        raise TableError(f"--set {item!r}: {err}") from None
+    key, _, value = item.partition("=")
+    return f"++table.{key}='{value}'" if sweep else f"++table.{item}"
 
 
 def flatten(node: dict | None, prefix: str = "") -> dict:
