@@ -5,16 +5,18 @@ test_rehearse_figure4.py and test_rehearse_table5.py."""
 import io
 import json
 import os
+import re
 import time
 
+import numpy as np
 import pytest
 
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
-from bert_repro.tables.plan import FIELDS, make_plan
+from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, measure_lengths, padded_length
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.spec import TableError, build
+from bert_repro.tables.spec import TableError, build, load_spec
 
 from .test_tables import write_results
 
@@ -251,3 +253,47 @@ def test_a_second_table_reuses_the_first_tables_pre_training_and_the_plan_counts
     run_table(second, dry_run=True)
     launched = capsys.readouterr().out.splitlines()
     assert launched and not any("task=pretrain" in line for line in launched)
+
+
+def test_the_padded_length_is_the_expected_longest_of_a_batch_capped_at_the_length():
+    """padded_length against batches drawn at random: dynamic padding pads each to its longest sequence."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(np.round(rng.lognormal(3.5, 0.5, 200_000)).astype(int) + 2, 400)  # GLUE-like
+    quantiles = np.quantile(lengths, LENGTH_PROBS, method="nearest").tolist()
+    for batch, seq in [(1, 512), (8, 128), (32, 128), (32, 64), (4, 512), (32, 512)]:
+        drawn = np.minimum(rng.choice(lengths, (20_000, batch)).max(axis=1), seq).mean()
+        assert padded_length(quantiles, batch, seq) == pytest.approx(drawn, rel=0.05), (batch, seq)
+    n = len(LENGTH_PROBS)
+    assert padded_length([60] * n, 32, 128) == 60  # every example 60 tokens
+    assert padded_length([600] * n, 32, 128) == 128  # truncated to the length
+    assert padded_length(None, 32, 128) == 128  # nothing measured: the length, an upper bound
+
+
+
+def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tmp_path):
+    """Table 5's SST-2 (sentences of ~10 tokens; v2 A.3's grid of batches 16 and 32) costs a fraction of its
+    128-token maximum; the released code's fixed padding (speed.padding=max_length) pays the whole length."""
+    table = build("table5", "budget", tmp_path)
+    lengths = table.spec["token_lengths"]
+    sst2 = [r for r in make_plan(table)["runs"] if "/sst2/" in r["name"]]
+    assert {re.search(r"data.batch_size-(\d+)", r["name"]).group(1) for r in sst2} == {"16", "32"}
+    for run in sst2:
+        batch = int(re.search(r"data.batch_size-(\d+)", run["name"]).group(1))
+        padded = run["tokens"] / (run["steps"] * batch)
+        assert padded == pytest.approx(padded_length(lengths["sst2"], batch, 128), rel=0.01)
+        assert 15 < padded < 64  # the batch's longest of sentences whose median is 11 tokens
+    fixed_padding = ["finetune_overrides.speed.padding=max_length"]
+    fixed = make_plan(build("table5", "budget", tmp_path, sets=fixed_padding))
+    tokens = {r["name"]: r["tokens"] for r in fixed["runs"]}
+    for run in sst2:
+        batch = int(re.search(r"data.batch_size-(\d+)", run["name"]).group(1))
+        assert tokens[run["name"]] == run["steps"] * batch * 128
+
+
+@pytest.mark.parametrize("task", ["mrpc"])  # a pair task: text_b, truncation, [SEP]s
+def test_the_length_quantiles_in_table_tasks_are_what_the_tasks_data_path_measures(task, shared_data,
+                                                                                   minilm_dir):
+    """The stored quantiles are a measurement, not a guess: measured again through the task's DataModule and
+    collator (`python -m bert_repro.tables.plan --lengths TASK` prints table_tasks.yaml's line)."""
+    stored = load_spec("table1", "smoke")["token_lengths"][task]
+    assert measure_lengths(task) == stored

