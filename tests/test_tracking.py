@@ -10,7 +10,15 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from bert_repro.tracking import GROUP_ENV, SWEEP_ENV, logger_kwargs, sweep_group, wandb_group, wandb_run_name
+from bert_repro.tracking import (
+    GROUP_ENV,
+    SWEEP_ENV,
+    SweepGroup,
+    logger_kwargs,
+    sweep_group,
+    wandb_group,
+    wandb_run_name,
+)
 
 from .conftest import REPO
 
@@ -82,6 +90,18 @@ def test_sweeps_that_share_a_task_folder_get_groups_of_their_own():
     assert lrs.startswith("multirun/mrpc#") and lrs != sweep_group("multirun/mrpc", ["task=mrpc", "seed=1,2"])
     # the same science on other hardware is the same sweep, in the same folders: rerun, it continues its group
     assert lrs == sweep_group("multirun/mrpc", ["optim.lr=5e-5,3e-5", "trainer=gpu", "task=mrpc"])
+
+
+def test_the_sweep_group_is_set_when_an_override_holds_an_interpolation(monkeypatch):
+    """A table's sweep passes data.files.train={path:${paths.shared_data}/...}: before any job, Hydra's
+    runtime (which paths.shared_data reads) is not set, so the overrides are read as typed, unresolved."""
+    monkeypatch.delenv(SWEEP_ENV, raising=False)
+    override = "data.files.train={path:${paths.shared_data}/glue/RTE/train.tsv}"
+    config = OmegaConf.create({"paths": {"shared_data": "${hydra:runtime.cwd}/../shared/data"},
+                               "hydra": {"sweep": {"dir": "multirun/rte"},
+                                         "overrides": {"task": ["task=rte", override]}}})
+    SweepGroup().on_multirun_start(config)
+    assert os.environ[SWEEP_ENV] == sweep_group("multirun/rte", ["task=rte", override])
 
 
 def test_wandb_run_name_is_task_model_and_run_folder():

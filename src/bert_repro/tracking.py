@@ -52,7 +52,9 @@ class SweepGroup(Callback):
     hydra.callbacks)."""
 
     def on_multirun_start(self, config: DictConfig, **kwargs: Any) -> None:
-        os.environ[SWEEP_ENV] = sweep_group(str(config.hydra.sweep.dir), list(config.hydra.overrides.task))
+        # as typed: a value may hold an interpolation (${paths.shared_data}) that Hydra resolves later
+        overrides = OmegaConf.to_container(config.hydra.overrides.task, resolve=False)
+        os.environ[SWEEP_ENV] = sweep_group(str(config.hydra.sweep.dir), overrides)
 
 
 def wandb_group() -> str | None:
