@@ -7,6 +7,7 @@ and the LightningModule as constructor arguments; the checks (checks.py) come be
 
 from __future__ import annotations
 
+import importlib
 import inspect
 import logging
 import os
@@ -26,7 +27,14 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.callbacks import ProgressLines, Throughput, retain_checkpoints
-from bert_repro.checks import SweepUsageError, UsageError, check_inputs, resolve_ckpt_path, split_batch
+from bert_repro.checks import (
+    TRACEBACK_HINT,
+    SweepUsageError,
+    UsageError,
+    check_inputs,
+    resolve_ckpt_path,
+    split_batch,
+)
 from bert_repro.convert.safe import safe_torch_load
 from bert_repro.finished import config_summary, scale_reads
 from bert_repro.identity import checkpoint_identity, describe, head_mismatch, resume_refusal, run_identity
@@ -79,7 +87,9 @@ def build_data(cfg: DictConfig, vocab: list[str] | None, lowercase: bool,
     accepts = inspect.signature(get_class(cfg.data._target_)).parameters
     loading = {k: cfg.speed[k] for k in cfg.speed if k in accepts}
     vocab_args = {"tokenizer": vocab, "lowercase": lowercase} if vocab is not None else {}
-    return instantiate(cfg.data, batch_size=per_device, _convert_="all", **loading, **vocab_args)
+    # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, 30k tokens ~7 s
+    make = instantiate(cfg.data, batch_size=per_device, _convert_="all", _partial_=True, **loading)
+    return make(**vocab_args)
 
 
 def apply_speed(cfg: DictConfig, module: L.LightningModule) -> None:
@@ -174,6 +184,18 @@ def load_weights(module: L.LightningModule, loaded: Any, identity: dict[str, Any
     return module.load_pretrained(loaded), dropped
 
 
+def _locate(key: str, target: str) -> None:
+    """``target`` importable (hydra.utils.get_class would log its own error first, then raise)."""
+    module, _, name = target.rpartition(".")
+    try:
+        found = hasattr(importlib.import_module(module), name) if module else False
+    except ImportError as err:
+        raise UsageError(f"Error locating target '{target}' ({key}._target_): {err}") from None
+    if not found:
+        raise UsageError(f"Error locating target '{target}' ({key}._target_): {module or target!r} has no "
+                         f"{name!r}")
+
+
 def setup_run(cfg: DictConfig, training: bool, optim: dict[str, Any] | None = None) -> RunSetup:
     """init= resolved and read, the vocabulary, the DataModule, the module with init='s weights, in that
     order: the one sequence train, evaluate and the failure record share. ``training``: the speed options
@@ -181,6 +203,8 @@ def setup_run(cfg: DictConfig, training: bool, optim: dict[str, Any] | None = No
     from bert_repro.convert.loaders import load_checkpoint
 
     L.seed_everything(cfg.seed, workers=True)
+    for key in ("module", "data"):  # a class that does not exist: refused before a checkpoint or data is read
+        _locate(key, cfg[key]._target_)
     init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
     loaded = load_checkpoint(init_path) if init_path else None
     vocab, lowercase = resolve_vocab(cfg, loaded)
@@ -197,8 +221,9 @@ def setup_run(cfg: DictConfig, training: bool, optim: dict[str, Any] | None = No
     model_cfg = model_shape(configured, loaded.config, explicit) if loaded is not None else configured
     name = model_name(configured, model_cfg, explicit)
     record_model(cfg, model_cfg)
-    module = instantiate(cfg.module, model=model_cfg, optim=optim or _plain(cfg.optim), vocab=vocab,
-                         lowercase=lowercase, speed=speed_options(cfg) if training else None, _convert_="all")
+    module = instantiate(cfg.module, model=model_cfg, optim=optim or _plain(cfg.optim), lowercase=lowercase,
+                         speed=speed_options(cfg) if training else None, _convert_="all",
+                         _partial_=True)(vocab=vocab)  # as build_data's: not an OmegaConf node
     module.identity = run_identity(cfg.task.name, module, _labels(datamodule, module),
                                    cfg.data.get("max_seq_length"), science(_plain(cfg)))
     missing, dropped = (load_weights(module, loaded, module.identity, whole_module=not training)
@@ -383,7 +408,7 @@ def main(cfg: DictConfig) -> float | None:
             record_failure(cfg, err)
         if os.environ.get("BERT_REPRO_TRACEBACK"):
             raise
-        log.error("%s (set BERT_REPRO_TRACEBACK=1 for the traceback)", err)
+        log.error("%s %s", err, TRACEBACK_HINT)
         if multirun:
             raise JobFailed(str(err)) from None
         raise SystemExit(2) from None
