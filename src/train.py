@@ -23,6 +23,9 @@ def main(cfg: DictConfig) -> float | None:
 
     if (done := report_finished(cfg)) is not None:  # its folder's results.json: nothing rerun (+force=true)
         return done["metrics"]["final"].get(cfg.task.monitor)
+    from bert_repro.checks import refuse_bad_values
+
+    refuse_bad_values(cfg)  # ranges and relations the typed configs cannot say: in seconds, not after imports
     from bert_repro.run import main as run_main
 
     return run_main(cfg)  # the value a Hydra sweeper optimises: the task's monitored metric

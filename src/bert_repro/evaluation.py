@@ -22,7 +22,7 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bert_repro.checks import check_writable
+from bert_repro.checks import TRACEBACK_HINT, check_writable
 from bert_repro.locks import FolderInUse, RunFolderLock
 from bert_repro.metrics import degenerate_reason
 from bert_repro.reliability import MachineFault, machine_faults_named
@@ -96,7 +96,7 @@ def main(cfg: DictConfig) -> float | None:
     except USER_ERRORS as err:  # a wrong input: a message naming it, exit 2, earlier results untouched
         if os.environ.get("BERT_REPRO_TRACEBACK"):
             raise
-        log.error("%s (set BERT_REPRO_TRACEBACK=1 for the traceback)", err)
+        log.error("%s %s", err, TRACEBACK_HINT)
         raise SystemExit(2) from None
     return results["metrics"]["final"].get(cfg.task.monitor)
 

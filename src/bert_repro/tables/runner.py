@@ -33,6 +33,7 @@ from pathlib import Path
 
 import yaml
 
+from bert_repro.checks import TRACEBACK_HINT
 from bert_repro.locks import FolderInUse, RunFolderLock
 from bert_repro.results import read_results
 from bert_repro.tables.children import CHILDREN, Interrupted, live_processes
@@ -73,7 +74,7 @@ def launch_error(output: str) -> str:
     src/train.py logged before stopping the whole sweep (run.SweepUsageError), the exception."""
     logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
     if logged:
-        return logged[-1].replace(" (set BERT_REPRO_TRACEBACK=1 for the traceback)", "").strip()
+        return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
     lines = [line.strip() for line in output.splitlines() if line.strip()]
     lines = [line for line in lines
              if not re.match(r"^\[\d{4}-\d\d-\d\d ", line) and not line.startswith(NOISE)]
