@@ -57,7 +57,9 @@ GPUS_PER_NODE = 8  # trainer.devices=auto on an HGX/DGX node
 # the wider the matrices; BERT-base's 30% is conf/scale/budget.yaml's; bench --device cuda replaces them
 ASSUMED_MFU = {256: 0.05, 512: 0.15, 768: 0.30, 1024: 0.35}
 LSTM_MFU = 0.05  # cuDNN's BiLSTM steps through the sequence: a small share of peak (assumed)
-PREP_TOKENS_PER_S = 1e5  # instance creation (tokenize, pair, mask) per CPU core (assumed)
+# instance creation (tokenize, pair, mask) per CPU core: python -m bert_repro.benchmarks.instances measured
+# 5.4-5.5 MB/s of raw text in one process on a 2-core AMD EPYC (issue 28), ~4.2 bytes a WordPiece token there
+PREP_TOKENS_PER_S = 1.2e6
 BENCH_DIR = REPO / "experiments" / "results" / "gpu"
 CORPUS_TOKENS = {"hub": 4.3e9}  # §3.4: 3.3B words, ~1.3 WordPiece tokens a word (our estimate)
 WEIGHT_BYTES, RESUMABLE_BYTES = 4, 12  # a parameter in fp32; with AdamW's two moments
