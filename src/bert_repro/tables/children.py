@@ -14,6 +14,7 @@ Under hydra/launcher=submitit_slurm the child is submitit's waiter: stopping it 
 from __future__ import annotations
 
 import os
+import shlex
 import signal
 import subprocess
 import threading
@@ -21,6 +22,9 @@ import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
+
+from bert_repro import warm
+from bert_repro.warm import WarmProcess
 
 GRACE_S = 300.0  # a batch to finish and a large checkpoint to be written (a scheduler may kill sooner)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -46,20 +50,23 @@ def _signal_group(pid: int, signum: int) -> None:
 
 class Children:
     def __init__(self) -> None:
-        self.procs: set[subprocess.Popen] = set()
+        self.procs: set[subprocess.Popen | WarmProcess] = set()
         self.signum: int | None = None  # the signal that stops the table, once one came
         self.stopped_at: float | None = None
 
-    def start(self, cmd: list[str], **kwargs) -> subprocess.Popen:
+    def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log) -> subprocess.Popen | WarmProcess:
+        """``cmd`` with its output (both streams) appended to the open file ``log``: forked warm from the
+        forkserver where it can be (bert_repro.warm), else a new process."""
         if self.signum is not None:
             raise Interrupted(self.signum)
-        proc = subprocess.Popen(cmd, start_new_session=True, **kwargs)
+        proc = warm.start(cmd, cwd=cwd, env=env, stdout=log.name) or subprocess.Popen(
+            cmd, start_new_session=True, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
         self.procs.add(proc)
         if self.signum is not None:  # the signal came while it started, before it was in self.procs
             _signal_group(proc.pid, signal.SIGTERM)
         return proc
 
-    def wait(self, proc: subprocess.Popen) -> int:
+    def wait(self, proc: subprocess.Popen | WarmProcess) -> int:
         """Its exit code; once the table is stopping, its group is killed after ``GRACE_S``, and what the
         group leaves behind (a worker that outlived the sweep) right after it exits."""
         try:
@@ -106,9 +113,14 @@ def live_processes(folder: Path) -> list[int]:
     pids = []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            args = (entry / "cmdline").read_bytes().split(b"\0")
+            args = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
         except OSError:  # it ended while we looked, or is not ours to read
             continue
+        if len(args) == 1:  # a warm run's command line is one string (setproctitle): shlex.join of its args
+            try:
+                args = [a.encode() for a in shlex.split(args[0].decode(errors="replace"))]
+            except ValueError:
+                pass
         if needle in args:
             pids.append(int(entry.name))
     return sorted(pids)

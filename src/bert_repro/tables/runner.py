@@ -25,7 +25,6 @@ import os
 import re
 import shutil
 import signal
-import subprocess
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
@@ -168,7 +167,7 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         out.flush()
         start = out.tell()
-        code = CHILDREN.wait(CHILDREN.start(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT, env=env))
+        code = CHILDREN.wait(CHILDREN.start(cmd, cwd=REPO, env=env, log=out))
     if CHILDREN.signum is not None:  # stopped by the runner: its jobs are not failed, a relaunch resumes them
         log.warning("%s: stopped (%s)", sweep.name, signal.Signals(CHILDREN.signum).name)
         raise Interrupted(CHILDREN.signum)
