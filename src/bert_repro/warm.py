@@ -19,6 +19,7 @@ forkserver started with; the command is not a Python script or module run by thi
 from __future__ import annotations
 
 import atexit
+import logging
 import multiprocessing
 import multiprocessing.forkserver
 import os
@@ -36,7 +37,7 @@ OPTION = "BERT_REPRO_WARM"
 # what the preloaded libraries (and transformers, huggingface_hub, scipy, which they import) read at import
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA", "NCCL_", "MKL_",
                   "KMP_", "OMP_", "GOMP_", "PL_", "LIGHTNING_", "USE_", "PYTHON", "LD_", "XLA_", "SCIPY_",
-                  "NUMPY_", "OPENBLAS_", "HYDRA_")
+                  "NUMPY_", "OPENBLAS_")
 THREADS = "OMP_NUM_THREADS"  # applied in the child with torch.set_num_threads: it may differ
 
 _lock = threading.Lock()
@@ -56,6 +57,14 @@ def _forkserver() -> multiprocessing.context.BaseContext:
             multiprocessing.forkserver.ensure_running()
             _server_env = dict(os.environ)
     return context
+
+
+def prestart(env: dict[str, str] | None = None) -> None:
+    """Starts the forkserver now (its imports take seconds) where runs with ``env`` could be warm: the table
+    runner's first sweep then starts as the others do, and the rehearsal measures that start-up."""
+    env = dict(os.environ) if env is None else env
+    if warm_possible([sys.executable, "-m", "x"], env):
+        _forkserver()
 
 
 def _script(cmd: list[str]) -> tuple[str, str] | None:
@@ -127,6 +136,38 @@ def start(cmd: list[str], *, cwd: str | Path, env: dict[str, str], stdout: str |
     return WarmProcess(process, cmd)
 
 
+class _LightningConsole(logging.Handler):
+    """Lightning gives its loggers a console handler of their own and stops them propagating when it is
+    imported before logging is configured, as in the forkserver; a run imports it after Hydra configured
+    logging, and its messages reach Hydra's handlers (train.log). This handler takes the place of Lightning's
+    and applies the same rule at the first message instead of at import."""
+
+    def __init__(self, logger: logging.Logger, lightnings: list[logging.Handler]):
+        super().__init__()
+        self.logger, self.lightnings = logger, lightnings
+
+    def handle(self, record: logging.LogRecord) -> bool:
+        self.logger.removeHandler(self)
+        if logging.getLogger().handlers:
+            self.logger.propagate = True  # read once this logger's handlers are done: the record goes on up
+        else:
+            for handler in self.lightnings:
+                self.logger.addHandler(handler)
+                handler.handle(record)
+        return True
+
+
+def _lightning_console_as_at_import() -> None:
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        logger = logging.getLogger(name)
+        if logger.propagate or not logger.handlers:
+            continue  # imported with logging configured: nothing to undo
+        lightnings = list(logger.handlers)
+        for handler in lightnings:
+            logger.removeHandler(handler)
+        logger.addHandler(_LightningConsole(logger, lightnings))
+
+
 def _redirect(path: str, fd: int) -> None:
     target = os.open(path, os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o644)
     os.dup2(target, fd)
@@ -151,6 +192,7 @@ def _child(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: s
     _redirect(stderr, 2)
     os.environ.clear()
     os.environ.update(env)
+    _lightning_console_as_at_import()
     os.chdir(cwd)
     if THREADS in env:  # OpenMP read the forkserver's value when torch loaded
         import torch
