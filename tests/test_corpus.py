@@ -11,6 +11,7 @@ from bert_repro.data.corpus import (
     gutenberg_documents,
     is_passage,
     load_documents,
+    pool_size,
     wiki_passages,
     wikitext_documents,
     write_documents,
@@ -105,6 +106,20 @@ def test_a_file_that_is_not_text_is_refused_by_name(tmp_path, content, message):
     with pytest.raises(ValueError, match=message) as err:
         load_documents(str(tmp_path), cache_dir=tmp_path / "cache")
     assert str(tmp_path / "corpus.txt") in str(err.value)
+
+
+def test_a_map_gets_a_pool_only_with_enough_data_per_process(tmp_path):
+    """pool_size: num_proc processes of at least min_bytes each, or fewer; None (this process) below two.
+    A split (an indices mapping into its table) counts its share of the table."""
+    from datasets import Dataset
+
+    docs = Dataset.from_dict({"text": ["x" * 1000] * 100})  # about 100 kB
+    size = docs.data.nbytes
+    assert pool_size(docs, None, 1) is None and pool_size(docs, 1, 1) is None
+    assert pool_size(docs, 4, size // 4) == 4 and pool_size(docs, 8, size // 3) == 3
+    assert pool_size(docs, 4, size // 2 + 1) is None  # one process's worth: no pool
+    half = docs.select(range(50))
+    assert pool_size(half, 4, size // 4) == 2
 
 
 def test_pydoc_builtin_corpus(tmp_path):

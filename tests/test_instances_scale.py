@@ -1,15 +1,18 @@
 """Instance creation at corpus scale: the word-cached tokenization, sharded output identical for any num_proc,
 a killed preparation resumed from its finished shards, and peak heap flat in corpus size."""
 
+import gc
 import json
 import os
 import subprocess
 import sys
 from pathlib import Path
 
+import dill
 import pyarrow as pa
 import pytest
 
+from bert_repro.data import pretraining
 from bert_repro.data.corpus import wikitext_documents, write_documents
 from bert_repro.data.instances import WordPieceIds
 from bert_repro.data.pretraining import PretrainDataModule
@@ -62,6 +65,21 @@ def test_word_cache_starts_afresh_when_full(wiki):
                    for d in docs[:40]]
 
 
+def test_word_cache_travels_to_workers(wiki):
+    """A num_proc worker gets the function pickled (datasets uses dill): the warm caches go with it, their
+    words as one Arrow array, and the copy tokenizes as the tokenizer does, adding to them."""
+    docs, tokenizer, _, _ = wiki
+    words = WordPieceIds(tokenizer)
+    words(pa.table({"sentences": docs[:30]}))
+    copy = dill.loads(dill.dumps(words))
+    assert copy.words.row_of == words.words.row_of and copy.pieces.row_of == words.pieces.row_of
+    assert (copy.words.ids == words.words.ids).all() and (copy.pieces.offsets == words.pieces.offsets).all()
+    got = copy(pa.table({"sentences": docs[:40]})).column("tokens").to_pylist()
+    assert got == [[e.ids for e in tokenizer.encode_batch(d, add_special_tokens=False) if e.ids]
+                   for d in docs[:40]]
+    assert len(copy.words) == len({w for d in docs[:40] for s in d for w in s.split(" ")})
+
+
 def _module(corpus, vocab, cache_dir, **kwargs) -> PretrainDataModule:
     settings = dict(tokenizer=vocab, masking="static", dupe_factor=2, val_fraction=0.1, seed=3)
     dm = PretrainDataModule(corpus, cache_dir=str(cache_dir), **{**settings, **kwargs})
@@ -69,10 +87,15 @@ def _module(corpus, vocab, cache_dir, **kwargs) -> PretrainDataModule:
     return dm
 
 
-def test_killed_preparation_resumes_and_any_num_proc_gives_the_same_instances(wiki, tmp_path):
+def test_killed_preparation_resumes_and_any_num_proc_gives_the_same_instances(wiki, tmp_path, monkeypatch):
     docs, _, vocab, _ = wiki
     corpus = str(write_documents(docs[:20], tmp_path / "wiki20.txt"))
     one = _module(corpus, vocab, tmp_path / "one").train_set.to_dict()
+    # too small for a pool: num_proc=2 runs every map here, one file each, and gives the same instances
+    small = _module(corpus, vocab, tmp_path / "small", num_proc=2)
+    assert small.train_set.to_dict() == one and gc.get_freeze_count() == 0  # setup unfroze the heap
+    assert not list((tmp_path / "small" / "pretrain").glob("*_of_0000*.arrow"))
+    monkeypatch.setattr(pretraining, "PROCESS_BYTES", 1)  # a pool for any map
     two = _module(corpus, vocab, tmp_path / "two", num_proc=2)
     assert len(one["input_ids"]) > 1000 and two.train_set.to_dict() == one  # same seed, num_proc 1 or 2
     shards = sorted((tmp_path / "two" / "pretrain").glob("instances-train-*_of_00002.arrow"))

@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 import torch
 
-from bert_repro.data import instances
+from bert_repro.data import instances, pretraining
 from bert_repro.data.corpus import wikitext_documents, write_documents
 from bert_repro.data.instances import TokenizedDocuments, create_instances_from_document, mask_tokens
 from bert_repro.data.pretraining import PretrainDataModule
@@ -309,6 +309,7 @@ def test_batches_have_the_documented_format(small_corpus, tmp_path):
 
 
 def test_same_seed_same_data_and_cache_reuse(small_corpus, tmp_path, monkeypatch):
+    monkeypatch.setattr(pretraining, "PROCESS_BYTES", 1)  # a pool for any map: num_proc=2 runs two workers
     first = _module(small_corpus, tmp_path / "a", masking="static", dupe_factor=2)
     other = _module(small_corpus, tmp_path / "b", masking="static", dupe_factor=2, num_proc=2)  # fresh cache
     assert len(first.train_set) > 300

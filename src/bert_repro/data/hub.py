@@ -30,12 +30,14 @@ from pathlib import Path
 from datasets import Dataset, Features, Sequence, Value, concatenate_datasets, load_dataset
 from datasets.exceptions import DatasetGenerationError
 
-from bert_repro.data.corpus import prose_sentences, wiki_passages
+from bert_repro.data.corpus import pool_size, prose_sentences, wiki_passages
 
 FORMATS = ("wiki", "text", "sentences")
 DEFAULTS = {"name": None, "split": "train", "revision": None, "data_files": None, "text_column": "text",
             "format": "text", "streaming": False, "document_column": None, "rows_per_document": None}
 DOCUMENT_FEATURES = Features({"sentences": Sequence(Value("string"))})
+# Arrow data a num_proc worker must get, else the rows are split here: 10-14 MB/s, so a pool pays from ~4 MB
+PROCESS_BYTES = 8 << 20
 
 
 def hub_spec(entry: dict) -> dict:
@@ -148,7 +150,8 @@ def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int
             if max_documents is not None:
                 rows = rows.select(range(min(max_documents, len(rows))))
             documents = rows.map(_rows_to_documents, batched=True, remove_columns=rows.column_names,
-                                 num_proc=num_proc, features=DOCUMENT_FEATURES,
+                                 num_proc=pool_size(rows, num_proc, PROCESS_BYTES),
+                                 features=DOCUMENT_FEATURES,
                                  fn_kwargs={"text_column": spec["text_column"], "fmt": spec["format"]})
         if len(documents) == 0:
             raise ValueError(f"data.hub entry {spec['path']!r} ({spec['format']} format, column "

@@ -40,6 +40,16 @@ class _Cache:
     def __len__(self) -> int:
         return len(self.row_of)
 
+    def __getstate__(self) -> dict:
+        # the keys as one Arrow array, in row order: datasets' dill pickles a dict of 10^5 words in 0.7 s
+        keys = pa.array(list(self.row_of), pa.large_string())
+        return {"keys": keys, "ids": self.ids, "offsets": self.offsets}
+
+    def __setstate__(self, state: dict) -> None:
+        keys = state["keys"].to_pylist()
+        self.row_of = dict(zip(keys, range(len(keys))))
+        self.ids, self.offsets = state["ids"], state["offsets"]
+
     def index(self, keys: list[str]) -> np.ndarray:
         """Each key's row in the cache, -1 where new."""
         return np.fromiter(map(self.row_of.get, keys, repeat(-1)), np.int64, len(keys))

@@ -4,8 +4,10 @@ masked-LM corruption) is in `instances.py`; the corpora are in `corpus.py` (file
 
 from __future__ import annotations
 
+import gc
 import logging
 import time
+from contextlib import contextmanager
 from pathlib import Path
 
 import lightning as L
@@ -19,7 +21,7 @@ from torch.utils.data import DataLoader
 from bert_repro.data import instances
 from bert_repro.data.base import HELD_OUT_SEED, cache_key
 from bert_repro.data.batching import eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir, load_documents, replaced_whole
+from bert_repro.data.corpus import default_cache_dir, load_documents, pool_size, replaced_whole
 from bert_repro.data.hub import load_hub_documents
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
 from bert_repro.work_progress import datasets_progress
@@ -29,6 +31,24 @@ log = logging.getLogger(__name__)
 PAD_ID = 0  # [PAD] is id 0 in google-research/bert vocabularies (checked against the tokenizer)
 CACHE_FORMAT = 3  # bump when the cached token or instance layout changes, so old caches are not read back
 BATCH_DOCUMENTS = 64  # documents per map batch: enough for array work; the heap holds one batch
+# Arrow data (text, or token ids: about as many bytes) a num_proc worker must get, else a map runs here: at
+# 5-10 MB/s a process, a pool (about 0.3 s to start and stop) pays for itself from a few MB
+PROCESS_BYTES = 8 << 20
+
+
+@contextmanager
+def frozen_heap():
+    """gc.freeze() for the block: the objects alive before it (torch's, Lightning's: about a million) stay
+    out of the collector's full passes, which took 0.3 s each, and 0.6-0.9 s in a forked num_proc worker,
+    where touching them copies their pages. Objects made in the block are collected as usual."""
+    if gc.get_freeze_count():  # frozen by the caller already: theirs to unfreeze
+        yield
+        return
+    gc.freeze()
+    try:
+        yield
+    finally:
+        gc.unfreeze()
 
 
 class PretrainingCollator:
@@ -217,30 +237,40 @@ class PretrainDataModule(L.LightningDataModule):
                     shares=hp.mask_shares, whole_word=hp.whole_word_mask, is_continuation=is_continuation,
                     special_ids=(self.special_ids["[CLS]"], self.special_ids["[SEP]"]))
 
-    def _instances(self, docs: Dataset, split: str, seed: int, dupe_factor: int, static: bool) -> Dataset:
-        hp = self.hparams
+    def _tokens(self, docs: Dataset, split: str) -> tuple[Dataset, str]:
+        """(`docs` as token ids, `tokens`: documents of sentences of ids, cached; its cache key); the time
+        goes to instance_stats."""
         folder = self.cache_dir / "pretrain"
         folder.mkdir(parents=True, exist_ok=True)
-        num_proc = hp.num_proc if hp.num_proc > 1 else None
         tokens_key = cache_key(CACHE_FORMAT, docs._fingerprint, self.vocab, self.lowercase)
         start = time.perf_counter()
-        # One word cache for both splits (in this process): val's words are mostly known by then.
+        # One word cache for both splits in this process, and the one a pool's workers start from (it travels
+        # with the pickled function): val, tokenized first, fills it with the corpus's common words.
         if getattr(self, "_word_ids", (None,))[0] is not self._tokenizer:
             self._word_ids = (self._tokenizer, instances.WordPieceIds(self._tokenizer))
         # Batches of documents, written out as they come: a batch is the largest thing held in memory.
         with datasets_progress(f"{split}: tokenizing {len(docs)} documents"):
             tokens = docs.with_format("arrow").map(
                 self._word_ids[1], batched=True, batch_size=BATCH_DOCUMENTS,
-                writer_batch_size=BATCH_DOCUMENTS, remove_columns=docs.column_names, num_proc=num_proc,
+                writer_batch_size=BATCH_DOCUMENTS, remove_columns=docs.column_names,
+                num_proc=pool_size(docs, self.hparams.num_proc, PROCESS_BYTES),
                 features=instances.TOKENS_FEATURES, new_fingerprint=tokens_key,
                 cache_file_name=str(folder / f"tokens-{split}-{tokens_key}.arrow"),
                 desc=f"{split}: tokenizing documents").with_format(None)
-        tokenize_seconds = time.perf_counter() - start
+        self.instance_stats[split] = dict(tokenize_s=time.perf_counter() - start)
+        return tokens, tokens_key
+
+    def _instances(self, tokenized: tuple[Dataset, str], split: str, seed: int, dupe_factor: int,
+                   static: bool) -> Dataset:
+        hp = self.hparams
+        tokens, tokens_key = tokenized
+        folder = self.cache_dir / "pretrain"
         mask = self._mask_settings() if static else None
         settings = dict(seed=seed, max_seq_length=hp.max_seq_length, short_seq_prob=hp.short_seq_prob,
                         nsp=hp.nsp, cls_id=self.special_ids["[CLS]"], sep_id=self.special_ids["[SEP]"],
                         mask=mask)
         mask_key = mask and {k: v for k, v in mask.items() if k != "is_continuation"}
+        num_proc = pool_size(tokens, hp.num_proc, PROCESS_BYTES)  # the same for every round
         start = time.perf_counter()
         # One cached dataset per dupe_factor round, in num_proc shards: a killed preparation restarts from its
         # finished rounds and shards (datasets reprocesses only missing shards), and more rounds reuse these.
@@ -260,8 +290,8 @@ class PretrainDataModule(L.LightningDataModule):
                     desc=f"{split}: creating instances, round {dupe + 1} of {dupe_factor}"))
         dataset = rounds[0] if len(rounds) == 1 else concatenate_datasets(rounds)
         seconds = time.perf_counter() - start
-        self.instance_stats[split] = dict(documents=len(tokens), instances=len(dataset),
-                                          tokenize_s=tokenize_seconds, instances_s=seconds, cached=cached)
+        self.instance_stats[split].update(documents=len(tokens), instances=len(dataset), instances_s=seconds,
+                                          cached=cached)
         if cached:
             log.info("%s: %d instances from %d documents, loaded from %s", split, len(dataset), len(tokens),
                      folder)
@@ -277,13 +307,17 @@ class PretrainDataModule(L.LightningDataModule):
         if self.train_set is not None:
             return
         hp = self.hparams
-        if self.vocab is None:
-            self.prepare_tokenizer()
-        train_docs, val_docs = self._documents()
-        self.train_set = self._instances(train_docs, "train", hp.seed, hp.dupe_factor,
-                                         static=hp.masking == "static")
-        if val_docs is not None:
-            self.val_set = self._instances(val_docs, "val", HELD_OUT_SEED, 1, static=True)
+        with frozen_heap():
+            if self.vocab is None:
+                self.prepare_tokenizer()
+            train_docs, val_docs = self._documents()
+            # val first: small, so tokenized here, it warms the word cache the train workers start from
+            val_tokens = self._tokens(val_docs, "val") if val_docs is not None else None
+            train_tokens = self._tokens(train_docs, "train")
+            self.train_set = self._instances(train_tokens, "train", hp.seed, hp.dupe_factor,
+                                             static=hp.masking == "static")
+            if val_tokens is not None:
+                self.val_set = self._instances(val_tokens, "val", HELD_OUT_SEED, 1, static=True)
 
     def _columns(self, static: bool) -> list[str]:
         columns = ["input_ids", "token_type_ids"] + (["next_sentence_label"] if self.hparams.nsp else [])
