@@ -162,6 +162,10 @@ def test_a_folder_a_live_process_sweeps_into_is_neither_deleted_nor_launched_int
     # an orphaned sweep of a killed runner, as the process table shows it
     live = subprocess.Popen([sys.executable, "-c", "import time; time.sleep(60)",
                              f"hydra.sweep.dir={sweep.folder}"])
+    # Popen may return (vfork) before the kernel has set the new program's arguments: /proc shows none yet
+    deadline = time.time() + 30
+    while not (Path(f"/proc/{live.pid}/cmdline").read_bytes() or time.time() > deadline):
+        time.sleep(0.01)
     monkeypatch.setattr(runner, "_launch", lambda *a, **k: pytest.fail("nothing may be launched"))
     try:
         with pytest.raises(TableError, match=f"process {live.pid} is sweeping into {sweep.folder}"):
