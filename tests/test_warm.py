@@ -46,7 +46,8 @@ def observed(proc, out) -> tuple[int, dict, str]:
 
 
 def test_a_warm_run_sees_what_a_cold_one_sees(probe, tmp_path):
-    env = {**os.environ, "PROBE": "x y", "OMP_NUM_THREADS": "2"}
+    # the forkserver's environment: an earlier test may have started it with other variables than now
+    env = {**warm.environment(), "PROBE": "x y", "OMP_NUM_THREADS": "2"}
     cmd = [sys.executable, str(probe), "exit", "3"]
     cold_out, warm_out = tmp_path / "cold.log", tmp_path / "warm.log"
     with cold_out.open("w") as f:
@@ -67,7 +68,7 @@ def test_sigint_is_a_keyboard_interrupt_and_the_command_line_names_the_run(probe
     ready = tmp_path / "ready"
     marker = tmp_path / "hydra.sweep.dir=x"  # live_processes finds a sweep by this argument
     cmd = [sys.executable, str(probe), "wait", str(ready), f"hydra.sweep.dir={marker}"]
-    started = warm.start(cmd, cwd=tmp_path, env=dict(os.environ), stdout=tmp_path / "out.log")
+    started = warm.start(cmd, cwd=tmp_path, env=warm.environment(), stdout=tmp_path / "out.log")
     deadline = time.monotonic() + 60
     while not ready.exists():
         assert time.monotonic() < deadline and started.poll() is None, (tmp_path / "out.log").read_text()
@@ -78,11 +79,15 @@ def test_sigint_is_a_keyboard_interrupt_and_the_command_line_names_the_run(probe
 
 
 def test_an_environment_read_at_import_that_differs_starts_cold(probe, tmp_path):
-    warm.start([sys.executable, str(probe), "exit", "0"], cwd=tmp_path, env=dict(os.environ),
-               stdout=tmp_path / "first.log").wait(120)  # the forkserver runs, with this environment
     cmd = [sys.executable, str(probe), "exit", "0"]
-    assert warm.start(cmd, cwd=tmp_path, env={**os.environ, "HF_HOME": str(tmp_path / "hf")},
+    # the forkserver runs, with the environment warm runs are compared with
+    assert warm.start(cmd, cwd=tmp_path, env=warm.environment(), stdout=tmp_path / "first.log").wait(120) == 0
+    env = warm.environment()
+    assert warm.start(cmd, cwd=tmp_path, env={**env, "HF_HOME": str(tmp_path / "hf")},
                       stdout=tmp_path / "out.log") is None
-    assert warm.start(cmd, cwd=tmp_path, env={**os.environ, warm.OPTION: "0"}, stdout=tmp_path / "o") is None
-    assert warm.start([sys.executable, "-c", "pass"], cwd=tmp_path, env=dict(os.environ),
-                      stdout=tmp_path / "o") is None
+    assert warm.start(cmd, cwd=tmp_path, env={**env, "LOCAL_RANK": "1"}, stdout=tmp_path / "o") is None
+    assert warm.start(cmd, cwd=tmp_path, env={**env, warm.OPTION: "0"}, stdout=tmp_path / "o") is None
+    assert warm.start([sys.executable, "-c", "pass"], cwd=tmp_path, env=env, stdout=tmp_path / "o") is None
+    # read when a run uses it: warm all the same
+    started = warm.start(cmd, cwd=tmp_path, env={**env, "PL_GLOBAL_SEED": "7"}, stdout=tmp_path / "o")
+    assert started is not None and started.wait(120) == 0

@@ -34,10 +34,12 @@ from pathlib import Path
 # What every run imports before its first line of work, none of which starts a thread or touches a device.
 PRELOAD = ["torch", "lightning.pytorch", "hydra", "omegaconf"]
 OPTION = "BERT_REPRO_WARM"
-# what the preloaded libraries (and transformers, huggingface_hub, scipy, which they import) read at import
+# what the preloaded libraries (and transformers, huggingface_hub, scipy, which they import) read at import;
+# Lightning's PL_* (PL_GLOBAL_SEED, which seed_everything sets in its caller) are read at run time
 READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "CUDA", "NCCL_", "MKL_",
-                  "KMP_", "OMP_", "GOMP_", "PL_", "LIGHTNING_", "USE_", "PYTHON", "LD_", "XLA_", "SCIPY_",
-                  "NUMPY_", "OPENBLAS_")
+                  "KMP_", "OMP_", "GOMP_", "USE_", "PYTHON", "LD_", "XLA_", "SCIPY_", "NUMPY_", "OPENBLAS_")
+# and by name: the rank Lightning's and torchmetrics' rank_zero_only take at import, a warnings switch
+READ_AT_IMPORT_NAMES = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "POSSIBLE_USER_WARNINGS"}
 THREADS = "OMP_NUM_THREADS"  # applied in the child with torch.set_num_threads: it may differ
 
 _lock = threading.Lock()
@@ -45,7 +47,8 @@ _server_env: dict[str, str] | None = None  # the environment the forkserver star
 
 
 def _read_at_import(env: dict[str, str]) -> dict[str, str]:
-    return {k: v for k, v in env.items() if k.startswith(READ_AT_IMPORT) and k != THREADS}
+    return {k: v for k, v in env.items()
+            if (k.startswith(READ_AT_IMPORT) or k in READ_AT_IMPORT_NAMES) and k != THREADS}
 
 
 def _forkserver() -> multiprocessing.context.BaseContext:
@@ -57,6 +60,11 @@ def _forkserver() -> multiprocessing.context.BaseContext:
             multiprocessing.forkserver.ensure_running()
             _server_env = dict(os.environ)
     return context
+
+
+def environment() -> dict[str, str]:
+    """The environment warm runs are compared with: the forkserver's, or this process's before it starts."""
+    return dict(_server_env if _server_env is not None else os.environ)
 
 
 def prestart(env: dict[str, str] | None = None) -> None:

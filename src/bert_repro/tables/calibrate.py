@@ -8,13 +8,12 @@ planned seconds beside the measured ones.
 - comm: 0. Every rehearsed run is one process (trainer=cpu), so the plan's ring all-reduce term is
   2 (n-1)/n x bytes = 0; no gloo bandwidth is measured.
 - fixed: what no FLOP count sees (interpreter and library imports, Hydra, tokenizer and data set up,
-  checkpoint writes): a process's start-up and a job's set-up, measured on one sweep of each stage
-  (pre-training, fine-tuning): its second, where there is one (the first also builds the caches the others
-  read, one-off work the plan prices apart): start-up = its wall time outside its jobs' results.json
-  wall_time_s, set-up = a job's wall_time_s beyond its compute. Those calibration sweeps are reported but
-  left out of the checked ratio: ``held_out`` is every other sweep, priced only from numbers measured
-  elsewhere.
-
+  checkpoint writes): a process's start-up and a job's set-up, measured on one sweep of pre-training and of
+  each fine-tuning task (SQuAD's set-up is twice GLUE's): its second, where there is one (the first also
+  builds the caches the others read, one-off work the plan prices apart). Start-up = its wall time outside
+  its jobs' results.json wall_time_s, set-up = a job's wall_time_s beyond its compute. Those calibration
+  sweeps are reported but left out of the checked ratio: ``held_out`` is every other sweep, priced only from
+  numbers measured elsewhere.
 Measured: a sweep's wall time (runner), one process running its jobs in turn; a job's share is its
 results.json wall_time_s plus an even share of its process's start-up.
 """
@@ -95,23 +94,23 @@ def calibrate(small: Table, summary: list[dict], speed: dict) -> dict:
             name = f"{sweep.name}/{folder.name}"
             jobs.append({"name": name, "compute_s": _compute_s(by_name[name], rate),
                          "wall_s": float(result["wall_time_s"])})
-        sweeps.append({"sweep": sweep.name, "stage": sweep.stage, "wall_s": float(line["wall_s"]),
-                       "jobs": jobs})
+        # a fine-tuning's set-up depends on its task (SQuAD's windows and its evaluation: twice GLUE's)
+        group = sweep.stage if sweep.stage == "pretrain" else f"{sweep.stage}: {sweep.overrides.get('task')}"
+        sweeps.append({"sweep": sweep.name, "stage": sweep.stage, "group": group,
+                       "wall_s": float(line["wall_s"]), "jobs": jobs})
     fixed: dict[str, dict] = {}
-    for stage in ("pretrain", "finetune"):
-        # measured on the stage's second sweep: the first also builds the caches the others read (vocabulary,
+    for group in dict.fromkeys(s["group"] for s in sweeps):
+        # measured on the group's second sweep: the first also builds the caches the others read (vocabulary,
         # tokenized corpus and task), one-off work the plan prices apart (plan.PREP_TOKENS_PER_S)
-        staged = [s for s in sweeps if s["stage"] == stage]
-        if not staged:
-            continue
-        chosen = staged[1] if len(staged) > 1 else staged[0]
+        grouped = [s for s in sweeps if s["group"] == group]
+        chosen = grouped[1] if len(grouped) > 1 else grouped[0]
         inside = sum(j["wall_s"] for j in chosen["jobs"])
-        fixed[stage] = {"sweep": chosen["sweep"], "startup_s": max(0.0, chosen["wall_s"] - inside),
+        fixed[group] = {"sweep": chosen["sweep"], "startup_s": max(0.0, chosen["wall_s"] - inside),
                         "setup_s": max(0.0, sum(j["wall_s"] - j["compute_s"] for j in chosen["jobs"])
                                        / len(chosen["jobs"]))}
     runs = []
     for s in sweeps:
-        f, n = fixed[s["stage"]], len(s["jobs"])
+        f, n = fixed[s["group"]], len(s["jobs"])
         startup_measured = max(0.0, s["wall_s"] - sum(j["wall_s"] for j in s["jobs"]))
         for j in s["jobs"]:
             planned = j["compute_s"] + f["setup_s"] + f["startup_s"] / n
@@ -136,8 +135,8 @@ def write_report(calibration: dict, folder: Path) -> Path:
     lines = ["# Plan vs measured on this CPU", "",
              f"CPU peak {cpu['peak_flops'] / 1e9:.1f} GFLOP/s (fp32 matmul), MFU {cpu['mfu']:.1%} "
              f"({cpu['probe']}, {cpu['threads']} threads); comm {calibration['comm']}.", ""]
-    for stage, f in fixed.items():
-        lines.append(f"- {stage}: process start-up {f['startup_s']:.1f} s, job set-up {f['setup_s']:.1f} s "
+    for group, f in fixed.items():
+        lines.append(f"- {group}: process start-up {f['startup_s']:.1f} s, job set-up {f['setup_s']:.1f} s "
                      f"(measured on {f['sweep']})")
     lines += ["", "| run | compute s | planned s | measured s | planned/measured |",
               "|---|---:|---:|---:|---:|"]
