@@ -68,27 +68,26 @@ def shared_data_dir() -> Path | None:
     return SHARED if SHARED.is_dir() else None
 
 
-def run_py(*args: str, module: str | None = None, timeout: int = 600, warm: bool = True
-           ) -> subprocess.CompletedProcess:
+def run_py(*args: str, module: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``src/train.py`` (or ``python -m module``) with ``args`` as a user runs it; one thread (small models; a
-    busy 2-core machine oversubscribes two, and the same threads give the same float sums). ``warm``: forked
-    from the forkserver that has imported torch and Lightning (bert_repro.warm, as the table runner starts its
-    sweeps), a new interpreter where it cannot be; ``warm=False`` for a test of the process itself."""
+    busy 2-core machine oversubscribes two, and the same threads give the same float sums). Forked from the
+    forkserver that has imported torch and Lightning (bert_repro.warm, as the table runner starts its sweeps),
+    a new interpreter where it cannot be; tests of the process itself (tests/test_startup.py) call
+    subprocess."""
     command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
     command += args
     env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    if warm:
-        with tempfile.TemporaryDirectory() as tmp:
-            out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-            proc = warm_start(command, cwd=REPO, env=env, stdout=out, stderr=err)
-            if proc is not None:
-                try:
-                    code = proc.wait(timeout)
-                except subprocess.TimeoutExpired:
-                    os.killpg(proc.pid, signal.SIGKILL)
-                    raise
-                said = [f.read_text(encoding="utf-8", errors="replace") for f in (out, err)]
-                return subprocess.CompletedProcess(command, code, *said)
+    with tempfile.TemporaryDirectory() as tmp:
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        proc = warm_start(command, cwd=REPO, env=env, stdout=out, stderr=err)
+        if proc is not None:
+            try:
+                code = proc.wait(timeout)
+            except subprocess.TimeoutExpired:
+                os.killpg(proc.pid, signal.SIGKILL)
+                raise
+            said = [f.read_text(encoding="utf-8", errors="replace") for f in (out, err)]
+            return subprocess.CompletedProcess(command, code, *said)
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 

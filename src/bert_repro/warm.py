@@ -67,11 +67,10 @@ def environment() -> dict[str, str]:
     return dict(_server_env if _server_env is not None else os.environ)
 
 
-def prestart(env: dict[str, str] | None = None) -> None:
-    """Starts the forkserver now (its imports take seconds) where runs with ``env`` could be warm: the table
-    runner's first sweep then starts as the others do, and the rehearsal measures that start-up."""
-    env = dict(os.environ) if env is None else env
-    if warm_possible([sys.executable, "-m", "x"], env):
+def prestart() -> None:
+    """Starts the forkserver now (its imports take seconds) where this process's runs could be warm: the table
+    runner's first sweep then starts as the others do, and a rehearsal measures that start-up."""
+    if _environment_allows(os.environ):
         _forkserver()
 
 
@@ -84,8 +83,8 @@ def _script(cmd: list[str]) -> tuple[str, str] | None:
     return ("path", cmd[1]) if cmd[1].endswith(".py") else None
 
 
-def warm_possible(cmd: list[str], env: dict[str, str]) -> bool:
-    if env.get(OPTION, "1") == "0" or sys.platform != "linux" or _script(cmd) is None:
+def _environment_allows(env) -> bool:
+    if env.get(OPTION, "1") == "0" or sys.platform != "linux":
         return False
     if _server_env is None:
         return True  # the forkserver starts with this process's environment: compared in start()
@@ -94,8 +93,13 @@ def warm_possible(cmd: list[str], env: dict[str, str]) -> bool:
     return same_threads and _read_at_import(env) == _read_at_import(_server_env)
 
 
+def warm_possible(cmd: list[str], env: dict[str, str]) -> bool:
+    return _script(cmd) is not None and _environment_allows(env)
+
+
 class WarmProcess:
-    """The Popen methods the runner and the tests use, over a forkserver child."""
+    """The Popen methods the runner (which signals the child's process group by its pid) and the tests use,
+    over a forkserver child."""
 
     def __init__(self, process: multiprocessing.Process, args: list[str]):
         self.process, self.args = process, args
@@ -103,10 +107,6 @@ class WarmProcess:
     @property
     def pid(self) -> int:
         return self.process.pid
-
-    @property
-    def returncode(self) -> int | None:
-        return self.process.exitcode
 
     def poll(self) -> int | None:
         return self.process.exitcode
@@ -116,16 +116,6 @@ class WarmProcess:
         if self.process.exitcode is None:
             raise subprocess.TimeoutExpired(self.args, timeout)
         return self.process.exitcode
-
-    def send_signal(self, signum: int) -> None:
-        if self.process.exitcode is None:
-            os.kill(self.pid, signum)
-
-    def terminate(self) -> None:
-        self.send_signal(signal.SIGTERM)
-
-    def kill(self) -> None:
-        self.send_signal(signal.SIGKILL)
 
 
 def start(cmd: list[str], *, cwd: str | Path, env: dict[str, str], stdout: str | Path,

@@ -296,7 +296,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
                  counts["complete"], counts["failed"], time.time() - start)
 
-    warm.prestart()  # the first sweep then starts as the others do (and a rehearsal measures that)
+    if force or any(job_state(folder)[0] != "complete" for folder in jobs.values()):
+        warm.prestart()  # the first sweep then starts as the others do (and a rehearsal measures that)
     progress = TableProgress(list(jobs.values()), force=force, weights=weights or None, kinds=kinds)
     # SIGTERM / SIGINT stop the children, each saving a checkpoint; the sweeps then end with Interrupted
     with CHILDREN.handling_signals(), progress, ThreadPoolExecutor(at_once) as pool:
