@@ -2,6 +2,8 @@
 and Hugging Face datasets (data.source=hub), read from local dataset folders: tests never touch the Hub."""
 
 import json
+import random
+import sys
 from pathlib import Path
 
 import pytest
@@ -82,6 +84,60 @@ def test_undecodable_bytes_are_dropped_as_the_reference_reader_drops_them(tmp_pa
     assert docs["sentences"][0] == ["The caf is open.", "It serves coffee \u00e0 la carte."]
     assert docs.column_names == ["sentences"]
     assert "dropped 6 undecodable byte sequence(s)" in caplog.text and "latin1.txt" in caplog.text
+
+
+def text_mode_documents(path: Path) -> tuple[list[list[str]], int]:
+    """(documents, undecodable sequences) read line by line in text mode (universal newlines) as the original
+    reader reads a file, each U+FFFD dropped and counted, each line stripped; a blank line ends a document."""
+    documents, dropped = [[]], 0
+    with open(path, encoding="utf-8", errors="replace") as f:
+        for line in f:
+            dropped += line.count("\ufffd")
+            line = line.replace("\ufffd", "").strip()
+            documents[-1].append(line) if line else documents.append([])
+    return [d for d in documents if d], dropped
+
+
+def test_files_read_in_byte_ranges_and_blocks_as_a_line_by_line_reader(tmp_path, monkeypatch, caplog):
+    """load_documents cuts files at blank lines into ranges (read by many processes) and blocks (memory):
+    with ranges and blocks of a few bytes, every kind of line end, blank line, bad byte and whitespace falls
+    on a cut, and the documents are still those of a line-by-line reader, for any num_proc."""
+    from bert_repro.data import corpus
+
+    monkeypatch.setattr(corpus, "BLOCK_BYTES", 17)
+    monkeypatch.setattr(corpus, "READ_POOL_BYTES", 1)
+    rng = random.Random(7)
+    # U+3000, U+001C and U+00A0 are whitespace to str.strip(); a BOM is not
+    pieces = [b"A sentence.", b"caf\xc3\xa9 \xe2\x80\x94 dash", b"bad \xe9 byte", b"cut \xe2\x82",
+              b"\xff\xfe", b"  padded  ", b"\t", b" ", b"\xe3\x80\x80", b"\x1c", b"\xc2\xa0x\xc2\xa0", b"",
+              b"\xef\xbb\xbfbom"]
+    ends = [b"\n", b"\r\n", b"\r", b"\n\n", b"\r\n\r\n", b"\n \n", b"\n\t\r\n"]
+    for case, last in enumerate([b"", b"last line, no line end"]):
+        path = tmp_path / f"c{case}.txt"
+        path.write_bytes(b"".join(rng.choice(pieces) + rng.choice(ends) for _ in range(400)) + last)
+        expected, dropped = text_mode_documents(path)
+        monkeypatch.setattr(corpus, "READ_BYTES", 23)
+        assert len(expected) > 50 and dropped > 20
+        assert len(corpus.byte_ranges([path])) > 50  # the processes share one file
+        for num_proc in (1, 3):
+            docs = load_documents(str(path), cache_dir=tmp_path / f"c-{case}-{num_proc}", num_proc=num_proc)
+            assert docs["sentences"] == expected
+        # every undecodable sequence is counted, those of blank lines too (unless a whole range is blank)
+        monkeypatch.setattr(corpus, "READ_BYTES", 1 << 20)
+        with caplog.at_level("WARNING", logger="bert_repro.data.corpus"):
+            load_documents(str(path), cache_dir=tmp_path / f"cache-{case}")
+        assert f"dropped {dropped} undecodable byte sequence(s)" in caplog.text
+        caplog.clear()
+
+
+def test_arrow_strips_the_whitespace_python_strips():
+    """documents_table strips lines with Arrow's utf8_trim_whitespace: the same characters as str.strip()."""
+    import pyarrow as pa
+    import pyarrow.compute as pc
+
+    chars = [chr(c) for c in range(sys.maxunicode + 1) if not 0xD800 <= c < 0xE000]  # no lone surrogates
+    trimmed = pc.utf8_length(pc.utf8_trim_whitespace(pa.array(chars))).to_numpy()
+    assert [c for c, n in zip(chars, trimmed) if (n == 0) != c.isspace()] == []
 
 
 def test_converted_sources_log_progress_and_drop_bad_bytes(tmp_path, caplog):

@@ -1,9 +1,10 @@
 """Pre-training corpora as documents of sentences (§3.3: "a document-level corpus", for NSP).
 
 The on-disk format is google-research/bert's `create_pretraining_data.py` input: one sentence per
-line, a blank line between documents. `load_documents` reads it through the `datasets` "text"
-builder, so a corpus is read once and then memory-mapped from the Arrow cache. Sources that are
-not yet in that format are converted once into it under the cache directory:
+line, a blank line between documents. `load_documents` reads it through a `datasets` builder
+(`OriginalFormat`), so a corpus is read once, in parallel even from one large file, then memory-mapped from
+the Arrow cache. Sources that are not yet in that format are converted once into it under the cache
+directory:
 
   builtin:pydoc        the English reference text that ships with CPython (pydoc_data), one
                        document per topic; offline and always present, for smoke runs and tests
@@ -29,10 +30,14 @@ import sys
 import tempfile
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 
+import datasets
+import numpy as np
+import pyarrow as pa
 import pyarrow.compute as pc
-from datasets import Dataset, load_dataset
+from datasets import Dataset, Features, Sequence, Value
 
 from bert_repro.data.textfiles import refuse_non_text
 from bert_repro.work_progress import counted, datasets_progress
@@ -41,7 +46,11 @@ log = logging.getLogger(__name__)
 
 BUILTIN_PYDOC = "builtin:pydoc"
 TEXT_EXPECTED = "plain text, one sentence per line and a blank line between documents"
-SPLIT_BYTES = 128 << 20  # text per process below which load_documents splits documents in this process
+READER_VERSION = 1  # part of the documents' cache key: bump when `documents_table` reads text otherwise
+BLOCK_BYTES = 1 << 20  # text read and split at a time: memory stays flat whatever the corpus size
+READ_BYTES = 4 << 20  # files are read in ranges of about this size, the shards num_proc processes share
+# text per process below which a corpus is read here: a pool costs about 0.3 s to start and stop
+READ_POOL_BYTES = 32 << 20
 MIN_WORDS = 3  # converted sentences with fewer words are headings, list items or code, not prose
 
 # A sentence ends at . ! or ? (and any closing quotes/brackets) followed by whitespace and a capital
@@ -194,9 +203,14 @@ _CONVERTERS = {"wikitext": wikitext_documents, "gutenberg": gutenberg_documents}
 CONVERTER_VERSION = 2  # part of a converted corpus's file name: bump when a converter's output changes
 
 
-def _fingerprint(path: Path) -> str:
-    files = sorted(path.rglob("*")) if path.is_dir() else [path]
-    stats = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+def _fingerprint(*parts) -> str:
+    """A short hash of `parts`, a path standing for its files' (resolved path, size, modification time)."""
+    stats = []
+    for part in parts:
+        if isinstance(part, Path):
+            files = sorted(part.rglob("*")) if part.is_dir() else [part]
+            part = [(str(f.resolve()), f.stat().st_size, f.stat().st_mtime_ns) for f in files if f.is_file()]
+        stats.append(part)
     return hashlib.sha256(repr(stats).encode()).hexdigest()[:16]
 
 
@@ -230,29 +244,129 @@ def _resolve(source: str, cache_dir: Path) -> list[Path]:
     return files
 
 
-def _to_documents(batch: dict) -> dict:
-    # A "paragraph" of the text builder is the text between two "\n\n". As in the original reader,
-    # any whitespace-only line also ends a document, and sentences are stripped. The builder decodes
-    # with errors="replace": each U+FFFD is an undecodable byte (sequence), dropped and counted per
-    # document as convert_to_unicode(errors="ignore") drops it (its tokenizer drops a real U+FFFD too).
-    documents: list[list[str]] = []
-    dropped: list[int] = []
-    pending = 0  # dropped before the batch's first document
-    for paragraph in batch["text"]:
-        pending += paragraph.count("\ufffd")
-        sentences: list[str] = []
-        for line in paragraph.replace("\ufffd", "").split("\n"):
-            if line.strip():
-                sentences.append(line.strip())
-            elif sentences:
-                documents.append(sentences)
-                sentences = []
-        if sentences:
-            documents.append(sentences)
-        dropped += [0] * (len(documents) - len(dropped))
-        if dropped:
-            dropped[-1], pending = dropped[-1] + pending, 0
-    return {"sentences": documents, "dropped": dropped}
+# A blank line in bytes (ASCII whitespace) is a document break in the text too; the rarer ones (a line of
+# U+3000, say) show only in the text. So a cut after one of these always falls between two documents.
+_BLANK_LINE = re.compile(rb"\n[ \t\r\x0b\x0c]*\n")
+DOCUMENT_FEATURES = Features({"sentences": Sequence(Value("string")), "dropped": Value("int64")})
+
+
+def documents_table(text: str, dropped_before: int = 0) -> pa.Table:
+    """The documents of `text` (whole documents) as an Arrow table, its lines split, stripped and grouped
+    without a Python loop. As in the original reader, a blank (whitespace-only) line ends a document and
+    sentences are stripped. Each U+FFFD is an undecodable byte sequence (decoded with errors="replace"),
+    dropped and counted (`dropped`, per document with the blank lines after it; `dropped_before`: those before
+    the first) as convert_to_unicode(errors="ignore") drops it (its tokenizer drops a real U+FFFD too)."""
+    if "\r" in text:  # universal newlines, as text mode reads
+        text = text.replace("\r\n", "\n").replace("\r", "\n")
+    lines = pc.split_pattern(pa.array([text], pa.large_string()), "\n").flatten()
+    bad = np.zeros(len(lines), np.int64)
+    if "\ufffd" in text:
+        bad = pc.count_substring(lines, "\ufffd").to_numpy()
+        lines = pc.replace_substring(lines, "\ufffd", "")
+    lines = pc.utf8_trim_whitespace(lines)  # str.strip()'s whitespace (str.isspace) exactly
+    kept = np.flatnonzero(pc.utf8_length(lines).to_numpy() > 0)
+    firsts = kept[np.r_[True, np.diff(kept) > 1]] if len(kept) else kept  # each document's first line
+    document = np.maximum(np.searchsorted(firsts, np.arange(len(lines)), "right") - 1, 0)
+    dropped = np.bincount(document, weights=bad, minlength=len(firsts))[: len(firsts)].astype(np.int64)
+    if len(dropped):
+        dropped[0] += dropped_before
+    offsets = np.r_[np.searchsorted(kept, firsts), len(kept)].astype(np.int32)
+    sentences = pa.ListArray.from_arrays(pa.array(offsets), lines.take(pa.array(kept)).cast(pa.string()))
+    return pa.table({"sentences": sentences, "dropped": pa.array(dropped)})
+
+
+def _last_break(data: bytes) -> int:
+    """The end of the last blank line in `data`, or 0: looked for in its last 64 kB first."""
+    for start in (max(0, len(data) - (64 << 10)), 0):
+        ends = [m.end() for m in _BLANK_LINE.finditer(data, start)]
+        if ends or not start:
+            return ends[-1] if ends else 0
+    return 0
+
+
+def read_range(path: str, start: int, end: int) -> Iterator[pa.Table]:
+    """The documents of bytes [start, end) of `path` (whole documents: see `byte_ranges`), read BLOCK_BYTES at
+    a time and cut at the block's last blank line (a longer document is read on to its end). A block of blank
+    lines only adds what it dropped to a neighbour's count (a range of over READ_BYTES of them, to none)."""
+    pending, held, dropped_before = b"", None, 0  # held: the last table, for the blank lines after it
+    with open(path, "rb") as f:
+        f.seek(start)
+        left = end - start
+        while left > 0 or pending:
+            data = f.read(min(BLOCK_BYTES, left))
+            left, pending = left - len(data), pending + data
+            cut = len(pending)
+            if left > 0:
+                cut = _last_break(pending)
+                if not cut:
+                    continue
+            text, pending = pending[:cut].decode("utf-8", errors="replace"), pending[cut:]
+            table = documents_table(text, dropped_before)
+            if not table.num_rows and held is None:
+                dropped_before += text.count("\ufffd")
+            elif not table.num_rows:
+                dropped = held.column("dropped").to_numpy().copy()
+                dropped[-1] += text.count("\ufffd")
+                held = held.set_column(1, "dropped", pa.array(dropped))
+            else:
+                if held is not None:
+                    yield held
+                held, dropped_before = table, 0
+    if held is not None:
+        yield held
+
+
+def _break_after(f, position: int, size: int) -> int:
+    """The end of the first blank line (ASCII whitespace) that starts at or after `position` in the open
+    file `f` of `size` bytes, or `size`."""
+    if position >= size:
+        return size
+    f.seek(position - 1)
+    f.readline()  # to the end of the line holding byte position - 1: the next line starts at or after it
+    for line in iter(f.readline, b""):
+        if not line.strip():
+            return f.tell()
+    return size
+
+
+def byte_ranges(files: list[Path]) -> list[tuple[str, int, int]]:
+    """(file, start, end): the files cut into ranges of about READ_BYTES, each just after a blank line, so
+    every range holds whole documents and one file is read by many processes. The same for any num_proc."""
+    ranges, size = [], READ_BYTES
+    for file in files:
+        total = file.stat().st_size
+        with open(file, "rb") as f:
+            start = 0
+            while start < total:
+                end = _break_after(f, start + size, total)
+                ranges.append((str(file), start, end))
+                start = end
+    return ranges
+
+
+@dataclass
+class OriginalFormatConfig(datasets.BuilderConfig):
+    files: tuple[str, ...] = ()
+
+
+class OriginalFormat(datasets.ArrowBasedBuilder):
+    """google-research/bert's input format as a `datasets` builder: one row per document (`sentences`,
+    `dropped`), in corpus order. Its shards are byte ranges of the files (`byte_ranges`), so num_proc
+    processes read even one large file at once, each writing its own Arrow file."""
+
+    BUILDER_CONFIG_CLASS = OriginalFormatConfig
+
+    def _info(self) -> datasets.DatasetInfo:
+        return datasets.DatasetInfo(features=DOCUMENT_FEATURES)
+
+    def _split_generators(self, dl_manager) -> list[datasets.SplitGenerator]:
+        ranges = byte_ranges([Path(f) for f in self.config.files])
+        return [datasets.SplitGenerator(name=datasets.Split.TRAIN, gen_kwargs={"ranges": ranges})]
+
+    def _generate_tables(self, ranges: list[tuple[str, int, int]]) -> Iterator[tuple[tuple, pa.Table]]:
+        for i, (path, start, end) in enumerate(ranges):
+            for j, table in enumerate(read_range(path, start, end)):
+                yield (i, j), table
 
 
 def pool_size(dataset: Dataset, num_proc: int | None, min_bytes: int) -> int | None:
@@ -272,22 +386,19 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
     """One row per document with a `sentences: list[str]` column, in corpus order."""
     cache_dir = Path(cache_dir) if cache_dir is not None else default_cache_dir()
     files = _resolve(source, cache_dir)
-    if not any(Path(f).stat().st_size for f in files):  # the text builder fails obscurely on empty files
+    if not any(Path(f).stat().st_size for f in files):
         raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) is empty; expected plain "
                          "text, one sentence per line and a blank line between documents")
-    # Universal newlines: the text builder opens files in text mode, so CRLF reads as "\n". It reads 1 MB at a
-    # time (instead of its default 10 MB) and the map below 64 documents at a time, each written out as it
-    # comes: memory stays flat whatever the corpus size.
+    # the cache is keyed by the files' paths, sizes and times, and by how they are read
+    key = _fingerprint(READER_VERSION, BLOCK_BYTES, READ_BYTES, *files)
+    builder = OriginalFormat(cache_dir=str(cache_dir / "hf"), config_name="documents", hash=key,
+                             files=tuple(str(f) for f in files))
+    processes = min(num_proc or 1, sum(Path(f).stat().st_size for f in files) // READ_POOL_BYTES)
     with datasets_progress(f"reading corpus {source!r} ({len(files)} file(s))"):
-        text = load_dataset("text", data_files=[str(f) for f in files], sample_by="paragraph",
-                            chunksize=1 << 20, encoding_errors="replace", split="train",
-                            cache_dir=str(cache_dir / "hf"))
-        # splitting runs at about 140 MB/s a process: a pool (0.3 s to start and stop) pays from ~100 MB each
-        documents = text.map(_to_documents, batched=True, batch_size=64, writer_batch_size=64,
-                             remove_columns=["text"], num_proc=pool_size(text, num_proc, SPLIT_BYTES),
-                             desc="splitting documents")
-    if len(documents) == 0:
+        builder.download_and_prepare(num_proc=processes if processes > 1 else None)
+    if not builder.info.splits["train"].num_examples:
         raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) holds no documents")
+    documents = builder.as_dataset(split="train")
     dropped = pc.sum(documents.data.column("dropped")).as_py() or 0  # in Arrow, not row by row
     if dropped:
         log.warning("corpus %r: dropped %d undecodable byte sequence(s) (not UTF-8), as "
