@@ -1,7 +1,7 @@
 """Instance creation on real text: MB/s of raw text per process beside google-research/bert's, the scaling
 with num_proc, and peak heap against corpus size (a benchmark script, not a test: STYLE 12).
 
-    python -m bert_repro.benchmarks.instances      # books at 1x, 4x, 16x; 1 and 2 processes at each size
+    python -m bert_repro.benchmarks.instances      # books at 1x, 4x, 16x, 64x; 1 and 2 processes at each
     python -m bert_repro.benchmarks.instances --num-proc 1 2 4 --copies 1 4 --dupe-factor 5 --wikitext
     python -m bert_repro.benchmarks.instances --copies 1 4 --num-proc 1 2 --repeats 3   # best of 3
 
@@ -41,6 +41,7 @@ import argparse
 import json
 import os
 import resource
+import shutil
 import subprocess
 import sys
 import tempfile
@@ -217,8 +218,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--text", type=Path, default=SHARED / "pretrain_text",
                         help="the shared pre-training text folder")
     parser.add_argument("--num-proc", type=int, nargs="+", default=[1, 2])
-    parser.add_argument("--copies", type=int, nargs="+", default=[1, 4, 16],
-                        help="corpus sizes, in copies of the text")
+    parser.add_argument("--copies", type=int, nargs="+", default=[1, 4, 16, 64],
+                        help="corpus sizes, in copies of the text (64x: 520 MB, and about 3 GB of caches)")
     parser.add_argument("--dupe-factor", type=int, default=1)
     parser.add_argument("--max-seq-length", type=int, default=128)
     parser.add_argument("--vocab-size", type=int, default=8000)
@@ -263,6 +264,7 @@ def main(argv: list[str] | None = None) -> None:
                 if proc.returncode != 0:
                     raise SystemExit(f"error: the run {run} failed:\n{proc.stderr[-3000:]}")
                 busy, wall = _busy_seconds() - busy, time.perf_counter() - start
+                shutil.rmtree(run["cache_dir"], ignore_errors=True)  # gigabytes at 64x: the disk, and writeback
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 # the cores other processes held meanwhile (the machine's busy time less the child's own)
                 others = max(0.0, busy - result["process_cpu_s"]) / wall
