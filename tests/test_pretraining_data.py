@@ -208,6 +208,56 @@ def test_pairs_do_not_depend_on_the_documents_built_together(documents):
         assert np.array_equal(together[name], np.concatenate([pairs[name] for pairs in alone])), name
 
 
+def test_documents_are_read_in_place_from_any_layout(wiki, documents, tmp_path):
+    """The instance code's view of the tokenized documents: from two memory-mapped cache files of many
+    record batches (a region per file: its whole map), from a table in memory (a region per record batch)
+    and from lists, the same documents, and random B spans that are the original's walk: whole sentences
+    from the drawn one until `need` tokens, at least one, at most to the document's end."""
+    import pyarrow as pa
+    from datasets import Dataset, concatenate_datasets
+
+    _, _, tokenized = wiki
+    half = len(tokenized) // 2
+    files = [Dataset.from_dict({"tokens": part}, features=instances.TOKENS_FEATURES).map(
+                 batched=True, batch_size=3, writer_batch_size=3,  # many record batches
+                 cache_file_name=str(tmp_path / f"{k}.arrow"))
+             for k, part in enumerate((tokenized[:half], tokenized[half:]))]
+    mapped = TokenizedDocuments(concatenate_datasets(files))
+    batches = [pa.record_batch({"tokens": pa.array(tokenized[i : i + 5], pa.list_(pa.list_(pa.int32())))})
+               for i in range(0, len(tokenized), 5)]
+    in_memory = TokenizedDocuments(Dataset(pa.Table.from_batches(batches)))
+    assert len(mapped.regions) == 2 and len(mapped.places) > 15 and len(in_memory.regions) == len(batches)
+    for layout in (mapped, in_memory, documents):
+        assert len(layout) == len(tokenized)
+        for i, doc in enumerate(tokenized):
+            ids, bounds = layout[i]
+            assert ids.tolist() == [t for sentence in doc for t in sentence]
+            assert bounds.tolist() == np.r_[0, np.cumsum([len(s) for s in doc])].tolist()
+
+    rng = np.random.default_rng(0)
+    docs = rng.integers(0, len(tokenized), 3000)
+    u, need = rng.random(3000), rng.integers(-3, 400, 3000)
+    expected = []
+    for d, u_start, n in zip(docs.tolist(), u.tolist(), need.tolist()):
+        span = []
+        for sentence in tokenized[d][int(u_start * len(tokenized[d])) :]:
+            span += sentence
+            if len(span) >= n:
+                break
+        expected += span
+    for layout in (mapped, in_memory, documents):
+        assert layout.gather(*layout.random_spans(docs, u, need)).tolist() == expected
+    indices = list(range(0, len(tokenized), 3))
+
+    def pair_ids(layout):
+        rngs = [np.random.default_rng([2, i]) for i in indices]
+        pairs = instances.document_pairs(layout, indices, rngs, MAX_SEQ, 0.1)
+        return instances.pair_ids(layout, pairs, cls_id=2, sep_id=3, nsp=True)[0]
+
+    ids = [pair_ids(layout) for layout in (mapped, in_memory, documents)]
+    assert len(ids[0]) > 10_000 and all(np.array_equal(ids[0], other) for other in ids[1:])
+
+
 def test_truncated_lengths_agree_with_the_glue_rule():
     from bert_repro.data.glue import truncated_lengths
 

@@ -264,7 +264,7 @@ def main(argv: list[str] | None = None) -> None:
                 if proc.returncode != 0:
                     raise SystemExit(f"error: the run {run} failed:\n{proc.stderr[-3000:]}")
                 busy, wall = _busy_seconds() - busy, time.perf_counter() - start
-                shutil.rmtree(run["cache_dir"], ignore_errors=True)  # gigabytes at 64x: the disk, and writeback
+                shutil.rmtree(run["cache_dir"], ignore_errors=True)  # gigabytes at 64x: disk and writeback
                 result = json.loads(proc.stdout.strip().splitlines()[-1])
                 # the cores other processes held meanwhile (the machine's busy time less the child's own)
                 others = max(0.0, busy - result["process_cpu_s"]) / wall

@@ -195,72 +195,124 @@ def _offsets(lengths: np.ndarray) -> pa.Array:
 
 
 class TokenizedDocuments:
-    """all_documents[i] -> (token ids, sentence boundaries): zero-copy views of the memory-mapped Arrow column
-    (`tokens`, documents of sentences of ids), kept per record batch ("chunk"): a chunk's token ids are one
-    array, and its sentence boundaries are positions in it. The batch methods (`sentences`, `random_spans`,
-    `gather`) work in those chunk positions, so an instance is a few integers until its ids are gathered."""
+    """all_documents[i] -> (token ids, sentence boundaries), read in place from the `tokens` column
+    (documents of sentences of ids): int32 views of the memory that holds it, a cache file's whole memory map
+    (a "region"), zero-copy, never a Python list of the corpus. A record batch of the column is three places
+    in its region: where its document offsets, its sentence offsets and its ids start. Documents and
+    instances are then positions in a region, and the batch methods (`random_spans`, `gather`) take any
+    number of them with a few array operations per region (one per cache file), however many record batches
+    they come from: a loop per record batch made random B cost O(corpus) per map batch."""
 
     def __init__(self, dataset: Dataset | None = None):
-        self.chunks = []
+        self.regions: list[np.ndarray] = []
+        places = []  # per record batch: (region, documents_at, sentences_at, ids_at, number of documents)
         if dataset is not None:
             assert dataset._indices is None, "needs a flat dataset; row i must be document i"
-            for chunk in dataset.data.column("tokens").chunks:
-                sentences = chunk.values  # the child arrays, unsliced: the offsets index into them
-                self.chunks.append((chunk.offsets.to_numpy(), sentences.offsets.to_numpy(),
-                                    sentences.values.to_numpy()))
-        self._index()
+            roots: dict[int, int] = {}  # a root buffer's address -> its region
+            for record in dataset.data.column("tokens").chunks:
+                sentences = record.values  # the child arrays, unsliced: the offsets index into them
+                arrays = (record.offsets, sentences.offsets, sentences.values)
+                root, at = _region_of(arrays)
+                if root is None:  # not one buffer's slices (a table built in memory): a region of its own
+                    parts = [a.to_numpy() for a in arrays]
+                    self.regions.append(np.concatenate(parts).astype(np.int32, copy=False))
+                    region, at = len(self.regions) - 1, np.cumsum([0] + [len(p) for p in parts[:-1]])
+                else:
+                    if root.address not in roots:
+                        roots[root.address] = len(self.regions)
+                        self.regions.append(np.frombuffer(root, np.int32, root.size // 4))
+                    region = roots[root.address]
+                places.append((region, *map(int, at), len(record)))
+        self._index(places)
 
     @classmethod
     def from_lists(cls, documents) -> TokenizedDocuments:
-        """Documents as lists of sentences of ids (tests, the original's `all_documents`): one chunk."""
+        """Documents as lists of sentences of ids (tests, the original's `all_documents`): one region."""
         self = cls()
         lengths = [len(sentence) for document in documents for sentence in document]
         ids = np.fromiter((t for d in documents for s in d for t in s), np.int32, sum(lengths))
-        self.chunks = [(np.r_[0, np.cumsum([len(d) for d in documents])], np.r_[0, np.cumsum(lengths)], ids)]
-        self._index()
+        document_offsets = np.r_[0, np.cumsum([len(d) for d in documents])]
+        sentence_offsets = np.r_[0, np.cumsum(lengths)]
+        self.regions = [np.concatenate([document_offsets, sentence_offsets, ids]).astype(np.int32)]
+        self._index([(0, 0, len(documents) + 1, len(documents) + len(lengths) + 2, len(documents))])
         return self
 
-    def _index(self) -> None:
-        self.starts = np.cumsum([0] + [len(offsets) - 1 for offsets, _, _ in self.chunks])
-        self._starts = self.starts.tolist()  # bisect on a list: a document lookup costs no numpy call
+    def _index(self, places: list[tuple]) -> None:
+        self.places = places  # lists: a document lookup costs no numpy call
+        self.starts = np.r_[0, np.cumsum([n for *_, n in places], dtype=np.int64)]
+        self._starts = self.starts.tolist()
+        self.region_of, self.documents_at, self.sentences_at, self.ids_at = (
+            np.array([place[field] for place in places], np.int64).reshape(-1) for field in range(4))
 
     def __len__(self) -> int:
         return int(self.starts[-1])
 
     def sentences(self, i: int) -> tuple[int, list[int]]:
-        """(chunk, sentence boundaries of document i as positions in the chunk's ids)."""
+        """(region, sentence boundaries of document i as positions in the region)."""
         c = bisect_right(self._starts, i) - 1
-        documents, sentences, _ = self.chunks[c]
-        j = i - self._starts[c]
-        return c, sentences[documents[j] : documents[j + 1] + 1].tolist()
+        region, documents_at, sentences_at, ids_at, _ = self.places[c]
+        memory = self.regions[region]
+        row = documents_at + i - self._starts[c]
+        first, last = memory[row : row + 2].tolist()
+        return region, (memory[sentences_at + first : sentences_at + last + 1] + np.int64(ids_at)).tolist()
 
     def __getitem__(self, i: int) -> tuple[np.ndarray, np.ndarray]:
-        c, bounds = self.sentences(i)
+        region, bounds = self.sentences(i)
         bounds = np.array(bounds)
-        return self.chunks[c][2][bounds[0] : bounds[-1]], bounds - bounds[0]
+        return self.regions[region][bounds[0] : bounds[-1]], bounds - bounds[0]
 
     def random_spans(self, docs: np.ndarray, u: np.ndarray, need: np.ndarray):
         """The original's random B: from a uniformly drawn sentence (`u` uniforms) of each document in `docs`,
         whole sentences until `need` tokens are reached (at least one; at most to the document's end).
-        Returns (chunk, start, length) arrays."""
-        chunks = np.searchsorted(self.starts, docs, "right") - 1
+        Returns (region, start, length) arrays."""
+        records = np.searchsorted(self.starts, docs, "right") - 1
+        regions = self.region_of[records]
         starts, lengths = np.zeros(len(docs), np.int64), np.zeros(len(docs), np.int64)
-        for c, part in _groups(chunks):
-            documents, sentences, _ = self.chunks[c]
-            row = docs[part] - self.starts[c]
-            first, last = documents[row], documents[row + 1]  # sentences first..last-1
+        for region, part in _groups(regions):
+            memory, record = self.regions[region], records[part]
+            row = self.documents_at[record] + docs[part] - self.starts[record]
+            first, last = memory[row], memory[row + 1]  # sentences first..last-1 of the record batch
+            boundary = self.sentences_at[record]  # + k: sentence k's first token, in the record batch's ids
             start = first + (u[part] * (last - first)).astype(np.int64)
-            end = np.clip(np.searchsorted(sentences, sentences[start] + need[part]), start + 1, last)
-            starts[part], lengths[part] = sentences[start], sentences[end] - sentences[start]
-        return chunks, starts, lengths
+            begin = memory[boundary + start]
+            # B ends at the first boundary that reaches `need` tokens, between start + 1 and last: a binary
+            # search of every document at once (boundaries rise within a document)
+            low, high = start + 1, last
+            while (searching := low < high).any():
+                middle = (low + high) // 2
+                reached = memory[boundary + middle] >= begin + need[part]
+                high = np.where(searching & reached, middle, high)
+                low = np.where(searching & ~reached, middle + 1, low)
+            starts[part] = begin + self.ids_at[record]
+            lengths[part] = memory[boundary + low] - begin
+        return regions, starts, lengths
 
-    def gather(self, chunks: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
-        """The token ids of spans (chunk, start, length), end to end."""
+    def gather(self, regions: np.ndarray, starts: np.ndarray, lengths: np.ndarray) -> np.ndarray:
+        """The token ids of spans (region, start, length), end to end."""
         out = np.empty(int(lengths.sum()), np.int32)
         dest = np.cumsum(lengths) - lengths
-        for c, part in _groups(chunks):
-            out[_ranges(dest[part], lengths[part])] = self.chunks[c][2][_ranges(starts[part], lengths[part])]
+        for region, part in _groups(regions):
+            memory = self.regions[region]
+            out[_ranges(dest[part], lengths[part])] = memory[_ranges(starts[part], lengths[part])]
         return out
+
+
+def _region_of(arrays) -> tuple[pa.Buffer | None, list[int]]:
+    """(the buffer that Arrow int32 `arrays` are all slices of, at the root of their parents, and the
+    element each starts at in it), or (None, []) when they are not so."""
+    roots, at = {}, []
+    for array in arrays:
+        if array.type != pa.int32():
+            return None, []
+        buffer = array.buffers()[1]
+        while buffer.parent is not None:
+            buffer = buffer.parent
+        offset = array.buffers()[1].address + 4 * array.offset - buffer.address
+        if offset % 4 or buffer.address % 4:
+            return None, []
+        roots[buffer.address] = buffer
+        at.append(offset // 4)
+    return (roots.popitem()[1], at) if len(roots) == 1 else (None, [])
 
 
 def _groups(keys: np.ndarray):
@@ -285,19 +337,20 @@ def document_pairs(documents: TokenizedDocuments, doc_indices, rngs, max_seq_len
     """The original's create_instances_from_document for the documents `doc_indices`, document k drawing
     its randomness from `rngs[k]` only (so the result does not depend on which documents are built
     together). Returns arrays, one item per instance, in document order: `slot` (k), `doc_index`,
-    `target_length`, `random_next`, and A and B as spans of the chunks' ids (`a_chunk`, `a_start`, `a_length`,
-    `b_...`), truncated; B is empty without NSP. `per_document`: the instances of each document."""
+    `target_length`, `random_next`, and A and B as spans of the regions' ids (`a_region`, `a_start`,
+    `a_length`, `b_...`), truncated; B is empty without NSP. `per_document`: the instances of each
+    document."""
     max_num_tokens = max_seq_length - (3 if nsp else 2)
     n_documents = len(documents)
-    rows, targets, chunks = [], [], []
+    rows, targets, regions = [], [], []
     for k, (index, rng) in enumerate(zip(doc_indices, rngs)):
-        chunk, bounds = documents.sentences(index)
+        region, bounds = documents.sentences(index)
         # Mostly fill the sequence, but 10% of the time (per document) aim shorter, so that pre-training
         # also sees the short inputs of fine-tuning. The target is soft; max_seq_length is hard.
         coin, short = rng.random(2).tolist()
         target = max_num_tokens if coin >= short_seq_prob else 2 + int(short * (max_num_tokens - 1))
         targets.append(target)
-        chunks.append(chunk)
+        regions.append(region)
         n_sentences, first = len(bounds) - 1, 0
         # An instance takes at least one sentence, so a row of uniforms per sentence is enough: the split
         # point of A, the NSP coin, the random document and the sentence B starts from in it.
@@ -330,14 +383,14 @@ def document_pairs(documents: TokenizedDocuments, doc_indices, rngs, max_seq_len
     pairs = {name: column.astype(np.int64) for name, column in columns.items() if name != "u_start"}
     slot = pairs["slot"]
     pairs.update(doc_index=np.asarray(doc_indices, np.int64)[slot], target_length=np.array(targets)[slot],
-                 a_chunk=np.array(chunks, np.int64)[slot], b_chunk=np.array(chunks, np.int64)[slot],
+                 a_region=np.array(regions, np.int64)[slot], b_region=np.array(regions, np.int64)[slot],
                  random_next=pairs["random_document"] >= 0,
                  per_document=np.bincount(slot, minlength=len(rngs)))
     random = pairs["random_next"]
     if random.any():
         spans = documents.random_spans(pairs["random_document"][random], columns["u_start"][random],
                                        pairs["need"][random])
-        pairs["b_chunk"][random], pairs["b_start"][random], pairs["b_length"][random] = spans
+        pairs["b_region"][random], pairs["b_start"][random], pairs["b_length"][random] = spans
     _truncate(pairs, max_num_tokens, rngs)
     return pairs
 
@@ -379,9 +432,9 @@ def pair_ids(documents: TokenizedDocuments, pairs: dict, cls_id: int, sep_id: in
     ids = np.full(int(lengths.sum()), sep_id, np.int32)
     starts = np.cumsum(lengths) - lengths
     ids[starts] = cls_id
-    ids[_ranges(starts + 1, a)] = documents.gather(pairs["a_chunk"], pairs["a_start"], a)
+    ids[_ranges(starts + 1, a)] = documents.gather(pairs["a_region"], pairs["a_start"], a)
     if nsp:
-        ids[_ranges(starts + a + 2, b)] = documents.gather(pairs["b_chunk"], pairs["b_start"], b)
+        ids[_ranges(starts + a + 2, b)] = documents.gather(pairs["b_region"], pairs["b_start"], b)
     return ids, segments
 
 
