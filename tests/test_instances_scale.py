@@ -11,9 +11,10 @@ from pathlib import Path
 import dill
 import pyarrow as pa
 import pytest
+from datasets import Dataset
 
 from bert_repro.data import pretraining
-from bert_repro.data.corpus import wikitext_documents, write_documents
+from bert_repro.data.corpus import load_documents, wikitext_documents, write_documents
 from bert_repro.data.instances import WordPieceIds
 from bert_repro.data.pretraining import PretrainDataModule
 from bert_repro.tokenization import save_vocab, train_wordpiece
@@ -132,3 +133,33 @@ def test_peak_heap_is_flat_in_corpus_size(wiki, tmp_path):
     (tmp_path / "4x.txt").write_text(text * 4)
     one, four = (_peak_heap_mb(tmp_path / f"{size}.txt", vocab, tmp_path / size) for size in ("1x", "4x"))
     assert 0 < four < 1.25 * one + 8, (one, four)  # growing with the corpus, 4x would be about 4 times 1x
+
+
+def test_the_plans_disk_per_token_is_what_the_caches_take(tmp_path):
+    """The plan's disk figures (tables/plan.py) against the caches the DataModule writes on the books the
+    benchmark measured them on (its corpus, at 1x, and its 8,000-piece vocabulary), at both phases'
+    lengths."""
+    from bert_repro.benchmarks.instances import write_corpus
+    from bert_repro.tables import plan
+
+    text = SHARED / "pretrain_text"
+    if not (text / "gutenberg").is_dir():
+        pytest.skip(f"{text / 'gutenberg'} not found (shared data; set BERT_REPRO_SHARED_DATA)")
+    corpus = write_corpus(text, tmp_path / "books.txt", 1)
+    books = [d for batch in load_documents(str(corpus), cache_dir=tmp_path / "docs").iter(batch_size=256)
+             for d in batch["sentences"]]
+    vocab = str(save_vocab(train_wordpiece((s for d in books for s in d), vocab_size=8000), tmp_path))
+    for seq, predictions in ((128, 20), (512, 80)):
+        cache = tmp_path / f"cache-{seq}"
+        dm = PretrainDataModule(str(corpus), tokenizer=vocab, masking="static", max_seq_length=seq,
+                                max_predictions_per_seq=predictions, cache_dir=str(cache), seed=12345)
+        dm.setup()
+        tokens = sum(len(record.values.values) for split in ("train", "val")
+                     for path in (cache / "pretrain").glob(f"tokens-{split}-*.arrow")
+                     for record in Dataset.from_file(str(path)).data.column("tokens").chunks)
+        size = {kind: sum(p.stat().st_size for p in cache.rglob(f"{kind}*.arrow"))
+                for kind in ("corpus", "tokens", "instances")}
+        assert tokens > 1_000_000 and size["corpus"] > 0
+        text_bytes = size["corpus"] + size["tokens"]
+        assert text_bytes / tokens == pytest.approx(plan.TEXT_CACHE_BYTES_PER_TOKEN, rel=0.05)
+        assert size["instances"] / tokens == pytest.approx(plan.INSTANCE_BYTES_PER_TOKEN[seq], rel=0.05)

@@ -13,6 +13,7 @@ import pytest
 
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
+from bert_repro.tables import plan as planning
 from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, measure_lengths, padded_length
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import run_table
@@ -253,6 +254,38 @@ def test_a_second_table_reuses_the_first_tables_pre_training_and_the_plan_counts
     run_table(second, dry_run=True)
     launched = capsys.readouterr().out.splitlines()
     assert launched and not any("task=pretrain" in line for line in launched)
+
+
+def test_each_data_cache_is_charged_once_to_the_first_run_that_builds_it(tmp_path, monkeypatch):
+    """The corpus is read and tokenized once for every pre-training with its vocabulary (phase 2 reads phase
+    1's from its checkpoint); each round of instances is built once for every run with its data settings:
+    Table 5's three rows (NSP, No NSP, LTR) build their own, at each phase's length; Table 6's model sizes
+    share theirs."""
+    one = ["grid.optim.epochs=3", "grid.data.batch_size=32"]  # fewer compositions; the runs are the same
+    corpus, rounds = planning.CORPUS_TOKENS["hub"], 10  # scale=paper's dupe_factor
+    tokenize, one_round = (corpus / rate / 3600 for rate in (planning.TEXT_TOKENS_PER_S,
+                                                             planning.ROUND_TOKENS_PER_S))
+    table5 = make_plan(build("table5", "paper", tmp_path, sets=one))
+    pretrain = [r for r in table5["runs"] if r["kind"] == "pretrain"]
+    assert [r["phase"] for r in pretrain] == [1, 2] * 3
+    assert [r["prep_hours"] for r in pretrain] == pytest.approx([tokenize + rounds * one_round]
+                                                                + [rounds * one_round] * 5)
+    assert all(r["prep_hours"] == 0 for r in table5["runs"] if r["kind"] == "finetune")
+    assert table5["total_prep_hours"] == pytest.approx(tokenize + 6 * rounds * one_round)
+    # the data caches' disk: the plan's less the same plan's with no data on disk (checkpoints only)
+    monkeypatch.setattr(planning, "TEXT_CACHE_BYTES_PER_TOKEN", 0)
+    monkeypatch.setattr(planning, "INSTANCE_BYTES_PER_TOKEN", {128: 0, 512: 0})
+    checkpoints = make_plan(build("table5", "paper", tmp_path, sets=one))["runs"]
+    data_gb = [r["disk_gb"] - c["disk_gb"] for r, c in zip(table5["runs"], checkpoints)][: len(pretrain)]
+    monkeypatch.undo()
+    text_gb = corpus * planning.TEXT_CACHE_BYTES_PER_TOKEN / 1e9
+    instances_gb = {seq: rounds * corpus * planning.INSTANCE_BYTES_PER_TOKEN[seq] / 1e9 for seq in (128, 512)}
+    assert data_gb == pytest.approx([text_gb + instances_gb[128]] + [instances_gb[512], instances_gb[128]] * 2
+                                    + [instances_gb[512]])
+    table6 = make_plan(build("table6", "paper", tmp_path, sets=one))
+    pretrain = [r for r in table6["runs"] if r["kind"] == "pretrain"]
+    assert len(pretrain) == 12 and [r["prep_hours"] for r in pretrain] == pytest.approx(
+        [tokenize + rounds * one_round, rounds * one_round] + [0] * 10)  # five more sizes read the first's
 
 
 def test_the_padded_length_is_the_expected_longest_of_a_batch_capped_at_the_length():

@@ -563,19 +563,6 @@ def instance_features(nsp: bool, static_mask: bool) -> Features:
     return Features(features)
 
 
-def stored_instance_bytes(max_seq_length: int, max_predictions: int, nsp: bool = True) -> int:
-    """Bytes one full-length statically masked instance takes in the Arrow files, from the format's dtypes:
-    each list column stores its items plus one int32 offset. (Short instances take less: an upper bound.)"""
-    features = instance_features(nsp, static_mask=True)
-    lengths = {"input_ids": max_seq_length, "token_type_ids": max_seq_length,
-               "masked_lm_positions": max_predictions, "masked_lm_ids": max_predictions}
-    total = 0
-    for name, feature in features.items():
-        dtype = feature.feature.dtype if isinstance(feature, Sequence) else feature.dtype
-        total += np.dtype(dtype).itemsize * lengths.get(name, 1) + (4 if name in lengths else 0)
-    return total
-
-
 class InstanceMaker:
     """`datasets.map` function over the tokenized documents (given no columns, only `indices`: it reads the
     documents it needs itself, random B documents included): every instance of the documents at `indices`

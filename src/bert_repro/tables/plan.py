@@ -13,12 +13,17 @@ positions its checkpoint was trained at fails here, not on the GPU. A run's GPU-
   devices waiting, not overlapped with the backward pass (an upper bound);
 - eval: the Dev forward passes at every evaluation point (each epoch; pre-training's val_check_interval).
 
-Beside them: ``prep_hours`` (CPU-core-hours to build the pre-training instances, at PREP_TOKENS_PER_S) and
-``disk_gb`` (the instances of each phase, data.instances.stored_instance_bytes, and the checkpoints the
-run's ``checkpoint:`` retention keeps). Fine-tuning steps come from the train sizes in
-conf/table/table_tasks.yaml (``train_sizes``; Dev: ``dev_sizes``), capped by ``data.max_train_examples``; its
-tokens from the length a batch is padded to (dynamic padding: the batch's longest sequence), expected from the
-task's measured length quantiles there (``token_lengths``; ``python -m bert_repro.tables.plan --lengths``).
+Beside them: ``prep_hours`` (CPU-core-hours of pre-training data: reading and tokenizing the corpus at
+TEXT_TOKENS_PER_S, each dupe_factor round of instances at ROUND_TOKENS_PER_S) and ``disk_gb`` (the documents
+and token caches, the instances (INSTANCE_BYTES_PER_TOKEN), and the checkpoints the run's
+``checkpoint:`` retention keeps). The data caches are keyed on their settings and shared by every run in
+paths.cache_dir, so each is charged once, to the first run that builds it: the corpus's tokens to the first
+pre-training with that corpus and vocabulary (phase 2 and the ablations reuse them), a round of instances to
+the first with those data settings (Table 6's model sizes share theirs).
+Fine-tuning steps come from the train sizes in conf/table/table_tasks.yaml (``train_sizes``; Dev:
+``dev_sizes``), capped by ``data.max_train_examples``; its tokens from the length a batch is padded to
+(dynamic padding: the batch's longest sequence), expected from the task's measured length quantiles there
+(``token_lengths``; ``python -m bert_repro.tables.plan --lengths``).
 Several tables planned together (``make tables``) count each pre-training of the shared store once.
 """
 
@@ -27,7 +32,7 @@ from __future__ import annotations
 import json
 import math
 import sys
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import numpy as np
@@ -57,9 +62,23 @@ GPUS_PER_NODE = 8  # trainer.devices=auto on an HGX/DGX node
 # the wider the matrices; BERT-base's 30% is conf/scale/budget.yaml's; bench --device cuda replaces them
 ASSUMED_MFU = {256: 0.05, 512: 0.15, 768: 0.30, 1024: 0.35}
 LSTM_MFU = 0.05  # cuDNN's BiLSTM steps through the sequence: a small share of peak (assumed)
-# instance creation (tokenize, pair, mask) per CPU core: python -m bert_repro.benchmarks.instances measured
-# 5.4-5.5 MB/s of raw text in one process on a 2-core AMD EPYC (issue 28), ~4.2 bytes a WordPiece token there
-PREP_TOKENS_PER_S = 1.2e6
+# Pre-training data per CPU core, as python -m bert_repro.benchmarks.instances measured it in one process on
+# a 2-core AMD EPYC (issue 28; the books at 4.04 bytes a WordPiece token): reading and tokenizing the text at
+# 1x, every word new to the word cache (8.3-16 MB/s; the slowest: a corpus's first pages; 64x repeats the
+# books and ran at 3x this), then a round of instances at 64x (519 MB: 35-45 MB/s; the slowest)
+TEXT_TOKENS_PER_S = 2.2e6
+ROUND_TOKENS_PER_S = 9.0e6
+# disk per corpus token, measured on the books at 16x: the documents' Arrow cache and the token ids' (4.16 +
+# 4.15), and a round of instances (NSP, static masks: 20 predictions at 128, 80 at 512), whose B halves drawn
+# from other documents add tokens; a length not measured takes the nearest measured one's
+TEXT_CACHE_BYTES_PER_TOKEN = 8.3
+INSTANCE_BYTES_PER_TOKEN = {128: 7.9, 512: 8.4}
+# the data settings each cache is keyed on (data/pretraining.py): the corpus's tokens, then a round of
+# instances
+TEXT_KEYS = ("source", "corpus", "hub", "max_documents", "val_fraction", "tokenizer", "vocab_size",
+             "lowercase")
+ROUND_KEYS = ("max_seq_length", "short_seq_prob", "nsp", "ltr", "masking", "seed")
+MASK_KEYS = ("masked_lm_prob", "max_predictions_per_seq", "mask_shares", "whole_word_mask")  # static masking
 BENCH_DIR = REPO / "experiments" / "results" / "gpu"
 CORPUS_TOKENS = {"hub": 4.3e9}  # §3.4: 3.3B words, ~1.3 WordPiece tokens a word (our estimate)
 WEIGHT_BYTES, RESUMABLE_BYTES = 4, 12  # a parameter in fp32; with AdamW's two moments
@@ -79,6 +98,7 @@ class Work:
     devices: int
     nodes: int
     hidden: int
+    data: dict = field(default_factory=dict)  # pre-training data caches: key -> (CPU-core-hours, bytes)
 
 
 @dataclass
@@ -172,6 +192,9 @@ def compose_job(sweep: Sweep, swept: list[str], cache: dict) -> dict:
             cfg["optim"]["epochs"] = int(value)
         else:
             cfg[name] = int(value)
+    seeds = [s.split("=", 1)[1] for s in sweep.compose_args() + swept if s.startswith("seed=")]
+    if seeds and cfg.get("data.seed") is not None:  # seed= is cost-free, but it keys the instances
+        cfg["data.seed"] = int(seeds[-1])
     return cfg
 
 
@@ -185,7 +208,8 @@ def _compose(sweep: Sweep, swept: list[str]) -> dict:
     keys = ("model", "optim", "data.batch_size", "data.max_seq_length", "data.max_predictions_per_seq",
             "data.max_train_examples", "data.max_dev_examples", "data.train_examples", "data.dupe_factor",
             "data.source", "task.name", "module.features", "module.nsp", "ablation.ltr", "data.vocab_size",
-            "trainer.devices", "trainer.num_nodes", "speed.grad_allreduce", "speed.padding", "checkpoint")
+            "trainer.devices", "trainer.num_nodes", "speed.grad_allreduce", "speed.padding", "checkpoint",
+            *{f"data.{key}" for key in TEXT_KEYS + ROUND_KEYS + MASK_KEYS})
     out = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
@@ -259,7 +283,6 @@ def padded_length(quantiles: list[int] | None, batch: int, seq: int) -> float:
 
 def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> tuple[Run, Work]:
     """One job's run and work; ``facts``: the table's train_sizes, dev_sizes and token_lengths by task."""
-    from bert_repro.data.instances import stored_instance_bytes
     from bert_repro.flops import encoder_parameters, training_flops
 
     cfg = compose_job(sweep, swept, cache)
@@ -274,7 +297,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     nodes = int(cfg["trainer.num_nodes"] or 1)
     grad_bytes = params * (2 if cfg["speed.grad_allreduce"] == "bf16" else 4)
     n = devices * nodes
-    lstm_flops, prep, disk = 0.0, 0.0, 0.0
+    lstm_flops, disk = 0.0, 0.0
     if sweep.stage == "pretrain":
         start = int(optim.get("resume_step") or 0)
         steps = int(optim["max_steps"]) - start
@@ -287,12 +310,8 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         eval_flops = training_flops(model, val * seq, seq, val * per_seq) / 3  # forward only
         every = sweep.schedule.every
         written = list(range(start + every, int(optim["max_steps"]) + 1, every)) if every else []
-        # each phase builds its own instances, at its own length (v2 A.2)
-        corpus = CORPUS_TOKENS.get(cfg["data.source"], 0) * int(cfg["data.dupe_factor"] or 1)
-        nsp = bool(cfg["module.nsp"]) if cfg["module.nsp"] is not None else True
-        instances = corpus / seq * stored_instance_bytes(seq, int(cfg["data.max_predictions_per_seq"]), nsp)
-        prep = corpus / PREP_TOKENS_PER_S / 3600
-        disk = instances + checkpoint_bytes(cfg, params, written)
+        data = _data_caches(cfg, seq)
+        disk = checkpoint_bytes(cfg, params, written)
     else:
         # data.train_examples: how many rows the demonstration tasks (data/pydoc_tasks.py) write
         sizes, dev_sizes = facts.get("train_sizes") or {}, facts.get("dev_sizes") or {}
@@ -321,11 +340,43 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
             flops /= 3
         disk = checkpoint_bytes(cfg, params, [])
     work = Work(flops, eval_flops, lstm_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
-                model.hidden_size)
+                model.hidden_size, data if sweep.stage == "pretrain" else {})
     phase = sweep.phase if sweep.stage == "pretrain" else None
     run = Run(f"{sweep.name}/{folder.name}", sweep.stage, phase, steps, seq, tokens, flops + lstm_flops, 0.0,
-              0.0, 0.0, 0.0, prep, disk / 1e9, n, "", str(folder))
+              0.0, 0.0, 0.0, 0.0, disk / 1e9, n, "", str(folder))
     return run, work
+
+
+def _data_caches(cfg: dict, seq: int) -> dict[str, tuple[float, float]]:
+    """A pre-training's data caches, keyed as data/pretraining.py keys them: (CPU-core-hours, bytes) of the
+    corpus's documents and tokens, and of each dupe_factor round of instances (each phase builds its own, at
+    its own length: v2 A.2)."""
+    corpus = CORPUS_TOKENS.get(cfg["data.source"], 0)
+    text = {key: cfg[f"data.{key}"] for key in TEXT_KEYS}
+    if text["tokenizer"] == "last" or str(text["tokenizer"]).endswith(".ckpt"):
+        text["tokenizer"] = None  # phase 2: the vocabulary phase 1 trained on this corpus, in its checkpoint
+    settings = {**text, **{key: cfg[f"data.{key}"] for key in ROUND_KEYS}}
+    if cfg["data.masking"] == "static" and not cfg["data.ltr"]:  # dynamic masks are the collator's
+        settings.update({key: cfg[f"data.{key}"] for key in MASK_KEYS})
+    measured = min(INSTANCE_BYTES_PER_TOKEN, key=lambda length: abs(math.log(length / seq)))
+    caches = {"tokens " + json.dumps(text, sort_keys=True):
+              (corpus / TEXT_TOKENS_PER_S / 3600, corpus * TEXT_CACHE_BYTES_PER_TOKEN)}
+    for round_ in range(int(cfg["data.dupe_factor"] or 1)):
+        key = f"instances round {round_} " + json.dumps(settings, sort_keys=True)
+        caches[key] = (corpus / ROUND_TOKENS_PER_S / 3600, corpus * INSTANCE_BYTES_PER_TOKEN[measured])
+    return caches
+
+
+def charge_data_once(runs: list[tuple[Run, Work]]) -> list[tuple[Run, Work]]:
+    """Each data cache's hours and disk on the first run that builds it; the runs after it read it."""
+    built: set[str] = set()
+    out = []
+    for run, work in runs:
+        fresh = [cost for key, cost in work.data.items() if key not in built]
+        built.update(work.data)
+        out.append((replace(run, prep_hours=sum(hours for hours, _ in fresh),
+                            disk_gb=run.disk_gb + sum(size for _, size in fresh) / 1e9), work))
+    return out
 
 
 def check_lengths(sweep: Sweep, run: Run) -> None:
@@ -370,7 +421,7 @@ def plan_work(tables: list[Table]) -> tuple[list[tuple[Run, Work]], list[tuple[R
                     check_lengths(sweep, found[0])
                     asked.append(found)
                     planned.setdefault(found[0].folder, found)
-    return list(planned.values()), asked
+    return charge_data_once(list(planned.values())), asked
 
 
 def make_plan(table: Table | list[Table], accelerator: str = "h100") -> dict:
@@ -414,7 +465,7 @@ def print_plan(plan: dict) -> None:
         print(f"total on {acc}: {t['gpu_hours']:,.1f} GPU-hours (compute {t['compute_hours']:,.1f}, comm "
               f"{t['comm_hours']:,.1f}, eval {t['eval_hours']:,.1f})")
     shared = plan["shared"]
-    print(f"total: {plan['total_flops']:.3e} FLOPs, {plan['total_disk_gb']:,.1f} GB of instances and "
+    print(f"total: {plan['total_flops']:.3e} FLOPs, {plan['total_disk_gb']:,.1f} GB of data caches and "
           f"checkpoints, {plan['total_prep_hours']:,.1f} CPU-core-hours of data preparation")
     if shared["runs_asked"] > shared["runs_unique"]:
         print(f"sharing: {shared['runs_asked']} runs asked for, {shared['runs_unique']} unique; the shared "
