@@ -6,6 +6,9 @@ import random
 import sys
 from pathlib import Path
 
+import numpy as np
+import pyarrow as pa
+import pyarrow.parquet as pq
 import pytest
 
 from bert_repro.data import hub
@@ -330,6 +333,31 @@ def test_sentence_rows_without_ids_group_by_count_or_blank_rows(tmp_path):
     spec = hub.hub_spec({"path": "x", "format": "sentences", "rows_per_document": 2})
     assert list(hub._sentence_documents(rows, spec)) == [["a one .", "a two ."], ["b one ."],
                                                          ["b two .", "b three ."]]
+
+
+@pytest.mark.parametrize("grouping", [{"rows_per_document": 3}, {"document_column": "book"}, {}])
+def test_sentence_rows_read_in_ranges_give_one_readers_documents(tmp_path, monkeypatch, grouping):
+    """`sentences` rows grouped in ranges of a few rows, by two processes, cut where a document starts (every
+    3 rows, where `book` changes, after an empty row): the documents one reader gives from the first row,
+    empty rows, runs of one book longer than a range and a last document without an end included."""
+    rng = np.random.default_rng(0)
+    books = np.repeat(np.arange(12), rng.integers(1, 15, 12))
+    texts = [rng.choice(["", "  ", f"s{i} of {book} .", f"t{i}\t end ."], p=[0.1, 0.05, 0.6, 0.25])
+             for i, book in enumerate(books.tolist())]
+    folder = tmp_path / "rows"
+    folder.mkdir()
+    pq.write_table(pa.table({"text": texts, "book": books}), folder / "rows.parquet")
+    spec = hub.hub_spec({"path": str(folder), "format": "sentences", **grouping})
+    expected = list(hub._sentence_documents([{"text": t, "book": b} for t, b in zip(texts, books.tolist())],
+                                            spec))
+    monkeypatch.setattr(hub, "RANGE_ROWS", 7)
+    monkeypatch.setattr(hub, "PROCESS_BYTES", 1)  # a pool for any size
+    starts = hub._document_starts(hub._load(spec, tmp_path / "hf", streaming=False), spec)
+    assert len(starts) > 6 and starts == sorted(set(starts)) and starts[-1] == len(texts)
+    for num_proc in (None, 2):
+        got = load_hub_documents([spec], cache_dir=tmp_path / f"cache-{num_proc}", num_proc=num_proc)
+        assert got.to_dict()["sentences"] == expected and len(expected) >= 8
+        assert len(got.cache_files) == (num_proc or 1)  # one shard per process
 
 
 def test_hub_entry_mistakes_are_named(hub_dirs, tmp_path):

@@ -16,8 +16,9 @@ Each entry of `data.hub` names one dataset and how to read it:
                                            rows, or at an empty row
   streaming                     read the dataset as a stream (nothing downloaded up front)
 
-Documents are written to Arrow under cache_dir as they are produced (`datasets.map`, with num_proc, or
-`Dataset.from_generator` for streams and for the `sentences` format, which reads rows in order), so memory
+Documents are written to Arrow under cache_dir as they are produced (`datasets.map` with num_proc for
+`wiki` and `text`; `Dataset.from_generator` for streams, one reader in order, and for the `sentences`
+format, whose rows are read in ranges cut where a document starts, shared by num_proc processes), so memory
 stays flat whatever the corpus size, and a second run with the same entry reads the cache back.
 """
 
@@ -38,6 +39,9 @@ DEFAULTS = {"name": None, "split": "train", "revision": None, "data_files": None
 DOCUMENT_FEATURES = Features({"sentences": Sequence(Value("string"))})
 # Arrow data a num_proc worker must get, else the rows are split here: 10-14 MB/s, so a pool pays from ~4 MB
 PROCESS_BYTES = 8 << 20
+# `sentences` rows are grouped into documents in ranges of about this many rows (BookCorpus: ~8 MB of text,
+# some 570 ranges), each starting where a document does, so that any num_proc gives one reader's documents
+RANGE_ROWS = 1 << 17
 
 
 def hub_spec(entry: dict) -> dict:
@@ -85,10 +89,12 @@ def _sentence_documents(rows: Iterable[dict], spec: dict) -> Iterator[list[str]]
         yield document
 
 
-def _load(spec: dict, cache_dir: Path | None, streaming: bool):
+def _load(spec: dict, cache_dir: Path | None, streaming: bool, num_proc: int | None = None):
+    # num_proc: the files (Wikipedia's 41 parquet shards) converted to Arrow by that many processes
     rows = load_dataset(spec["path"], spec["name"], split=spec["split"], revision=spec["revision"],
                         data_files=spec["data_files"], streaming=streaming,
-                        cache_dir=str(cache_dir) if cache_dir else None)
+                        cache_dir=str(cache_dir) if cache_dir else None,
+                        **({"num_proc": num_proc} if num_proc and num_proc > 1 and not streaming else {}))
     columns = rows.column_names or []  # a stream may not know its columns before the first row
     needed = [spec["text_column"]] + ([spec["document_column"]] if spec["document_column"] else [])
     missing = [c for c in needed if columns and c not in columns]
@@ -109,6 +115,39 @@ def _checked_rows(rows: Iterable[dict], spec: dict) -> Iterator[dict]:
                                      f"column {column!r}; its columns are {list(row)}: set text_column (or "
                                      "document_column)")
         yield row
+
+
+def _document_starts(rows: Dataset, spec: dict) -> list[int]:
+    """Rows where a `sentences` document starts, about RANGE_ROWS apart, and the row count last: a reader
+    that starts at one gives the documents one reader from the first row gives there (every
+    `rows_per_document` rows counting from a multiple of it; else after a change of `document_column`, or
+    after an empty row)."""
+    n, every, by = len(rows), spec["rows_per_document"], spec["document_column"]
+    if every and not by:
+        return [0, *range(step := max(1, RANGE_ROWS // every) * every, n, step), n]
+    column = by or spec["text_column"]
+    starts = [0]
+    for cut in range(RANGE_ROWS, n, RANGE_ROWS):
+        start = max(cut, starts[-1] + 1)
+        for window in range(start - 1, n - 1, 4096):  # windows of 4,097 rows: each row with the one before
+            values = rows[window : window + 4097][column]
+            ends = [k for k in range(1, len(values))
+                    if (values[k] != values[k - 1] if by else not (values[k - 1] or "").split())]
+            if ends:
+                starts.append(window + ends[0])
+                break
+        else:
+            break  # no document starts after `cut`: the last range runs to the end
+    return [*starts, n]
+
+
+def _generate_ranges(spec: dict, ranges: list[tuple[int, int]], cache_dir: str) -> Iterator[dict]:
+    """`Dataset.from_generator` source, sharded: the documents of `sentences` rows start..end-1 for each
+    range, in order (the ranges from `_document_starts`)."""
+    rows = _load(spec, Path(cache_dir), streaming=False)
+    for start, end in ranges:
+        for sentences in _sentence_documents(rows.select(range(start, end)), spec):
+            yield {"sentences": sentences}
 
 
 def _generate(spec: dict, max_documents: int | None, cache_dir: str | None) -> Iterator[dict]:
@@ -134,19 +173,19 @@ def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int
     hf_cache = cache_dir / "hf"
     parts = []
     for spec in map(hub_spec, entries):
-        if spec["streaming"] or spec["format"] == "sentences":
-            try:
-                documents = Dataset.from_generator(
-                    _generate, features=DOCUMENT_FEATURES, cache_dir=str(hf_cache),
-                    gen_kwargs={"spec": spec, "max_documents": max_documents, "cache_dir": str(hf_cache)},
-                )
-            # the builder wraps our own message; show it, not the wrapper
-            except DatasetGenerationError as err:
-                if isinstance(err.__cause__, ValueError):
-                    raise err.__cause__ from None
-                raise
+        in_ranges = spec["format"] == "sentences" and not spec["streaming"] and max_documents is None
+        if in_ranges:  # an Arrow dataset on disk: ranges of rows grouped in parallel
+            rows = _load(spec, hf_cache, streaming=False, num_proc=num_proc)
+            starts = _document_starts(rows, spec)
+            documents = _from_generator(
+                _generate_ranges, hf_cache, pool_size(rows, num_proc, PROCESS_BYTES),
+                {"spec": spec, "ranges": list(zip(starts[:-1], starts[1:])), "cache_dir": str(hf_cache)})
+        elif spec["streaming"] or spec["format"] == "sentences":  # one reader, in order
+            documents = _from_generator(
+                _generate, hf_cache, None,
+                {"spec": spec, "max_documents": max_documents, "cache_dir": str(hf_cache)})
         else:  # an Arrow dataset on disk: split articles into sentences in parallel
-            rows = _load(spec, hf_cache, streaming=False)
+            rows = _load(spec, hf_cache, streaming=False, num_proc=num_proc)
             if max_documents is not None:
                 rows = rows.select(range(min(max_documents, len(rows))))
             documents = rows.map(_rows_to_documents, batched=True, remove_columns=rows.column_names,
@@ -158,3 +197,14 @@ def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int
                              f"{spec['text_column']!r}) gave no documents")
         parts.append(documents)
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
+def _from_generator(generator, hf_cache: Path, num_proc: int | None, gen_kwargs: dict) -> Dataset:
+    try:
+        return Dataset.from_generator(generator, features=DOCUMENT_FEATURES, cache_dir=str(hf_cache),
+                                      gen_kwargs=gen_kwargs, num_proc=num_proc)
+    # the builder wraps our own message; show it, not the wrapper
+    except DatasetGenerationError as err:
+        if isinstance(err.__cause__, ValueError):
+            raise err.__cause__ from None
+        raise
