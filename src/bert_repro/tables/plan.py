@@ -209,7 +209,7 @@ def _compose(sweep: Sweep, swept: list[str]) -> dict:
             "data.max_train_examples", "data.max_dev_examples", "data.train_examples", "data.dupe_factor",
             "data.source", "task.name", "module.features", "module.nsp", "ablation.ltr", "data.vocab_size",
             "trainer.devices", "trainer.num_nodes", "speed.grad_allreduce", "speed.padding", "checkpoint",
-            *{f"data.{key}" for key in TEXT_KEYS + ROUND_KEYS + MASK_KEYS})
+            *(f"data.{key}" for key in TEXT_KEYS + ROUND_KEYS + MASK_KEYS))
     out = {}
     for key in keys:
         node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
@@ -297,7 +297,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     nodes = int(cfg["trainer.num_nodes"] or 1)
     grad_bytes = params * (2 if cfg["speed.grad_allreduce"] == "bf16" else 4)
     n = devices * nodes
-    lstm_flops, disk = 0.0, 0.0
+    lstm_flops, disk, data = 0.0, 0.0, {}
     if sweep.stage == "pretrain":
         start = int(optim.get("resume_step") or 0)
         steps = int(optim["max_steps"]) - start
@@ -340,7 +340,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
             flops /= 3
         disk = checkpoint_bytes(cfg, params, [])
     work = Work(flops, eval_flops, lstm_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
-                model.hidden_size, data if sweep.stage == "pretrain" else {})
+                model.hidden_size, data)
     phase = sweep.phase if sweep.stage == "pretrain" else None
     run = Run(f"{sweep.name}/{folder.name}", sweep.stage, phase, steps, seq, tokens, flops + lstm_flops, 0.0,
               0.0, 0.0, 0.0, 0.0, disk / 1e9, n, "", str(folder))
