@@ -33,7 +33,7 @@ constraints:
 
 # the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow
 # tests. Both on WORKERS pytest-xdist workers, one torch thread each (tests/conftest.py): most of the suite is
-# child processes (forked warm, torch already imported: bert_repro/warm.py). A test file runs on one worker
+# child processes (forked warm, torch already imported: bert_repro/lifecycle/warm.py). A test file runs on one worker
 # (its module fixtures are built once), in collection order: the two rehearsals, the longest files, start
 # first (tests/conftest.py). WORKERS=0 runs the tests in this process.
 WORKERS ?= 2

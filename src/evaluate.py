@@ -1,7 +1,7 @@
 """Evaluate a checkpoint on a task, and predict a file, without training:
 `python src/evaluate.py task=mrpc init=<our .ckpt | Hub id | HF dir> [predict=<file>]`.
 
-The work lives in `bert_repro.evaluation`; this file only hands Hydra's composed config (conf/evaluate.yaml)
+The work lives in `bert_repro.lifecycle.evaluation`; this file only hands Hydra's composed config (conf/evaluate.yaml)
 over.
 """
 
@@ -11,7 +11,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from bert_repro import hydra_hooks
+from bert_repro.lifecycle import hydra_hooks
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 hydra_hooks.register_resolvers()
@@ -19,7 +19,7 @@ hydra_hooks.register_resolvers()
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")
 def main(cfg: DictConfig) -> float | None:
-    from bert_repro.evaluation import main as evaluate_main  # torch loads only when a run starts
+    from bert_repro.lifecycle.evaluation import main as evaluate_main  # torch loads only when a run starts
 
     return evaluate_main(cfg)
 

@@ -1,7 +1,7 @@
 """Train or fine-tune one configuration: `python src/train.py model=base task=mrpc init=/ckpt/bert-base`.
 
 Sweeps: `python src/train.py -m task=mrpc optim.lr=5e-5,3e-5,2e-5 optim.epochs=3,4`.
-The work lives in `bert_repro.run`; this file only hands Hydra's composed config over.
+The work lives in `bert_repro.lifecycle.run`; this file only hands Hydra's composed config over.
 """
 
 import sys
@@ -10,7 +10,7 @@ from pathlib import Path
 import hydra
 from omegaconf import DictConfig
 
-from bert_repro import hydra_hooks
+from bert_repro.lifecycle import hydra_hooks
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 hydra_hooks.register_resolvers()  # ${run_name:...}: run folders named by the command, not the clock
@@ -19,14 +19,14 @@ hydra_hooks.register_resolvers()  # ${run_name:...}: run folders named by the co
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
     # torch and Lightning load only when a run starts: --help, --cfg job and a finished run stay fast
-    from bert_repro.finished import report_finished
+    from bert_repro.lifecycle.finished import report_finished
 
     if (done := report_finished(cfg)) is not None:  # its folder's results.json: nothing rerun (+force=true)
         return done["metrics"]["final"].get(cfg.task.monitor)
-    from bert_repro.checks import refuse_bad_values
+    from bert_repro.lifecycle.checks import refuse_bad_values
 
     refuse_bad_values(cfg)  # ranges and relations the typed configs cannot say: in seconds, not after imports
-    from bert_repro.run import main as run_main
+    from bert_repro.lifecycle.run import main as run_main
 
     return run_main(cfg)  # the value a Hydra sweeper optimises: the task's monitored metric
 

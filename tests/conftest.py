@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_repro.warm import start as warm_start
+from bert_repro.lifecycle.warm import start as warm_start
 
 # Tests never touch the network: the hub libraries must fail fast instead of waiting on timeouts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -71,7 +71,7 @@ def shared_data_dir() -> Path | None:
 def run_py(*args: str, module: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``src/train.py`` (or ``python -m module``) with ``args`` as a user runs it; one thread (small models; a
     busy 2-core machine oversubscribes two, and the same threads give the same float sums). Forked from the
-    forkserver that has imported torch and Lightning (bert_repro.warm, as the table runner starts its sweeps),
+    forkserver that has imported torch and Lightning (bert_repro.lifecycle.warm, as the table runner starts its sweeps),
     a new interpreter where it cannot be; tests of the process itself (tests/test_startup.py) call
     subprocess."""
     command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]

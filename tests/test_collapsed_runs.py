@@ -7,7 +7,7 @@ import logging
 import pytest
 from rich.console import Console
 
-from bert_repro.results import print_results
+from bert_repro.lifecycle.results import print_results
 from bert_repro.scores import degenerate_reason
 from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.render import markdown
@@ -24,7 +24,7 @@ def results(final: dict) -> dict:
 
 def test_a_collapsed_run_prints_and_logs_a_warning_under_its_table(caplog):
     console = Console(record=True, width=200)
-    with caplog.at_level(logging.WARNING, logger="bert_repro.results"):
+    with caplog.at_level(logging.WARNING, logger="bert_repro.lifecycle.results"):
         print_results(results(COLLAPSED), console)
     screen = console.export_text()
     below = screen[screen.index("wall time (s)"):]

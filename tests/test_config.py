@@ -139,8 +139,8 @@ def test_typed_configs_refuse_a_wrong_value_when_composed(override, key):
 def test_speed_and_place_keys_are_one_declaration():
     """keys.py decides, for every composed key: trainer/, speed/, paths, logger, callbacks are not science;
     the paper's axes are; a run folder's name and selection's restarts follow it."""
-    from bert_repro.hydra_hooks import run_name
-    from bert_repro.keys import flatten, is_science, science
+    from bert_repro.lifecycle.hydra_hooks import run_name
+    from bert_repro.lifecycle.keys import flatten, is_science, science
     from bert_repro.selection import _science
 
     cfg = resolved(compose_cfg(["task=mrpc", "logger=csv"]))
@@ -168,7 +168,7 @@ def test_cpu_precision_takes_bf16_only_where_the_cpu_has_it(monkeypatch, avx512_
     fp32 where bf16 would be emulated; torch's CPU feature probes mocked at their boundary."""
     import torch
 
-    from bert_repro.hydra_hooks import register_resolvers, run_name
+    from bert_repro.lifecycle.hydra_hooks import register_resolvers, run_name
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
@@ -181,7 +181,7 @@ def test_cpu_precision_takes_bf16_only_where_the_cpu_has_it(monkeypatch, avx512_
 def test_callbacks_group_extends_from_the_command_line():
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
-    from bert_repro.trainer import build_callbacks
+    from bert_repro.lifecycle.trainer import build_callbacks
 
     early = ("+callbacks.early={_target_: lightning.pytorch.callbacks.EarlyStopping, "
              "monitor: val/f1, mode: max}")
@@ -195,7 +195,7 @@ def test_callbacks_group_extends_from_the_command_line():
 
 
 def test_vocabulary_is_resolved_once_from_init_or_tokenizer(minilm_dir, tmp_path):
-    from bert_repro.run import resolve_vocab
+    from bert_repro.lifecycle.run import resolve_vocab
 
     base = resolved(compose_cfg(["task=mrpc"]))
     from_init, lower = resolve_vocab(OmegaConf.create({**base, "init": str(minilm_dir)}))

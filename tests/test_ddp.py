@@ -9,8 +9,8 @@ import json
 import pytest
 import torch
 
-from bert_repro.checks import BF16_HOOK_NEEDS
-from bert_repro.reliability import safe_load
+from bert_repro.lifecycle.checks import BF16_HOOK_NEEDS
+from bert_repro.lifecycle.reliability import safe_load
 
 from .conftest import train_py
 

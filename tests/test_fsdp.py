@@ -9,10 +9,10 @@ import sys
 
 import pytest
 
-from bert_repro.checks import UsageError, check_inputs
+from bert_repro.lifecycle.checks import UsageError, check_inputs
 from bert_repro.convert import load_checkpoint
-from bert_repro.keys import is_science
-from bert_repro.trainer import build_strategy
+from bert_repro.lifecycle.keys import is_science
+from bert_repro.lifecycle.trainer import build_strategy
 
 from .test_config import compose_cfg
 from .test_ddp import max_difference, rte_common, train_runs, weights

@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from bert_repro import selection
-from bert_repro.reliability import safe_load
+from bert_repro.lifecycle.reliability import safe_load
 
 from .conftest import run_py
 from .test_resume import PRETRAIN, command, run

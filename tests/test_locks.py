@@ -1,4 +1,4 @@
-"""One process per run folder (bert_repro.locks): src/train.py or src/evaluate.py started into a live run's
+"""One process per run folder (bert_repro.lifecycle.locks): src/train.py or src/evaluate.py started into a live run's
 folder is refused at once, naming the holder, and leaves the folder as it was; so is a multirun job
 (run.main); a lock whose holder was killed is taken over with one log line; the DDP ranks a run starts work
 under their launcher's lock."""
@@ -15,7 +15,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from bert_repro.locks import LOCK_FILE, FolderInUse, RunFolderLock
+from bert_repro.lifecycle.locks import LOCK_FILE, FolderInUse, RunFolderLock
 
 from .conftest import CONF, FAST, REPO, fingerprint
 from .helpers import held_by_another_process
@@ -49,7 +49,7 @@ def test_a_second_process_into_a_live_run_folder_is_refused(tmp_path):
 
 
 def test_run_main_into_a_live_run_folder_is_refused(tmp_path, caplog):
-    from bert_repro.run import main  # where each job of a multirun locks its own folder
+    from bert_repro.lifecycle.run import main  # where each job of a multirun locks its own folder
 
     folder = earlier_run(tmp_path / "run")
     before = fingerprint(folder)
@@ -65,12 +65,12 @@ def test_run_main_into_a_live_run_folder_is_refused(tmp_path, caplog):
 
 def test_a_lock_left_by_a_killed_process_is_taken_over_once(tmp_path, caplog):
     folder = tmp_path / "run"
-    killed = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; from bert_repro.locks import "
+    killed = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; from bert_repro.lifecycle.locks import "
                                "RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
                                "os.kill(os.getpid(), signal.SIGKILL)", str(folder)], cwd=REPO)
     assert killed.wait(timeout=60) == -signal.SIGKILL
     assert (folder / LOCK_FILE).read_text()  # its record stays, its OS lock went with it
-    with caplog.at_level(logging.INFO, logger="bert_repro.locks"):
+    with caplog.at_level(logging.INFO, logger="bert_repro.lifecycle.locks"):
         with RunFolderLock(folder):
             pass
         lines = [r.getMessage() for r in caplog.records]

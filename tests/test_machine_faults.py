@@ -18,7 +18,7 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_repro.reliability import AtomicCheckpointIO, MachineFault, machine_faults_named
+from bert_repro.lifecycle.reliability import AtomicCheckpointIO, MachineFault, machine_faults_named
 
 from .conftest import FAST, REPO, fingerprint
 

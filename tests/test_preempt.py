@@ -7,7 +7,7 @@ import signal
 
 import pytest
 
-from bert_repro.reliability import safe_load
+from bert_repro.lifecycle.reliability import safe_load
 
 from .test_resume import PRETRAIN, command, final, full_run, run, start_and_signal
 
@@ -48,7 +48,7 @@ def test_under_slurm_lightning_does_not_requeue_too(monkeypatch):
     """Exactly one requeue mechanism: submitit's (the launcher's); Lightning's SLURM auto-requeue is off."""
     from lightning.fabric.plugins.environments import SLURMEnvironment
 
-    from bert_repro.reliability import slurm_plugins
+    from bert_repro.lifecycle.reliability import slurm_plugins
 
     assert slurm_plugins() == []  # not under SLURM
     monkeypatch.setenv("SLURM_NTASKS", "1")

@@ -9,8 +9,8 @@ import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 from hydra import compose, initialize_config_dir
 
-from bert_repro import pretrained
-from bert_repro.pretrained import InitError, default_init, is_hub_id, resolve_init
+from bert_repro.lifecycle import pretrained
+from bert_repro.lifecycle.pretrained import InitError, default_init, is_hub_id, resolve_init
 
 from .conftest import CONF, train_py
 

@@ -5,7 +5,7 @@ import lightning as L
 import torch
 from torch.utils.data import DataLoader
 
-from bert_repro.callbacks import ProgressLines, Throughput
+from bert_repro.lifecycle.callbacks import ProgressLines, Throughput
 
 
 class Tiny(L.LightningModule):
@@ -65,7 +65,7 @@ def test_a_piped_run_logs_progress_lines(good):
     when it ended: the fault cases on the same worker append their own runs' to train.log)."""
     tmp, _, _, _ = good
     log = (tmp / "good.log").read_text()
-    lines = [line for line in log.splitlines() if "bert_repro.callbacks" in line]
+    lines = [line for line in log.splitlines() if "bert_repro.lifecycle.callbacks" in line]
     assert any("tokens/s" in line and line.endswith("done") for line in lines), lines
     assert any("Dev at step 4" in line for line in lines)
     assert log.count("Seed set to") == 1  # each message once

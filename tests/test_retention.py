@@ -7,10 +7,10 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bert_repro.callbacks import retain_checkpoints
+from bert_repro.lifecycle.callbacks import retain_checkpoints
 from bert_repro.convert import load_checkpoint
-from bert_repro.reliability import safe_load
-from bert_repro.run import UsageError, check_resume
+from bert_repro.lifecycle.reliability import safe_load
+from bert_repro.lifecycle.run import UsageError, check_resume
 
 from .conftest import train_py
 

@@ -13,7 +13,7 @@ import torch
 
 from bert_repro import convert
 from bert_repro.model import BertConfig, BertForPreTraining
-from bert_repro.reliability import AtomicCheckpointIO, safe_load
+from bert_repro.lifecycle.reliability import AtomicCheckpointIO, safe_load
 
 from .conftest import REPO
 

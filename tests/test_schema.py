@@ -11,7 +11,7 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from bert_repro.schema import check
+from bert_repro.lifecycle.schema import check
 
 from .conftest import CONF, REPO
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_repro.reliability import safe_load
+from bert_repro.lifecycle.reliability import safe_load
 
 from .conftest import REPO
 from .test_preempt import OVERRIDES

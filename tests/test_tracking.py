@@ -10,7 +10,7 @@ import sys
 import pytest
 from omegaconf import OmegaConf
 
-from bert_repro.tracking import (
+from bert_repro.lifecycle.tracking import (
     GROUP_ENV,
     SWEEP_ENV,
     SweepGroup,
@@ -136,7 +136,7 @@ def test_tensorboard_and_mlflow_hold_the_config_and_the_final_metrics(tmp_path):
     from mlflow.tracking import MlflowClient
     from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
 
-    from bert_repro.tracking import close_loggers, instantiate_logger
+    from bert_repro.lifecycle.tracking import close_loggers, instantiate_logger
 
     from .conftest import CONF
     from .test_progress import Tiny, loader

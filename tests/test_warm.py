@@ -1,4 +1,4 @@
-"""Warm starts (bert_repro.warm): a script forked from the forkserver sees what the same command started cold
+"""Warm starts (bert_repro.lifecycle.warm): a script forked from the forkserver sees what the same command started cold
 sees (arguments, environment, working directory, threads, its own process group, exit status, atexit, SIGINT
 as KeyboardInterrupt, its command line in /proc), and a command whose import-time environment differs from
 the forkserver's starts cold."""
@@ -12,7 +12,7 @@ import time
 
 import pytest
 
-from bert_repro import warm
+from bert_repro.lifecycle import warm
 from bert_repro.tables.children import live_processes
 
 PROBE = r'''

@@ -24,8 +24,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
-from bert_repro.keys import flatten, science
-from bert_repro.results import RESULTS, find_runs, read_results
+from bert_repro.lifecycle.keys import flatten, science
+from bert_repro.lifecycle.results import RESULTS, find_runs, read_results
 from bert_repro.scores import (  # torch-free: the collector uses this
     COLLAPSE_SHARE,
     degenerate_reason,
@@ -212,7 +212,7 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
     from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf
 
-    from bert_repro.run import predict_test, resolve_vocab
+    from bert_repro.lifecycle.run import predict_test, resolve_vocab
 
     config = results["config"]
     if results.get("predict_majority"):  # nothing was trained: the majority class needs only the data

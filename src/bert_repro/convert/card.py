@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from bert_repro.results import RESULTS
+from bert_repro.lifecycle.results import RESULTS
 
 CITATION = """@inproceedings{devlin-etal-2019-bert,
   title = {{BERT}: Pre-training of Deep Bidirectional Transformers for Language Understanding},

@@ -16,7 +16,7 @@ from torch import Tensor, nn
 
 from bert_repro.convert.names import ARCHITECTURES, HEADS, hf_config, ours_to_hf
 from bert_repro.heads import FeatureTagger, SequenceClassifier, TokenTagger
-from bert_repro.identity import IDENTITY_KEY
+from bert_repro.lifecycle.identity import IDENTITY_KEY
 from bert_repro.model import BertConfig, BertForPreTraining
 
 

@@ -24,7 +24,7 @@ from bert_repro.data.batching import eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir, load_documents, pool_size, replaced_whole
 from bert_repro.data.hub import load_hub_documents
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
-from bert_repro.work_progress import datasets_progress
+from bert_repro.data.progress import datasets_progress
 
 log = logging.getLogger(__name__)
 

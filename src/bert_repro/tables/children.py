@@ -23,8 +23,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from bert_repro import warm
-from bert_repro.warm import WarmProcess
+from bert_repro.lifecycle import warm
+from bert_repro.lifecycle.warm import WarmProcess
 
 GRACE_S = 300.0  # a batch to finish and a large checkpoint to be written (a scheduler may kill sooner)
 STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
@@ -56,7 +56,7 @@ class Children:
 
     def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log) -> subprocess.Popen | WarmProcess:
         """``cmd`` with its output (both streams) appended to the open file ``log``: forked warm from the
-        forkserver where it can be (bert_repro.warm), else a new process."""
+        forkserver where it can be (bert_repro.lifecycle.warm), else a new process."""
         if self.signum is not None:
             raise Interrupted(self.signum)
         proc = warm.start(cmd, cwd=cwd, env=env, stdout=log.name) or subprocess.Popen(

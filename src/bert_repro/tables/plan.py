@@ -498,7 +498,7 @@ def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
 
     from hydra import compose
 
-    from bert_repro.run import build_data, resolve_vocab
+    from bert_repro.lifecycle.run import build_data, resolve_vocab
     from bert_repro.tables.spec import flatten, load_spec, minilm_dir
 
     data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))

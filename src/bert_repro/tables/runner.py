@@ -32,10 +32,10 @@ from pathlib import Path
 
 import yaml
 
-from bert_repro import warm
-from bert_repro.checks import TRACEBACK_HINT
-from bert_repro.locks import FolderInUse, RunFolderLock
-from bert_repro.results import read_results
+from bert_repro.lifecycle import warm
+from bert_repro.lifecycle.checks import TRACEBACK_HINT
+from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
+from bert_repro.lifecycle.results import read_results
 from bert_repro.tables.children import CHILDREN, Interrupted, live_processes
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value

@@ -19,8 +19,8 @@ from dataclasses import asdict, dataclass
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.keys import flatten as flat_keys
-from bert_repro.keys import is_science
+from bert_repro.lifecycle.keys import flatten as flat_keys
+from bert_repro.lifecycle.keys import is_science
 from bert_repro.tables import TableError
 from bert_repro.tables.compose import compose_run
 

@@ -21,8 +21,8 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro import hydra_hooks
-from bert_repro.keys import is_science
+from bert_repro.lifecycle import hydra_hooks
+from bert_repro.lifecycle.keys import is_science
 
 # REPO and TableError are re-exported: the runner, the collector and the CLI import them from here
 from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401
@@ -95,7 +95,7 @@ class Sweep:
         speed = [o.key_or_group for o in parsed if not is_science(o.key_or_group)]
         if speed:  # run_name leaves them out of the folder name: the grid's jobs would share one folder
             raise TableError(f"{self.name}: grid sweeps {', '.join(speed)}, which do not change the science "
-                             "(bert_repro.keys); sweep science keys only")
+                             "(bert_repro.lifecycle.keys); sweep science keys only")
         values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
                   else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
         combos = [list(combo) for combo in itertools.product(*values)]

@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 
-from bert_repro.callbacks import module_batch_flops
+from bert_repro.lifecycle.callbacks import module_batch_flops
 
 
 class RunRecord(L.Callback):

@@ -13,11 +13,11 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from bert_repro.checks import world_size
-from bert_repro.keys import science
-from bert_repro.record import RunRecord
-from bert_repro.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
-from bert_repro.tracking import instantiate_logger
+from bert_repro.lifecycle.checks import world_size
+from bert_repro.lifecycle.keys import science
+from bert_repro.lifecycle.record import RunRecord
+from bert_repro.lifecycle.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
+from bert_repro.lifecycle.tracking import instantiate_logger
 
 
 def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list,

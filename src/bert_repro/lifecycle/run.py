@@ -26,8 +26,8 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
-from bert_repro.callbacks import ProgressLines, Throughput, retain_checkpoints
-from bert_repro.checks import (
+from bert_repro.lifecycle.callbacks import ProgressLines, Throughput, retain_checkpoints
+from bert_repro.lifecycle.checks import (
     TRACEBACK_HINT,
     SweepUsageError,
     UsageError,
@@ -36,18 +36,18 @@ from bert_repro.checks import (
     split_batch,
 )
 from bert_repro.convert.safe import safe_torch_load
-from bert_repro.finished import config_summary, scale_reads
-from bert_repro.identity import checkpoint_identity, describe, head_mismatch, resume_refusal, run_identity
-from bert_repro.keys import science
-from bert_repro.locks import FolderInUse, RunFolderLock, is_launcher
+from bert_repro.lifecycle.finished import config_summary, scale_reads
+from bert_repro.lifecycle.identity import checkpoint_identity, describe, head_mismatch, resume_refusal, run_identity
+from bert_repro.lifecycle.keys import science
+from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, is_launcher
 from bert_repro.metrics import degenerate_reason
-from bert_repro.pretrained import SHAPE_KEYS, model_name, model_on_command_line, model_shape, resolve_init
-from bert_repro.record import RunRecord
-from bert_repro.reliability import MachineFault, NonFiniteLoss, Preempted, machine_faults_named
-from bert_repro.results import RESULTS, RunResult, failure_record, floats, print_results, read_status
+from bert_repro.lifecycle.pretrained import SHAPE_KEYS, model_name, model_on_command_line, model_shape, resolve_init
+from bert_repro.lifecycle.record import RunRecord
+from bert_repro.lifecycle.reliability import MachineFault, NonFiniteLoss, Preempted, machine_faults_named
+from bert_repro.lifecycle.results import RESULTS, RunResult, failure_record, floats, print_results, read_status
 from bert_repro.speed import compile_model
-from bert_repro.tracking import close_loggers, wandb_run_name
-from bert_repro.trainer import build_trainer
+from bert_repro.lifecycle.tracking import close_loggers, wandb_run_name
+from bert_repro.lifecycle.trainer import build_trainer
 
 log = logging.getLogger(__name__)
 

@@ -22,12 +22,12 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bert_repro.checks import TRACEBACK_HINT, check_writable
-from bert_repro.locks import FolderInUse, RunFolderLock
+from bert_repro.lifecycle.checks import TRACEBACK_HINT, check_writable
+from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 from bert_repro.metrics import degenerate_reason
-from bert_repro.reliability import MachineFault, machine_faults_named
-from bert_repro.results import RESULTS, RunResult, floats, print_results
-from bert_repro.run import USER_ERRORS, UsageError, _plain, _sizes, predict_test, setup_run
+from bert_repro.lifecycle.reliability import MachineFault, machine_faults_named
+from bert_repro.lifecycle.results import RESULTS, RunResult, floats, print_results
+from bert_repro.lifecycle.run import USER_ERRORS, UsageError, _plain, _sizes, predict_test, setup_run
 
 log = logging.getLogger(__name__)
 

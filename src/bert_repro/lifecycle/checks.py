@@ -10,7 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
-from bert_repro.hydra_hooks import unwritable
+from bert_repro.lifecycle.hydra_hooks import unwritable
 
 log = logging.getLogger(__name__)
 

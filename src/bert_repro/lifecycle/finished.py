@@ -15,10 +15,10 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from bert_repro.identity import science_differences
-from bert_repro.keys import is_path, is_science, science
-from bert_repro.pretrained import SHAPE_KEYS, model_on_command_line
-from bert_repro.results import RESULTS, print_results, read_results, read_status
+from bert_repro.lifecycle.identity import science_differences
+from bert_repro.lifecycle.keys import is_path, is_science, science
+from bert_repro.lifecycle.pretrained import SHAPE_KEYS, model_on_command_line
+from bert_repro.lifecycle.results import RESULTS, print_results, read_results, read_status
 
 log = logging.getLogger(__name__)
 

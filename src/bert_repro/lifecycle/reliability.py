@@ -33,7 +33,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
-from bert_repro.keys import flatten
+from bert_repro.lifecycle.keys import flatten
 
 log = logging.getLogger(__name__)
 
