@@ -1,8 +1,8 @@
 """Evaluate a checkpoint on a task, and predict a file, without training:
 `python src/evaluate.py task=mrpc init=<our .ckpt | Hub id | HF dir> [predict=<file>]`.
 
-The work lives in `bert_repro.lifecycle.evaluation`; this file only hands Hydra's composed config (conf/evaluate.yaml)
-over.
+The work lives in `bert_repro.lifecycle.evaluation`; this file only hands Hydra's composed config
+(conf/evaluate.yaml) over.
 """
 
 import sys

@@ -71,9 +71,9 @@ def shared_data_dir() -> Path | None:
 def run_py(*args: str, module: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
     """``src/train.py`` (or ``python -m module``) with ``args`` as a user runs it; one thread (small models; a
     busy 2-core machine oversubscribes two, and the same threads give the same float sums). Forked from the
-    forkserver that has imported torch and Lightning (bert_repro.lifecycle.warm, as the table runner starts its sweeps),
-    a new interpreter where it cannot be; tests of the process itself (tests/test_startup.py) call
-    subprocess."""
+    forkserver that has imported torch and Lightning (bert_repro.lifecycle.warm, as the table runner starts
+    its sweeps), a new interpreter where it cannot be; tests of the process itself (tests/test_startup.py)
+    call subprocess."""
     command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
     command += args
     env = {**os.environ, "OMP_NUM_THREADS": "1"}

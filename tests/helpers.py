@@ -97,8 +97,8 @@ def assert_plan_holds(record: dict, folder: Path) -> None:
 @contextmanager
 def held_by_another_process(folder: Path) -> Iterator[int]:
     """``folder`` locked by a live process (its pid) for the duration."""
-    code = ("import sys; from bert_repro.lifecycle.locks import RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
-            "print('held', flush=True); sys.stdin.read()")
+    code = ("import sys; from bert_repro.lifecycle.locks import RunFolderLock; "
+            "RunFolderLock(sys.argv[1]).__enter__(); print('held', flush=True); sys.stdin.read()")
     holder = subprocess.Popen([sys.executable, "-c", code, str(folder)], cwd=REPO, stdin=subprocess.PIPE,
                               stdout=subprocess.PIPE, text=True)
     try:

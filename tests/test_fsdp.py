@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bert_repro.lifecycle.checks import UsageError, check_inputs
 from bert_repro.convert import load_checkpoint
+from bert_repro.lifecycle.checks import UsageError, check_inputs
 from bert_repro.lifecycle.keys import is_science
 from bert_repro.lifecycle.trainer import build_strategy
 

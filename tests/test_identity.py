@@ -14,7 +14,7 @@ import pytest
 import torch
 
 from bert_repro import selection
-from bert_repro.lifecycle.results import find_runs
+from bert_repro.lifecycle.folder import find_runs
 
 from .conftest import REPO, train_py
 

@@ -1,5 +1,5 @@
-"""One process per run folder (bert_repro.lifecycle.locks): src/train.py or src/evaluate.py started into a live run's
-folder is refused at once, naming the holder, and leaves the folder as it was; so is a multirun job
+"""One process per run folder (bert_repro.lifecycle.locks): src/train.py or src/evaluate.py started into a
+live run's folder is refused at once, naming the holder, and leaves the folder as it was; so is a multirun job
 (run.main); a lock whose holder was killed is taken over with one log line; the DDP ranks a run starts work
 under their launcher's lock."""
 
@@ -65,8 +65,9 @@ def test_run_main_into_a_live_run_folder_is_refused(tmp_path, caplog):
 
 def test_a_lock_left_by_a_killed_process_is_taken_over_once(tmp_path, caplog):
     folder = tmp_path / "run"
-    killed = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; from bert_repro.lifecycle.locks import "
-                               "RunFolderLock; RunFolderLock(sys.argv[1]).__enter__(); "
+    killed = subprocess.Popen([sys.executable, "-c", "import os, signal, sys; "
+                               "from bert_repro.lifecycle.locks import RunFolderLock; "
+                               "RunFolderLock(sys.argv[1]).__enter__(); "
                                "os.kill(os.getpid(), signal.SIGKILL)", str(folder)], cwd=REPO)
     assert killed.wait(timeout=60) == -signal.SIGKILL
     assert (folder / LOCK_FILE).read_text()  # its record stays, its OS lock went with it

@@ -7,8 +7,9 @@ import pytest
 import torch
 from omegaconf import OmegaConf
 
-from bert_repro.lifecycle.callbacks import retain_checkpoints
 from bert_repro.convert import load_checkpoint
+from bert_repro.lifecycle.callbacks import retain_checkpoints
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.reliability import safe_load
 from bert_repro.lifecycle.run import UsageError, check_resume
 
@@ -22,17 +23,18 @@ def touch(folder, *names):
 
 
 def test_a_complete_run_keeps_best_and_the_steps_a_table_reads(tmp_path):
-    folder = tmp_path / "checkpoints"
-    touch(folder, "best.ckpt", "last.ckpt", "recent-3.ckpt", "step-100.ckpt", "step-200.ckpt", "step-x.ckpt")
-    retain_checkpoints(folder, keep_last=False, keep_steps=[200])
-    assert sorted(p.name for p in folder.iterdir()) == ["best.ckpt", "step-200.ckpt", "step-x.ckpt"]
+    run = RunFolder(tmp_path / "run")
+    touch(run.checkpoints, "best.ckpt", "last.ckpt", "recent-3.ckpt", "step-100.ckpt", "step-200.ckpt",
+          "step-x.ckpt")
+    retain_checkpoints(run, keep_last=False, keep_steps=[200])
+    assert sorted(p.name for p in run.checkpoints.iterdir()) == ["best.ckpt", "step-200.ckpt", "step-x.ckpt"]
 
-    kept = tmp_path / "pretrain"  # pre-training: last.ckpt is the model; keep_steps=null keeps every step
-    touch(kept, "best.ckpt", "last.ckpt", "step-100.ckpt")
+    kept = RunFolder(tmp_path / "pretrain")  # pre-training: last.ckpt is the model; keep_steps=null keeps all
+    touch(kept.checkpoints, "best.ckpt", "last.ckpt", "step-100.ckpt")
     assert retain_checkpoints(kept, keep_last=True, keep_steps=None) == []
 
-    no_best = tmp_path / "no_best"  # never validated: last.ckpt is all the run has, so it stays
-    touch(no_best, "last.ckpt")
+    no_best = RunFolder(tmp_path / "no_best")  # never validated: last.ckpt is all the run has, so it stays
+    touch(no_best.checkpoints, "last.ckpt")
     assert retain_checkpoints(no_best, keep_last=False, keep_steps=[]) == []
 
 

@@ -192,7 +192,8 @@ FAILING = textwrap.dedent("""
             "seed": 1, "monitor": "val/mlm_loss", "metrics": {"final": {}, "best": {}}, "config": {}}))
         sys.exit(1)
     # run.SweepUsageError: logged, and the whole sweep stops before any record
-    print("[2026-01-01 00:00:00,000][bert_repro.lifecycle.run][ERROR] - a local multirun with 2 devices: use submitit")
+    print("[2026-01-01 00:00:00,000][bert_repro.lifecycle.run][ERROR] - a local multirun with 2 devices: "
+          "use submitit")
     sys.exit(2)
 """)
 

@@ -12,8 +12,8 @@ import pytest
 import torch
 
 from bert_repro import convert
-from bert_repro.model import BertConfig, BertForPreTraining
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, safe_load
+from bert_repro.model import BertConfig, BertForPreTraining
 
 from .conftest import REPO
 

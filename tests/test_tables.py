@@ -120,8 +120,8 @@ def test_missing_and_failed_cells_show_marks_with_reasons_never_numbers(table5, 
         record = json.loads((folder / "results.json").read_text())
         record["reason"] = "FileNotFoundError: task=mrpc split dev: /x/dev.tsv does not exist"
         (folder / "results.json").write_text(json.dumps(record))
-        (folder / "train.log").write_text("[2026-01-01 00:00:00,000][bert_repro.lifecycle.run][ERROR] - a logged line "
-                                          "is not where a failure is read from\n")
+        (folder / "train.log").write_text("[2026-01-01 00:00:00,000][bert_repro.lifecycle.run][ERROR] - "
+                                          "a logged line is not where a failure is read from\n")
     paths = write_all(table5, collect(table5, REFERENCE), REFERENCE, tmp_path / "results")
     md = paths[0].read_text()
     qnli_line = next(line for line in md.splitlines() if line.startswith("| No NSP"))

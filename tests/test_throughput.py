@@ -8,8 +8,8 @@ from types import SimpleNamespace
 import pytest
 import torch
 
-from bert_repro.lifecycle.callbacks import Throughput, compute_dtype
 from bert_repro.flops import accelerator_peak_flops, batch_flops, training_flops
+from bert_repro.lifecycle.callbacks import Throughput, compute_dtype
 from bert_repro.model import BertConfig
 
 CUDA = torch.device("cuda", 0)

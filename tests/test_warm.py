@@ -1,7 +1,7 @@
-"""Warm starts (bert_repro.lifecycle.warm): a script forked from the forkserver sees what the same command started cold
-sees (arguments, environment, working directory, threads, its own process group, exit status, atexit, SIGINT
-as KeyboardInterrupt, its command line in /proc), and a command whose import-time environment differs from
-the forkserver's starts cold."""
+"""Warm starts (bert_repro.lifecycle.warm): a script forked from the forkserver sees what the same command
+started cold sees (arguments, environment, working directory, threads, its own process group, exit status,
+atexit, SIGINT as KeyboardInterrupt, its command line in /proc), and a command whose import-time environment
+differs from the forkserver's starts cold."""
 
 import json
 import os

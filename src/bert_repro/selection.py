@@ -24,8 +24,8 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from bert_repro.lifecycle.folder import RunFolder, find_runs
 from bert_repro.lifecycle.keys import flatten, science
-from bert_repro.lifecycle.results import RESULTS, find_runs, read_results
 from bert_repro.scores import (  # torch-free: the collector uses this
     COLLAPSE_SHARE,
     degenerate_reason,
@@ -50,13 +50,13 @@ def _science(config: dict) -> dict:
 
 def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE,
               failed: list[dict] | None = None) -> tuple[list[dict], list[str]]:
-    """Completed runs (one dict each) under ``folders`` (``results.find_runs``: each run once, never a
+    """Completed runs (one dict each) under ``folders`` (``folder.find_runs``: each run once, never a
     logger's copy), and a note for each run that is not usable. ``failed``: a list that receives each failed
     run's folder, setting and reason (its results.json says status "failed"), so the summary can mark the
     cell. A results.json that is not one is an error."""
     runs, skipped = [], []
     for folder in find_runs(folders):
-        results = read_results(folder / RESULTS)
+        results = RunFolder(folder).read()
         config, monitor, final = results["config"], results["monitor"], results["metrics"]["final"]
         if results.get("status") != "complete" or final.get(monitor) is None:
             reason = results.get("reason")
@@ -222,14 +222,14 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
             vocab = (run_dir / "init_vocab.txt").read_text(encoding="utf-8").splitlines()
         module = instantiate(config["module"], model=results["model_config"], optim=config["optim"])
     else:
-        kept = [run_dir / "checkpoints" / name for name in ("last.ckpt", "best.ckpt")]
-        ckpt = next((path for path in kept if path.is_file()), None)
+        run = RunFolder(run_dir)
+        ckpt = run.final_weights()
         if ckpt is None:
-            raise FileNotFoundError(f"{run_dir / 'checkpoints'} holds neither last.ckpt nor best.ckpt; rerun "
-                                    f"{run_dir} with test=true to predict its test set")
-        if ckpt.name == "best.ckpt":
-            log.info("%s: predicting with best.ckpt, the epoch best on Dev (the final weights were not kept: "
-                     "checkpoint.keep_last=false)", run_dir)
+            raise FileNotFoundError(f"{run.checkpoints} holds neither {run.last.name} nor {run.best.name}; "
+                                    f"rerun {run_dir} with test=true to predict its test set")
+        if ckpt == run.best:
+            log.info("%s: predicting with %s, the epoch best on Dev (the final weights were not kept: "
+                     "checkpoint.keep_last=false)", run_dir, ckpt.name)
         module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu",
                                                                               weights_only=True)
         vocab, lowercase = module.vocab, module.lowercase

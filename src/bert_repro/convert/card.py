@@ -10,7 +10,7 @@ from typing import Any
 
 import yaml
 
-from bert_repro.lifecycle.results import RESULTS
+from bert_repro.lifecycle.folder import RunFolder
 
 CITATION = """@inproceedings{devlin-etal-2019-bert,
   title = {{BERT}: Pre-training of Deep Bidirectional Transformers for Language Understanding},
@@ -25,9 +25,9 @@ CITATION = """@inproceedings{devlin-etal-2019-bert,
 def run_results(checkpoint: str | Path) -> dict[str, Any] | None:
     """The results.json of the run a checkpoint belongs to (``<run>/checkpoints/<name>.ckpt``), if any."""
     path = Path(checkpoint).resolve()
-    for folder in (path.parent, path.parent.parent):
-        if (folder / RESULTS).is_file():
-            return json.loads((folder / RESULTS).read_text())
+    for folder in (RunFolder(path.parent), RunFolder(path.parent.parent)):
+        if folder.results.is_file():
+            return json.loads(folder.results.read_text())
     return None
 
 

@@ -23,8 +23,8 @@ from bert_repro.data.base import HELD_OUT_SEED, cache_key
 from bert_repro.data.batching import eval_loader, train_loader
 from bert_repro.data.corpus import default_cache_dir, load_documents, pool_size, replaced_whole
 from bert_repro.data.hub import load_hub_documents
-from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
 from bert_repro.data.progress import datasets_progress
+from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
 
 log = logging.getLogger(__name__)
 

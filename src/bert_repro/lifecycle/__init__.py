@@ -1,2 +1,6 @@
 """One run's lifecycle, from a composed config to its results: the run folder, its checks, resume, finished
 runs, loggers and faults. The science (model, heads, tasks, data, metrics) lives beside this package."""
+
+from bert_repro.lifecycle.hydra_hooks import register_resolvers
+
+register_resolvers()  # every composition resolves ${run_name:}, ${run_folder:}, ${cpu_precision:}

@@ -5,7 +5,6 @@ progress bar draws (``ProgressLines``)."""
 from __future__ import annotations
 
 import logging
-import re
 import sys
 import time
 from collections.abc import Iterable
@@ -15,25 +14,22 @@ import lightning as L
 import torch
 
 from bert_repro.flops import accelerator_peak_flops, batch_flops, measured_peak_flops
+from bert_repro.lifecycle.folder import RunFolder
 
 log = logging.getLogger(__name__)
 
 
-STEP_CHECKPOINT = re.compile(r"step-(\d+)\.ckpt")  # tasks.pretrain.StepCheckpoint's names
-
-
-def retain_checkpoints(folder: Path, keep_last: bool, keep_steps: Iterable[int] | None) -> list[Path]:
+def retain_checkpoints(folder: RunFolder, keep_last: bool, keep_steps: Iterable[int] | None) -> list[Path]:
     """What a complete run no longer needs, deleted from its ``checkpoints/`` (conf/train.yaml checkpoint:):
     last.ckpt and recent-*.ckpt unless ``keep_last`` (they are for resuming; never without a best.ckpt to
     stand for the run), and step-<N>.ckpt whose N is not in ``keep_steps`` (None keeps all). Returns the
     deleted files."""
     keep = None if keep_steps is None else {int(step) for step in keep_steps}
     doomed = []
-    if not keep_last and (folder / "best.ckpt").is_file():
-        doomed += [folder / "last.ckpt", *folder.glob("recent-*.ckpt")]
+    if not keep_last and folder.best.is_file():
+        doomed += [folder.last, *folder.recent()]
     if keep is not None:
-        doomed += [p for p in folder.glob("step-*.ckpt")
-                   if (m := STEP_CHECKPOINT.fullmatch(p.name)) and int(m.group(1)) not in keep]
+        doomed += [path for step, path in folder.steps().items() if step not in keep]
     deleted = [p for p in doomed if p.is_file()]
     for path in deleted:
         path.unlink()

@@ -10,6 +10,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.types import RunMode
 from omegaconf import DictConfig
 
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.hydra_hooks import unwritable
 
 log = logging.getLogger(__name__)
@@ -69,7 +70,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | No
     its settings must be this run's)."""
     if ckpt_path in (None, "", "null"):
         return None, False
-    own = output_dir / "checkpoints" / "last.ckpt"
+    own = RunFolder(output_dir).last
     if ckpt_path == "last":
         return (str(own), True) if own.is_file() else (None, False)
     if not Path(ckpt_path).is_file():  # a mistyped path is refused even when the folder has progress

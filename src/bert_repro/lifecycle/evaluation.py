@@ -23,11 +23,12 @@ from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, check_writable
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
-from bert_repro.metrics import degenerate_reason
 from bert_repro.lifecycle.reliability import MachineFault, machine_faults_named
-from bert_repro.lifecycle.results import RESULTS, RunResult, floats, print_results
+from bert_repro.lifecycle.results import RunResult, floats, print_results
 from bert_repro.lifecycle.run import USER_ERRORS, UsageError, _plain, _sizes, predict_test, setup_run
+from bert_repro.metrics import degenerate_reason
 
 log = logging.getLogger(__name__)
 
@@ -73,7 +74,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         global_batch=int(cfg.data.batch_size), per_device_batch=int(cfg.data.batch_size),
         wall_time_s=wall, wall_time_attempt_s=wall, config=_plain(cfg),
     )
-    results.write(output_dir / RESULTS)
+    RunFolder(output_dir).write(asdict(results))
     print_results(asdict(results))
     if predictions:
         log.info("predictions: %s", ", ".join(predictions.values()))

@@ -15,10 +15,11 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.identity import science_differences
 from bert_repro.lifecycle.keys import is_path, is_science, science
 from bert_repro.lifecycle.pretrained import SHAPE_KEYS, model_on_command_line
-from bert_repro.lifecycle.results import RESULTS, print_results, read_results, read_status
+from bert_repro.lifecycle.results import print_results, read_results
 
 log = logging.getLogger(__name__)
 
@@ -28,8 +29,8 @@ def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
     a ckpt_path= that does not exist, test predictions asked for that it lacks, or other science
     settings (said in a warning; the run then goes on as before, and resuming its checkpoint is refused as a
     different run)."""
-    path = Path(cfg.paths.output_dir) / RESULTS
-    if cfg.get("force") or read_status(path) != "complete":
+    path = RunFolder(cfg.paths.output_dir).results
+    if cfg.get("force") or RunFolder(cfg.paths.output_dir).status() != "complete":
         return None
     if cfg.get("ckpt_path") not in (None, "last") and not Path(cfg.ckpt_path).is_file():
         return None  # a ckpt_path= that is not there is a mistake to name (run.py's checks), not to pass over

@@ -79,10 +79,22 @@ def cpu_precision() -> str:
     return "bf16-mixed" if native else "32-true"
 
 
+def run_folder_path(folder: str, part: str) -> str:
+    """``${run_folder:<dir>,<part>}``: a path of the run folder's layout (folder.RunFolder's ``part``);
+    ``<part>.stem`` its name without suffix (ModelCheckpoint's filename)."""
+    from bert_repro.lifecycle.folder import RunFolder
+
+    name, _, stem = part.partition(".")
+    path = getattr(RunFolder(folder), name)
+    return Path(path).stem if stem == "stem" else str(path)
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver(
             "run_name", lambda overrides, exclude=(): run_name(list(overrides), [str(k) for k in exclude]))
+    if not OmegaConf.has_resolver("run_folder"):  # ${run_folder:<dir>,last}: the layout's one owner says
+        OmegaConf.register_new_resolver("run_folder", run_folder_path)
     if not OmegaConf.has_resolver("cpu_precision"):
         OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
 

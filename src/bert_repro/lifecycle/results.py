@@ -1,10 +1,6 @@
 """results.json, the one record of a run: its layout (``RunResult``), written once and atomically (an
-interrupted or failed write never replaces a good file), read back checked, and found (``find_runs``).
-
-Every tool that reads runs (``python -m bert_repro.selection``, the table collector, the notebook) finds them
-through ``find_runs``: a run is a folder holding its own results.json, and nothing beneath a run folder is
-another run. Loggers keep copies of results.json inside the run folder (W&B's ``wandb/*/files/``), and those
-are never counted."""
+interrupted or failed write never replaces a good file), and read back checked. Where it lies, and which
+folders are runs, is the run folder's to say (folder.py)."""
 
 from __future__ import annotations
 
@@ -38,8 +34,6 @@ def git_revision() -> str | None:
         return None
     return f"{rev}-dirty" if dirty else rev
 
-
-RESULTS = "results.json"
 
 
 @dataclass
@@ -130,32 +124,6 @@ def read_results(path: Path) -> dict[str, Any]:
                          f"{', '.join(missing)}); expected JSON with {', '.join(REQUIRED)}. Fix or remove "
                          "that file (or its run folder) and collect again")
     return results
-
-
-def read_status(path: Path) -> str | None:
-    """The ``status`` of an existing results.json; None when there is none or it cannot be read."""
-    try:
-        return json.loads(Path(path).read_text()).get("status")
-    except (OSError, ValueError, AttributeError):
-        return None
-
-
-def find_runs(folders: list[Path]) -> list[Path]:
-    """The run folders under ``folders`` (each a run folder, or a folder of them, e.g. a sweep's): those
-    holding their own results.json, in path order. A run folder is not searched further: the copies that
-    loggers keep inside it (W&B's ``wandb/offline-run-*/files/results.json``) are not runs."""
-    found: list[Path] = []
-    for folder in folders:
-        folder = Path(folder)
-        if not folder.is_dir():
-            raise FileNotFoundError(f"{folder} is not a folder of runs")
-        for root, dirs, files in os.walk(folder):
-            if RESULTS in files:
-                found.append(Path(root))
-                dirs.clear()  # nothing inside a run folder is another run
-            else:
-                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
-    return sorted(dict.fromkeys(found))
 
 
 def print_results(results: dict[str, Any], console: Console | None = None, scaled: bool = True) -> None:

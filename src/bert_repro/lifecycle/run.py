@@ -26,6 +26,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 from omegaconf.errors import OmegaConfBaseException
 
+from bert_repro.convert.safe import safe_torch_load
 from bert_repro.lifecycle.callbacks import ProgressLines, Throughput, retain_checkpoints
 from bert_repro.lifecycle.checks import (
     TRACEBACK_HINT,
@@ -35,19 +36,31 @@ from bert_repro.lifecycle.checks import (
     resolve_ckpt_path,
     split_batch,
 )
-from bert_repro.convert.safe import safe_torch_load
 from bert_repro.lifecycle.finished import config_summary, scale_reads
-from bert_repro.lifecycle.identity import checkpoint_identity, describe, head_mismatch, resume_refusal, run_identity
+from bert_repro.lifecycle.folder import RunFolder
+from bert_repro.lifecycle.identity import (
+    checkpoint_identity,
+    describe,
+    head_mismatch,
+    resume_refusal,
+    run_identity,
+)
 from bert_repro.lifecycle.keys import science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, is_launcher
-from bert_repro.metrics import degenerate_reason
-from bert_repro.lifecycle.pretrained import SHAPE_KEYS, model_name, model_on_command_line, model_shape, resolve_init
+from bert_repro.lifecycle.pretrained import (
+    SHAPE_KEYS,
+    model_name,
+    model_on_command_line,
+    model_shape,
+    resolve_init,
+)
 from bert_repro.lifecycle.record import RunRecord
 from bert_repro.lifecycle.reliability import MachineFault, NonFiniteLoss, Preempted, machine_faults_named
-from bert_repro.lifecycle.results import RESULTS, RunResult, failure_record, floats, print_results, read_status
-from bert_repro.speed import compile_model
+from bert_repro.lifecycle.results import RunResult, failure_record, floats, print_results
 from bert_repro.lifecycle.tracking import close_loggers, wandb_run_name
 from bert_repro.lifecycle.trainer import build_trainer
+from bert_repro.metrics import degenerate_reason
+from bert_repro.speed import compile_model
 
 log = logging.getLogger(__name__)
 
@@ -318,13 +331,14 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         resumes=record["resumes"], tokens_trained=record["tokens"], flops_trained=record["flops"],
         config=_plain(cfg),
     )
+    folder = RunFolder(output_dir)
     if trainer.is_global_zero:
-        results.write(output_dir / RESULTS)
+        folder.write(asdict(results))
         if status == "complete":  # the resumable state and unread step checkpoints served an unfinished run
             kept = cfg.checkpoint
-            retain_checkpoints(output_dir / "checkpoints", kept.keep_last, kept.keep_steps)
+            retain_checkpoints(folder, kept.keep_last, kept.keep_steps)
         print_results(asdict(results), scaled=scale_reads(cfg))
-    close_loggers(trainer.loggers, asdict(results), output_dir / RESULTS)  # W&B: results.json as the summary
+    close_loggers(trainer.loggers, asdict(results), folder.results)  # W&B: results.json as the summary
     return asdict(results)
 
 
@@ -356,9 +370,9 @@ def record_failure(cfg: DictConfig, err: BaseException) -> None:
     if not is_launcher():
         return
     try:
-        path = Path(cfg.paths.output_dir) / "results.json"
-        if read_status(path) != "complete":
-            failure_record(cfg, err, _model_choice()).write(path)
+        folder = RunFolder(cfg.paths.output_dir)
+        if folder.status() != "complete":
+            folder.write(asdict(failure_record(cfg, err, _model_choice())))
     except (OSError, OmegaConfBaseException) as write_err:  # e.g. an unwritable folder: the message says why
         log.debug("no failure record written: %s", write_err)
 
@@ -386,7 +400,7 @@ def main(cfg: DictConfig) -> float | None:
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     output_dir = Path(cfg.paths.output_dir)
     places = {"hydra.run.dir": output_dir, "paths.cache_dir": Path(cfg.paths.cache_dir)}
-    last = output_dir / "checkpoints" / "last.ckpt"
+    last = RunFolder(output_dir).last
     # one process per run folder: a multirun job locks its own here; a single run's is held from Hydra's start
     # (hydra_hooks.OutputFolderCheck), before anything was written into it
     try:

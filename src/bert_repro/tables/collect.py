@@ -11,8 +11,8 @@ from typing import Any
 
 import yaml
 
-from bert_repro.lifecycle import results as results_file
 from bert_repro import selection
+from bert_repro.lifecycle import results as results_file
 from bert_repro.tables import stats
 from bert_repro.tables.runner import job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run

@@ -11,8 +11,8 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 from torch import nn
 
-from bert_repro.model import BertConfig, Layer
 from bert_repro.lifecycle.pretrained import with_shape
+from bert_repro.model import BertConfig, Layer
 from bert_repro.speed import SpeedOptions
 
 if TYPE_CHECKING:

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import math
-from pathlib import Path
 
 import lightning as L
 import torch
@@ -12,6 +11,7 @@ from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.model import BertForPreTraining
 from bert_repro.tasks.base import BertTaskModule
 
@@ -48,8 +48,7 @@ class PretrainModule(BertTaskModule):
     def configure_callbacks(self) -> list:
         if not self.checkpoint_every_n_steps:
             return []
-        return [StepCheckpoint(Path(self.trainer.default_root_dir) / "checkpoints",
-                               self.checkpoint_every_n_steps)]
+        return [StepCheckpoint(RunFolder(self.trainer.default_root_dir), self.checkpoint_every_n_steps)]
 
     def on_train_start(self) -> None:
         # Phase 2 of the two-phase schedule (v2 A.2) must continue phase 1's final state, not an earlier one.
@@ -115,15 +114,15 @@ class PretrainModule(BertTaskModule):
 
 
 class StepCheckpoint(L.Callback):
-    """``checkpoints/step-<N>.ckpt`` every ``every`` optimizer steps, none ever deleted. Not a ModelCheckpoint
-    (sub)class: Lightning would let it replace the run's best/last checkpointing."""
+    """A step checkpoint (``RunFolder.step``) every ``every`` optimizer steps, none ever deleted. Not a
+    ModelCheckpoint (sub)class: Lightning would let it replace the run's best/last checkpointing."""
 
-    def __init__(self, dirpath: Path, every: int):
-        self.dirpath, self.every, self._saved = Path(dirpath), every, -1
+    def __init__(self, folder: RunFolder, every: int):
+        self.folder, self.every, self._saved = folder, every, -1
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         # already counts this batch's optimizer step; repeats across accumulated batches
         step = trainer.global_step
         if step > 0 and step % self.every == 0 and step != self._saved:
             self._saved = step
-            trainer.save_checkpoint(self.dirpath / f"step-{step}.ckpt")
+            trainer.save_checkpoint(self.folder.step(step))

@@ -1,0 +1,172 @@
+"""``RunFolder``: the one owner of a run folder's layout and of what its result is.
+
+A run folder holds one result: ``results.json`` (the run's record, lifecycle/results.py), the table runner's
+``failed.json`` for a job its launch never reached, ``checkpoints/`` (``last.ckpt`` to resume, ``best.ckpt``
+on Dev, pre-training's ``step-<N>.ckpt``), the ``.lock`` of the live run (locks.py), Hydra's ``.hydra/`` and
+the run's log. No other module spells these names: each asks the folder.
+
+A result is its science, not its folder's name (DESIGN 21): ``result_for`` gives the folder's complete result
+only when its science (keys.py, every key from the command line or any file) equals the asking run's, and
+``differences`` names the keys that differ, for a refusal.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from collections.abc import Iterable
+from pathlib import Path
+from typing import Any
+
+from bert_repro.lifecycle.keys import flatten, science
+
+RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
+LAST, BEST = "last.ckpt", "best.ckpt"
+
+
+def step_checkpoint_name(step: int) -> str:
+    """Pre-training's checkpoint at global step ``step`` (tasks/pretrain.StepCheckpoint writes it)."""
+    return f"step-{int(step)}.ckpt"
+
+
+def step_of(name: str) -> int | None:
+    """The global step a ``step-<N>.ckpt`` name holds; None for another name."""
+    stem, _, suffix = name.partition(".")
+    if suffix != "ckpt" or not stem.startswith("step-") or not stem[5:].isdigit():
+        return None
+    return int(stem[5:])
+
+
+def differences(saved: dict[str, Any] | None, now: dict[str, Any] | None,
+                ignore: tuple[str, ...] = ()) -> list[str]:
+    """``key: checkpoint X, now Y`` for each science key that differs, less the keys under ``ignore``."""
+    a, b = flatten(science(saved or {})), flatten(science(now or {}))
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith(ignore))
+    return [f"{k}: was {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
+
+
+class RunFolder:
+    """One run's folder. ``path`` need not exist yet."""
+
+    def __init__(self, path: str | Path):
+        self.path = Path(path)
+
+    def __repr__(self) -> str:
+        return f"RunFolder({str(self.path)!r})"
+
+    def __str__(self) -> str:
+        return str(self.path)
+
+    # -- the layout ---------------------------------------------------------------------------------------
+    @property
+    def results(self) -> Path:
+        return self.path / RESULTS
+
+    @property
+    def failed(self) -> Path:
+        """The table runner's record of a job it decided failed without the run writing one."""
+        return self.path / FAILED
+
+    @property
+    def checkpoints(self) -> Path:
+        return self.path / CHECKPOINTS
+
+    @property
+    def last(self) -> Path:
+        return self.checkpoints / LAST
+
+    @property
+    def best(self) -> Path:
+        return self.checkpoints / BEST
+
+    def step(self, step: int) -> Path:
+        return self.checkpoints / step_checkpoint_name(step)
+
+    def checkpoint(self, name: str) -> Path:
+        """A checkpoint of this folder by its file name (``last.ckpt``, ``step-<N>.ckpt``)."""
+        return self.checkpoints / name
+
+    @property
+    def lock(self) -> Path:
+        return self.path / LOCK
+
+    @property
+    def hydra(self) -> Path:
+        """Hydra's record of the command (``.hydra/config.yaml``, ``overrides.yaml``)."""
+        return self.path / ".hydra"
+
+    def log(self, job: str = "train") -> Path:
+        """The run's log file, as Hydra names it after the job (src/train.py: train.log)."""
+        return self.path / f"{job}.log"
+
+    def recent(self) -> list[Path]:
+        """The ``recent-<step>.ckpt`` files kept beside last.ckpt (checkpoint.keep_recent)."""
+        return sorted(self.checkpoints.glob("recent-*.ckpt"))
+
+    def steps(self) -> dict[int, Path]:
+        """Pre-training's step checkpoints by global step."""
+        found = {step_of(p.name): p for p in self.checkpoints.glob("step-*.ckpt")}
+        return dict(sorted((step, path) for step, path in found.items() if step is not None))
+
+    def final_weights(self) -> Path | None:
+        """The run's final weights where kept (last.ckpt, checkpoint.keep_last), else its best on Dev."""
+        return next((p for p in (self.last, self.best) if p.is_file()), None)
+
+    # -- the result --------------------------------------------------------------------------------------
+    def status(self) -> str | None:
+        """The ``status`` of its results.json; None when there is none or it cannot be read."""
+        try:
+            return json.loads(self.results.read_text()).get("status")
+        except (OSError, ValueError, AttributeError):
+            return None
+
+    def read(self) -> dict[str, Any]:
+        """Its results.json, checked (a ValueError naming the file when it is not one)."""
+        from bert_repro.lifecycle.results import read_results
+
+        return read_results(self.results)
+
+    def write(self, record: dict[str, Any]) -> None:
+        from bert_repro.lifecycle.results import write_results
+
+        write_results(self.results, record)
+
+    def complete(self) -> dict[str, Any] | None:
+        """Its complete result, or None (absent, damaged, not complete)."""
+        if self.status() != "complete":
+            return None
+        try:
+            return self.read()
+        except (OSError, ValueError):
+            return None
+
+    def differences(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
+        """The science keys in which the folder's complete result differs from ``config`` (a composed config
+        as a plain dict); empty when it holds none."""
+        done = self.complete()
+        return [] if done is None else differences(done.get("config"), config, ignore)
+
+    def result_for(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> dict[str, Any] | None:
+        """The folder's complete result when it is ``config``'s science, else None."""
+        done = self.complete()
+        if done is None or differences(done.get("config"), config, ignore):
+            return None
+        return done
+
+
+def find_runs(folders: Iterable[str | Path]) -> list[Path]:
+    """The run folders under ``folders`` (each a run folder, or a folder of them, e.g. a sweep's): those
+    holding their own results.json, in path order. A run folder is not searched further: the copies that
+    loggers keep inside it (W&B's ``wandb/offline-run-*/files/results.json``) are not runs."""
+    found: list[Path] = []
+    for folder in folders:
+        folder = Path(folder)
+        if not folder.is_dir():
+            raise FileNotFoundError(f"{folder} is not a folder of runs")
+        for root, dirs, files in os.walk(folder):
+            if RESULTS in files:
+                found.append(Path(root))
+                dirs.clear()  # nothing inside a run folder is another run
+            else:
+                dirs[:] = sorted(d for d in dirs if not d.startswith("."))
+    return sorted(dict.fromkeys(found))
