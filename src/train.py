@@ -13,20 +13,11 @@ from omegaconf import DictConfig
 from bert_repro.lifecycle import hydra_hooks
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
-hydra_hooks.register_resolvers()  # ${run_name:...}: run folders named by the command, not the clock
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="train")
 def main(cfg: DictConfig) -> float | None:
-    # torch and Lightning load only when a run starts: --help, --cfg job and a finished run stay fast
-    from bert_repro.lifecycle.finished import report_finished
-
-    if (done := report_finished(cfg)) is not None:  # its folder's results.json: nothing rerun (+force=true)
-        return done["metrics"]["final"].get(cfg.task.monitor)
-    from bert_repro.lifecycle.checks import refuse_bad_values
-
-    refuse_bad_values(cfg)  # ranges and relations the typed configs cannot say: in seconds, not after imports
-    from bert_repro.lifecycle.run import main as run_main
+    from bert_repro.lifecycle.run import main as run_main  # torch loads only once a run starts training
 
     return run_main(cfg)  # the value a Hydra sweeper optimises: the task's monitored metric
 

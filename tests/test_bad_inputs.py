@@ -1,7 +1,8 @@
 """A catalogue of wrong inputs, each run as a user runs it (src/train.py, python -m bert_repro.selection, the
-table runner behind `make tableN`) into the folder of an earlier good run: each must exit non-zero with a
-short message that names the input and what was expected, no Python traceback, and leave the earlier
-results.json and checkpoints as they were."""
+table runner behind `make tableN`) beside an earlier good run: each must exit non-zero with a short message
+that names the input and what was expected, no Python traceback, and leave the earlier results.json and
+checkpoints as they were. A run into the good run's own folder with other settings is refused by the folder
+(its result is other science); the others run in a folder of their own, as their command would."""
 
 import gzip
 
@@ -62,8 +63,12 @@ CASES = [
      ["optim.max_steps=-5: expected a positive number of steps"]),
     ("resume-checkpoint-does-not-exist", ["ckpt_path=/nonexistent/last.ckpt"], None,
      ["ckpt_path=/nonexistent/last.ckpt does not exist"]),
-    ("folder-checkpoint-of-other-settings", ["optim.lr=1e-3"], None,
-     ["checkpoints/last.ckpt was written with other settings", "optim.lr: checkpoint 0.0005, now 0.001"]),
+    ("folder-holds-a-result-of-other-settings", ["optim.lr=1e-3", "hydra.run.dir=ROOT/good"], None,
+     ["ROOT/good holds the finished result of other settings (optim.lr: was 0.0005, now 0.001)",
+      "it is left as it is"]),
+    ("folder-holds-another-tasks-result",
+     [*GLUE, "data.tokenizer=FILES/vocab.txt", "hydra.run.dir=ROOT/good"], None,
+     ["ROOT/good holds the finished result of other settings", "it is left as it is"]),
     ("output-folder-not-writable", ["hydra.run.dir=FILES/a_file/run"], None,
      ["output folder FILES/a_file/run cannot be written (Not a directory); "
       "choose another with hydra.run.dir="]),
@@ -87,6 +92,14 @@ CASES = [
      ["FILES/repeated_vocab.txt line ", "repeats line 11; expected each WordPiece token on one line only"]),
     ("warmup-ratio-out-of-range", ["optim.warmup_ratio=5"], None,
      ["optim.warmup_ratio=5: expected a fraction in [0, 1]"]),
+    # messages that name what the user typed (issue 44)
+    ("group-misspelled", ["modle=tiny"], None, ["unknown group or key 'modle' (did you mean 'model='?)"]),
+    ("unquoted-non-ascii-path", ["data.corpus=/tmp/café.txt"], None,
+     ["the override grammar does not take é unquoted; quote the value", "'data.corpus=\"/tmp/café.txt\"'"]),
+    ("negative-seed", ["seed=-1"], None, ["seed=-1: expected a whole number from 0 to 4294967295"]),
+    ("sweep-with-a-failed-job", ["-m", "optim.lr=5e-4,-1", "hydra.sweep.dir=ROOT/sweep"], None,
+     ["a job of the sweep failed in ROOT/sweep/", "optim.lr=-1: expected a positive number",
+      "the others ran"]),
     # a checkpoint is what it is (identity.py): another task's is not resumed as this one's
     ("resume-another-tasks-checkpoint", [*GLUE, "data.tokenizer=FILES/vocab.txt", "hydra.run.dir=ROOT/rte",
                                          "ckpt_path=ROOT/good/checkpoints/last.ckpt"],
@@ -111,7 +124,7 @@ def test_bad_input_fails_clearly_and_leaves_earlier_results(good, args, module, 
         glue = any(a.startswith("task=") for a in args)
         args = [*(COMMON if glue else FAST), f"paths.cache_dir={cache}", *args]
         if not any(a.startswith("hydra.run.dir=") for a in args):
-            args.append(f"hydra.run.dir={out}")  # into the good run's folder, as a user rerunning there would
+            args.append(f"hydra.run.dir={tmp / 'cases' / str(abs(hash(tuple(args))))}")  # a folder of its own
     proc = run_py(*args, module=module)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]

@@ -195,16 +195,16 @@ def test_callbacks_group_extends_from_the_command_line():
 
 
 def test_vocabulary_is_resolved_once_from_init_or_tokenizer(minilm_dir, tmp_path):
-    from bert_repro.lifecycle.run import resolve_vocab
+    from bert_repro.lifecycle.spec import resolve_vocab
 
     base = resolved(compose_cfg(["task=mrpc"]))
-    from_init, lower = resolve_vocab(OmegaConf.create({**base, "init": str(minilm_dir)}))
-    from_file, _ = resolve_vocab(OmegaConf.create({**base,
+    from_init, lower, source = resolve_vocab(OmegaConf.create({**base, "init": str(minilm_dir)}))
+    from_file, _, _ = resolve_vocab(OmegaConf.create({**base,
                                                    "data": {**base["data"], "tokenizer": str(minilm_dir)}}))
     assert from_init == from_file and len(from_init) == 30522 and from_init[101:104] == ["[CLS]", "[SEP]",
                                                                                          "[MASK]"]
-    assert lower is True
-    assert resolve_vocab(OmegaConf.create(base)) == (None, True)  # pre-training trains one on its corpus
+    assert lower is True and source == f"init={minilm_dir}"
+    assert resolve_vocab(OmegaConf.create(base)) == (None, True, None)  # pre-training trains its own
 
 
 def test_glue_tasks_compose_on_one_base():

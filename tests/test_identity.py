@@ -136,7 +136,8 @@ def test_init_from_another_task_keeps_the_encoder_and_records_the_shape_that_ran
 def test_an_exported_folder_carries_the_identity_and_is_refused_as_another_tasks_head(rte, tmp_path):
     from bert_repro.convert import load_checkpoint
     from bert_repro.convert.cli import main as convert
-    from bert_repro.lifecycle.run import UsageError, load_weights
+    from bert_repro.lifecycle.build import load_weights
+    from bert_repro.lifecycle.checks import UsageError
 
     _, folder, _ = rte
     ckpt = folder / "checkpoints" / "last.ckpt"

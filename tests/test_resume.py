@@ -174,7 +174,7 @@ def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):
 def test_a_named_checkpoint_gives_way_to_the_runs_own_progress(tmp_path):
     """ckpt_path=<phase 1's last.ckpt> starts a run; once the run has its own last.ckpt, rerunning the same
     command continues it (a killed phase 2 is not restarted from phase 1)."""
-    from bert_repro.lifecycle.run import UsageError, resolve_ckpt_path
+    from bert_repro.lifecycle.checks import UsageError, resolve_ckpt_path
 
     named = tmp_path / "phase1" / "last.ckpt"
     named.parent.mkdir()

@@ -8,10 +8,11 @@ import torch
 from omegaconf import OmegaConf
 
 from bert_repro.convert import load_checkpoint
+from bert_repro.lifecycle.build import check_resume
 from bert_repro.lifecycle.callbacks import retain_checkpoints
+from bert_repro.lifecycle.checks import UsageError
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.reliability import safe_load
-from bert_repro.lifecycle.run import UsageError, check_resume
 
 from .conftest import train_py
 

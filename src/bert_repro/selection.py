@@ -212,11 +212,12 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
     from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf
 
-    from bert_repro.lifecycle.run import predict_test, resolve_vocab
+    from bert_repro.lifecycle.build import predict_test
+    from bert_repro.lifecycle.spec import resolve_vocab
 
     config = results["config"]
     if results.get("predict_majority"):  # nothing was trained: the majority class needs only the data
-        vocab, lowercase = resolve_vocab(OmegaConf.create(config))
+        vocab, lowercase, _ = resolve_vocab(OmegaConf.create(config))
         # a run folder written before resolve_vocab
         if vocab is None and (run_dir / "init_vocab.txt").is_file():
             vocab = (run_dir / "init_vocab.txt").read_text(encoding="utf-8").splitlines()

@@ -57,6 +57,11 @@ class FineTuningDataModule(L.LightningDataModule):
     or a vocab.txt / tokenizer.json / Hugging Face folder. It sets ``task`` (the name the tokenizer check
     reports), fills ``datasets`` in ``build`` and returns its batches' collator from ``collator``."""
 
+    # what the module declares it offers a run (run.py asks, never probes)
+    speed_keys: tuple[str, ...] = ("num_workers",)  # the speed: options its constructor takes
+    writes_predictions = False  # test=true / predict=: write_predictions in the task's submission format
+    labels: list[str] | None = None  # the task's label names, where it has a fixed set
+
     cache_folder: str  # under default_cache_dir() when cache_dir is null
     batch_columns: tuple[str, ...]  # the columns of datasets[split] that the collator reads
     task: str

@@ -178,6 +178,8 @@ class ConllDataModule(FineTuningDataModule):
     ``max_train_examples``: a fixed random subset of train sentences (CPU runs); null = all, as the paper.
     """
 
+    writes_predictions = True
+
     cache_folder = "conll2003"
     batch_columns = ("input_ids", "labels", "word", "sentence")
     example_column = "sentence"  # max_eval_examples keeps whole sentences: F1 rebuilds them from windows

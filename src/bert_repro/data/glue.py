@@ -121,6 +121,13 @@ class GlueDataModule(FineTuningDataModule):
     dev file exists. ``max_train_examples``: a fixed random train subset (CPU runs); null = all, as the paper.
     """
 
+    speed_keys = ("num_workers", "num_proc", "padding")
+    writes_predictions = True
+
+    @property
+    def labels(self) -> list[str] | None:
+        return list(self.spec.labels) if self.spec.labels else None
+
     cache_folder = "glue"
     batch_columns = ("input_ids", "token_type_ids", "label", "row", "idx")
 

@@ -117,6 +117,10 @@ class PretrainDataModule(L.LightningDataModule):
     The val set is always masked statically with HELD_OUT_SEED.
     """
 
+    speed_keys = ("num_workers", "num_proc")  # the speed: options its constructor takes
+    writes_predictions = False
+    labels = None
+
     def __init__(self, corpus: str | None = None, tokenizer: str | None = None, vocab_size: int = 30522,
                  lowercase: bool = True, max_seq_length: int = 128, max_predictions_per_seq: int = 20,
                  masked_lm_prob: float = 0.15, short_seq_prob: float = 0.1,

@@ -224,6 +224,8 @@ class SquadDataModule(FineTuningDataModule):
     null = all, as the paper. ``examples[split]`` holds the questions, ``datasets[split]`` their windows.
     """
 
+    speed_keys = ("num_workers", "num_proc")
+
     cache_folder = "squad"
     batch_columns = ("input_ids", "token_type_ids", "start_positions", "end_positions", "window")
     example_column = "example"  # max_eval_examples keeps whole questions: each is scored from all its windows

@@ -86,6 +86,8 @@ class SwagDataModule(FineTuningDataModule):
     (allenai/swag, regular). ``max_train_examples``: a fixed random train subset (CPU runs); null = all.
     """
 
+    writes_predictions = True
+
     cache_folder = "swag"
     batch_columns = ("input_ids", "token_type_ids", "label", "row")
     task = "swag"

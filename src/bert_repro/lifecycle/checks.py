@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import logging
-import os
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -87,18 +86,9 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | No
 def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
     """Ranges and relations between keys, which the typed configs (schema.py) cannot say, and places."""
     optim = cfg.optim
-    for key, value in (("optim.lr", optim.lr), ("data.batch_size", cfg.data.batch_size)):
-        if not isinstance(value, (int, float)) or isinstance(value, bool) or not value > 0:
-            shown = f"{value:g}" if isinstance(value, float) else value  # optim.lr=0 reads back as typed 0.0
-            raise UsageError(f"{key}={shown}: expected a positive number")
-    if optim.get("epochs") is not None and (not isinstance(optim.epochs, int) or optim.epochs < 1):
-        raise UsageError(f"optim.epochs={optim.epochs}: expected a positive whole number of epochs (or null "
-                         "with optim.max_steps)")
-    if optim.get("max_steps") is not None and optim.max_steps != -1 and optim.max_steps < 1:
-        raise UsageError(f"optim.max_steps={optim.max_steps}: expected a positive number of steps, or -1 "
-                         "(epochs decide)")
-    if optim.get("epochs") is None and optim.get("max_steps") in (None, -1):
-        raise UsageError("optim.epochs and optim.max_steps are both unset: give one, or the run never ends")
+    seed = cfg.get("seed")
+    if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:  # numpy's seed range
+        raise UsageError(f"seed={seed}: expected a whole number from 0 to 4294967295")
     max_seq, max_position = cfg.data.get("max_seq_length"), cfg.model.get("max_position")
     if max_seq is not None and max_position is not None and max_seq > max_position:
         raise UsageError(f"data.max_seq_length={max_seq} exceeds model.max_position={max_position}: the "
@@ -129,19 +119,17 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
     check_writable(output_dir, Path(cfg.paths.cache_dir))
 
 
-def refuse_bad_values(cfg: DictConfig) -> None:
-    """check_inputs before torch and Lightning load (src/train.py): a single run's wrong value exits 2 in
-    seconds, not after a quarter of a minute of imports. A multirun's job goes on to run.main, which records
-    its failure in results.json for the sweep."""
-    if HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN:
-        return
+def validate(cfg: DictConfig) -> None:
+    """Every value of ``cfg`` checked once, before torch and Lightning load: each key's declared range and the
+    shape's relations (schema.py, beside the keys), then the relations between nodes and the places
+    (``check_inputs``). A UsageError naming the first key that is wrong."""
+    from bert_repro.lifecycle.schema import check
+
     try:
-        check_inputs(cfg, Path(cfg.paths.output_dir))
-    except UsageError as err:
-        if os.environ.get("BERT_REPRO_TRACEBACK"):
-            raise
-        log.error("%s %s", err, TRACEBACK_HINT)
-        raise SystemExit(2) from None
+        check(cfg)
+    except ValueError as err:
+        raise UsageError(str(err)) from None
+    check_inputs(cfg, Path(cfg.paths.output_dir))
 
 
 def check_writable(output_dir: Path, cache_dir: Path) -> None:

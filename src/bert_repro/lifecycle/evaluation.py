@@ -12,8 +12,8 @@ head (pre-training, the Hub's) brings the encoder only, and the head stays rando
 
 from __future__ import annotations
 
+import copy
 import logging
-import os
 import time
 from dataclasses import asdict
 from pathlib import Path
@@ -22,18 +22,20 @@ from typing import Any
 from hydra.utils import instantiate
 from omegaconf import DictConfig, OmegaConf, open_dict
 
-from bert_repro.lifecycle.checks import TRACEBACK_HINT, check_writable
-from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
-from bert_repro.lifecycle.reliability import MachineFault, machine_faults_named
+from bert_repro.lifecycle.checks import UsageError, check_writable, validate
+from bert_repro.lifecycle.exits import run_ends
 from bert_repro.lifecycle.results import RunResult, floats, print_results
-from bert_repro.lifecycle.run import USER_ERRORS, UsageError, _plain, _sizes, predict_test, setup_run
 from bert_repro.metrics import degenerate_reason
 
 log = logging.getLogger(__name__)
 
 
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
+    import lightning as L
+
+    from bert_repro.lifecycle.build import build_data, build_module, data_sizes, predict_test
+    from bert_repro.lifecycle.spec import describe
+
     start = time.time()
     output_dir = Path(cfg.paths.output_dir)
     output_dir.mkdir(parents=True, exist_ok=True)
@@ -44,13 +46,18 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         if "files" not in cfg.data:
             raise UsageError(f"predict={cfg.predict}: task={cfg.task.name} takes no files to predict; "
                              "GLUE-style tasks do")
+        cfg = copy.deepcopy(cfg)  # the composed config stays as Hydra made it
         with open_dict(cfg):
-            cfg.data.files = {**_plain(cfg.data.files), "test": _plain(cfg.predict)}
-    run = setup_run(cfg, training=False)
-    if run.missing_heads:
+            test = OmegaConf.to_container(cfg.predict)
+            cfg.data.files = {**OmegaConf.to_container(cfg.data.files), "test": test}
+    L.seed_everything(cfg.seed, workers=True)
+    spec = describe(cfg, training=False)
+    datamodule = build_data(cfg, spec.vocab, spec.lowercase, spec.per_device)
+    datamodule.prepare_tokenizer()
+    module, weights = build_module(spec, datamodule, training=False)
+    if weights["missing_heads"]:
         log.warning("evaluating with untrained %s: the numbers are a random head's",
-                    ", ".join(run.missing_heads))
-    module, datamodule = run.module, run.datamodule
+                    ", ".join(weights["missing_heads"]))
 
     trainer = instantiate(cfg.trainer, devices=1, num_nodes=1, strategy="auto", logger=False,
                           enable_checkpointing=False, limit_val_batches=cfg.optim.limit_val_batches,
@@ -59,22 +66,22 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     final = floats({k: v for d in dev for k, v in d.items()})
     predictions = {}
     if cfg.predict is not None or cfg.test:
-        if not hasattr(datamodule, "write_predictions"):
+        if not datamodule.writes_predictions:
             raise UsageError(f"task={cfg.task.name} has no prediction files")
         predictions = predict_test(trainer, module, datamodule, output_dir / "predictions")
     wall = round(time.time() - start, 2)
     results = RunResult(
-        status="complete", mode="evaluate", task=cfg.task.name, model=run.model, model_config=run.model_cfg,
-        identity=run.identity, ablation=cfg.ablation.name, scale=cfg.scale.name, seed=cfg.seed, init=run.init,
-        missing_heads=run.missing_heads, init_head_dropped=run.init_head_dropped, monitor=cfg.task.monitor,
+        status="complete", mode="evaluate", task=spec.task, model=spec.model_name, identity=module.identity,
+        ablation=cfg.ablation.name, scale=cfg.scale.name, seed=cfg.seed, init=spec.init, **weights,
+        monitor=spec.monitor,
         metrics={"final": final, "best": {cfg.task.monitor: final.get(cfg.task.monitor)},
                  "best_checkpoint": None, "per_epoch": None},
-        degenerate=degenerate_reason(final), data_sizes=_sizes(datamodule),
+        degenerate=degenerate_reason(final), data_sizes=data_sizes(datamodule),
         test_predictions=predictions or None,
         global_batch=int(cfg.data.batch_size), per_device_batch=int(cfg.data.batch_size),
-        wall_time_s=wall, wall_time_attempt_s=wall, config=_plain(cfg),
+        wall_time_s=wall, wall_time_attempt_s=wall, config=spec.config,
     )
-    RunFolder(output_dir).write(asdict(results))
+    spec.folder.write(asdict(results))
     print_results(asdict(results))
     if predictions:
         log.info("predictions: %s", ", ".join(predictions.values()))
@@ -82,22 +89,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
 
 def main(cfg: DictConfig) -> float | None:
-    output_dir, cache_dir = Path(cfg.paths.output_dir), Path(cfg.paths.cache_dir)
-    places = {"hydra.run.dir": output_dir, "paths.cache_dir": cache_dir}
-    try:  # as run.main: one process per folder, the machine's faults named
-        with machine_faults_named(places), RunFolderLock(output_dir):
-            check_writable(output_dir, cache_dir)
-            results = evaluate(cfg)
-    except FolderInUse as err:
-        log.error("%s", err)
-        raise SystemExit(2) from None
-    except MachineFault as err:
-        log.error("%s", err)
-        raise SystemExit(74) from None  # EX_IOERR, as run.main
-    except USER_ERRORS as err:  # a wrong input: a message naming it, exit 2, earlier results untouched
-        if os.environ.get("BERT_REPRO_TRACEBACK"):
-            raise
-        log.error("%s %s", err, TRACEBACK_HINT)
-        raise SystemExit(2) from None
+    with run_ends(cfg, record=False):  # as a run: one process per folder, each failure named, no record
+        validate(cfg)
+        check_writable(Path(cfg.paths.output_dir), Path(cfg.paths.cache_dir))
+        results = evaluate(cfg)
     return results["metrics"]["final"].get(cfg.task.monitor)
-

@@ -3,8 +3,9 @@ torch): the resolved config in a few lines, and whether its folder already holds
 
 Finished is finished, as the Hugging Face examples treat a finished output folder: a command whose run folder
 holds a complete results.json of the same science (keys.py) prints that result and exits 0, without training
-or validating again, or opening another W&B run. ``+force=true`` reruns it from scratch (run.py starts afresh
-instead of resuming the folder's last.ckpt); the earlier results.json stays until the new one replaces it.
+or validating again, or opening another W&B run. ``+force=true`` reruns it from scratch: as its training
+starts, the earlier result and checkpoints move aside (RunFolder.set_aside), so a rerun killed half-way leaves
+a folder that says it is unfinished. A folder holding the result of other science is never written into.
 """
 
 from __future__ import annotations
@@ -15,39 +16,45 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.identity import science_differences
-from bert_repro.lifecycle.keys import is_path, is_science, science
+from bert_repro.lifecycle.checks import UsageError
+from bert_repro.lifecycle.folder import RunFolder, differences
+from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.pretrained import SHAPE_KEYS, model_on_command_line
-from bert_repro.lifecycle.results import print_results, read_results
+from bert_repro.lifecycle.results import print_results
 
 log = logging.getLogger(__name__)
 
 
+class FolderHoldsOtherResult(UsageError):
+    """The run folder holds the finished result of other science: it is never written over."""
+
+
 def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
-    """The complete results.json of this very run in its folder, or None: absent, not complete, ``+force``,
-    a ckpt_path= that does not exist, test predictions asked for that it lacks, or other science
-    settings (said in a warning; the run then goes on as before, and resuming its checkpoint is refused as a
-    different run)."""
-    path = RunFolder(cfg.paths.output_dir).results
-    if cfg.get("force") or RunFolder(cfg.paths.output_dir).status() != "complete":
+    """The complete result of this very run in its folder, or None when the run must go on: none there,
+    ``+force``, a ckpt_path= that does not exist, or test predictions asked for that it lacks. A folder whose
+    complete result has other science (any key, from the command line or a file) is refused, naming the keys
+    that differ: a run never writes over another's result."""
+    folder = RunFolder(cfg.paths.output_dir)
+    if folder.status() != "complete":
         return None
-    if cfg.get("ckpt_path") not in (None, "last") and not Path(cfg.ckpt_path).is_file():
-        return None  # a ckpt_path= that is not there is a mistake to name (run.py's checks), not to pass over
     try:
-        results = read_results(path)
+        results = folder.read()
     except ValueError as err:  # a damaged file is not a finished run: the run goes on, its resume checks it
         log.warning("%s", err)
         return None
-    if cfg.test and not results.get("test_predictions"):
-        return None
-    # a run given init= and no model= records the checkpoint's shape (run.record_model), not the default's
+    # a run given init= and no model= records the checkpoint's shape (RunSpec.model), not the default's
     ignore = () if model_on_command_line() else tuple(f"model.{key}" for key in SHAPE_KEYS)
-    differences = science_differences(science(results.get("config") or {}),
-                                      science(OmegaConf.to_container(cfg, resolve=True)), ignore)
-    if differences:
-        log.warning("%s is the result of other settings (%s); not taken as this run's", path,
-                    "; ".join(differences[:3]) + ("; ..." if len(differences) > 3 else ""))
+    differ = differences(results.get("config"), OmegaConf.to_container(cfg, resolve=True), ignore)
+    if differ:
+        raise FolderHoldsOtherResult(
+            f"{folder} holds the finished result of other settings ({'; '.join(differ[:4])}"
+            f"{'; ...' if len(differ) > 4 else ''}); it is left as it is. Run these settings in a folder of "
+            "their own (hydra.run.dir=...), or move that folder away first")
+    if cfg.get("force"):
+        return None
+    if cfg.get("ckpt_path") not in (None, "last") and not Path(cfg.ckpt_path).is_file():
+        return None  # a ckpt_path= that is not there is a mistake to name (run.py's checks), not to pass over
+    if cfg.test and not results.get("test_predictions"):
         return None
     return results
 

@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import os
+import time
 from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
@@ -21,6 +22,7 @@ from typing import Any
 from bert_repro.lifecycle.keys import flatten, science
 
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
+PREVIOUS = ".previous"  # earlier results set aside by a fresh attempt (a dot: find_runs never counts them)
 LAST, BEST = "last.ckpt", "best.ckpt"
 
 
@@ -139,6 +141,22 @@ class RunFolder:
             return self.read()
         except (OSError, ValueError):
             return None
+
+    def set_aside(self) -> Path | None:
+        """A fresh attempt's start (``+force``, or no progress of its own to resume): the folder's earlier
+        results.json and checkpoints move to ``.previous/<time>/``, so nothing in the folder is read as the
+        new run's before it writes its own (a rerun killed half-way leaves a folder that says it is
+        unfinished), and nothing is lost. Returns where they went; None when there was nothing."""
+        earlier = [p for p in (self.results, self.checkpoints) if p.exists()]
+        if not earlier:
+            return None
+        aside = self.path / PREVIOUS / time.strftime("%Y%m%d-%H%M%S")
+        while aside.exists():
+            aside = aside.with_name(aside.name + "+")
+        aside.mkdir(parents=True)
+        for path in earlier:
+            path.rename(aside / path.name)
+        return aside
 
     def differences(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
         """The science keys in which the folder's complete result differs from ``config`` (a composed config

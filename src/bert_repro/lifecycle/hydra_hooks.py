@@ -155,25 +155,43 @@ def unwritable(folder: Path) -> str | None:
 
 
 def unknown_key_hints(overrides: list[str], config_dir: Path, config_name: str = "train") -> list[str]:
-    """For each plain ``a.b=v`` override whose key the composed config lacks, the keys that do exist there."""
-    try:
-        parsed = OverridesParser.create().parse_overrides(
-            [o for o in overrides if "=" in o and not o.startswith("-")])
-    except OverrideParseException:  # Hydra's own message already names the override it cannot read
-        return []
-    group_choices = [o.input_line for o in parsed if "." not in o.key_or_group and not o.is_add()]
+    """What Hydra's compose error leaves out: for an override it cannot lex, how to quote it; for an unknown
+    group or top-level key (``modle=tiny``), the nearest group; for a plain ``a.b=v`` whose key the composed
+    config lacks, the keys that do exist there."""
+    plain = [o for o in overrides if "=" in o and not o.startswith("-")]
+    parser, parsed, hints = OverridesParser.create(), [], []
+    for line in plain:
+        try:
+            parsed += parser.parse_overrides([line])
+        except OverrideParseException:
+            key, _, value = line.partition("=")
+            odd = sorted({c for c in value if not c.isascii() or c in " ()[]{},:'\"\\=$"})
+            hints.append(f"{key}={value}: the override grammar does not take {' '.join(odd) or 'it'} "
+                         f"unquoted; quote the value, e.g. '{key}=\"{value}\"' (single quotes for the shell)")
+    if hints:
+        return hints
+    groups = sorted(d.name for d in config_dir.iterdir() if d.is_dir())
+    known = [o for o in parsed if "." not in o.key_or_group and not o.is_add()
+             and (o.key_or_group in groups or o.key_or_group.startswith("hydra/"))]
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(config_dir), version_base="1.3"):
-            cfg = compose(config_name, overrides=group_choices)
+            cfg = compose(config_name, overrides=[o.input_line for o in known])
     except Exception:  # the choices themselves are wrong: Hydra's own message already lists the options
         return []
     finally:
         GlobalHydra.instance().clear()
-    hints = []
     for o in parsed:
         key = o.key_or_group
-        if o.is_add() or o.is_delete() or "." not in key or key.startswith("hydra."):
+        if o.is_add() or o.is_delete() or key.startswith(("hydra.", "hydra/")):
+            continue
+        if "." not in key:
+            if key in groups or key in cfg:
+                continue
+            close = (difflib.get_close_matches(key, groups, n=1)  # a group first: modle= is model=
+                     or difflib.get_close_matches(key, [str(k) for k in cfg.keys()], n=1))
+            hint = f"unknown group or key '{key}'" + (f" (did you mean '{close[0]}='?)" if close else "")
+            hints.append(f"{hint}; the groups are {', '.join(groups)}")
             continue
         parent_key, _, leaf = key.rpartition(".")
         parent = OmegaConf.select(cfg, parent_key)

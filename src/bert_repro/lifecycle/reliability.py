@@ -14,15 +14,12 @@
 
 from __future__ import annotations
 
-import errno
 import logging
 import os
 import random
-import shutil
 import signal
 import tempfile
-from collections.abc import Iterator
-from contextlib import contextmanager, suppress
+from contextlib import suppress
 from pathlib import Path
 from typing import Any
 
@@ -33,6 +30,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
+from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted
 from bert_repro.lifecycle.keys import flatten
 
 log = logging.getLogger(__name__)
@@ -88,56 +86,6 @@ def _os_error(err: BaseException | None) -> OSError | None:
     return err
 
 
-# -- faults of the machine ---------------------------------------------------------------------------
-FAULTS = {  # errno -> what it is, what to do
-    errno.ENOSPC: ("no space left on device writing", "free space and rerun"),
-    errno.EDQUOT: ("disk quota exceeded writing", "free space or raise the quota, and rerun"),
-    errno.EROFS: ("read-only file system writing", "make it writable and rerun"),
-    errno.EACCES: ("permission denied on", "give this user access and rerun"),
-    errno.EPERM: ("operation not permitted on", "give this user access and rerun"),
-    errno.EIO: ("input/output error on", "the disk or network file system failed: check it and rerun"),
-}
-FULL = 1 << 20  # bytes free under which a file system counts as full
-
-
-class MachineFault(Exception):
-    """A fault of the machine, not of the input or the code: a full disk, a read-only or forbidden folder."""
-
-
-@contextmanager
-def machine_faults_named(places: dict[str, Path], checkpoint: Path | None = None) -> Iterator[None]:
-    """Turns an OSError of the machine (``FAULTS``) into a ``MachineFault`` that says what it is, the path,
-    the config key that chose the folder (``places``: key -> folder) and the last good ``checkpoint`` kept
-    (checkpoints and results.json are written atomically: a failed write leaves the earlier file whole)."""
-    try:
-        yield
-    except OSError as err:
-        if err.errno not in FAULTS:
-            raise
-        what, advice = FAULTS[err.errno]
-        path = err.filename
-        if path is None:  # a write to an open file (results.json, a log) names none: the place that is full
-            if err.errno not in (errno.ENOSPC, errno.EDQUOT):
-                raise  # no path, and no way to find one: as it came
-            path = next((p for p in places.values() if _free(p) < FULL), next(iter(places.values())))
-        key = next((k for k, p in places.items() if _within(Path(path), p)), None)
-        if key is not None:
-            now = f" (now {places[key]})" if Path(path) != places[key] else ""
-            advice += f", or choose another folder with {key}=...{now}"
-        if checkpoint is not None and checkpoint.is_file():
-            advice += f"; the last good checkpoint {checkpoint} is kept"
-        raise MachineFault(f"{what} {path}: {advice}") from err
-
-
-def _free(folder: Path) -> int:
-    try:
-        return shutil.disk_usage(folder).free
-    except OSError:
-        return FULL
-
-
-def _within(path: Path, folder: Path) -> bool:
-    return path.resolve().is_relative_to(folder.resolve())
 
 
 def slurm_plugins() -> list:
@@ -235,10 +183,6 @@ class ResumeMismatch(ValueError):
 
 
 # -- numerical guard ---------------------------------------------------------------------------------
-class NonFiniteLoss(RuntimeError):
-    pass
-
-
 class NonFiniteLossGuard(L.Callback):
     """Stops the run at the first non-finite training loss (on any rank), before ModelCheckpoint (which
     Lightning runs after the other callbacks) could save the diverged weights: the last good checkpoint
@@ -257,14 +201,6 @@ class NonFiniteLossGuard(L.Callback):
 
 
 # -- preemption --------------------------------------------------------------------------------------
-class Preempted(Exception):
-    def __init__(self, signum: int, step: int, checkpoint: Path):
-        self.signum, self.step, self.checkpoint = signum, step, checkpoint
-        name = signal.Signals(signum).name
-        super().__init__(f"{name} received: saved {checkpoint} at step {step} and stopped; run the same "
-                         "command again to resume from it")
-
-
 def preemption_signals() -> list[signal.Signals]:
     """SLURM's pre-emption signals: SIGTERM (preemption, scancel), SIGUSR1 (``--signal=USR1@...``), and the
     one submitit asks SLURM for before a time limit (SUBMITIT_PREEMPT_SIGNAL, USR2 by default)."""

@@ -3,20 +3,17 @@ with OmegaConf's message naming the key (``optim.lr=abc``), not an hour into a r
 (``optim.lrr=1``) fails there too, as every composed node is closed to new keys.
 
 Ranges (``optim.warmup_ratio=5``) and the model's shape (``model.hidden_size=770 model.num_heads=12``) are
-declared here too, beside each key, and ``check`` tests them on the composed config. OmegaConf types a node
-but never runs a dataclass's ``__post_init__``, so ``RangeCheck`` (conf/train.yaml hydra.callbacks, inherited
-by conf/evaluate.yaml) runs ``check`` when a job starts: before any download, tokenizer training or Trainer.
-Relations that need the run's inputs (paths, devices, checkpoints) stay in ``checks.check_inputs``."""
+declared here too, beside each key, and ``check`` tests them on the composed config: OmegaConf types a node
+but never runs a dataclass's ``__post_init__``, so ``checks.validate`` calls ``check`` before torch loads.
+Relations across nodes and the run's places (paths, devices, checkpoints) are ``checks.check_inputs``'."""
 
 from __future__ import annotations
 
-import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
 
@@ -59,17 +56,17 @@ def fraction(default: Any, interval: str = "[0, 1]") -> Any:
 
 @dataclass
 class OptimConfig:
-    """The optimizer recipe and run length (§3.4, §4): conf/base/finetune.yaml and task/pretrain.yaml.
-    (lr, epochs and max_steps are checked in checks.check_inputs.)"""
+    """The optimizer recipe and run length (§3.4, §4): conf/base/finetune.yaml and task/pretrain.yaml."""
 
-    lr: float = 2e-5
+    lr: float = positive(2e-5)
     betas: list[float] = ranged([0.9, 0.999], _rates, "two decay rates in [0, 1)")
     eps: float = positive(1e-6)
     weight_decay: float = ranged(0.01, lambda v: _number(v) and v >= 0, "0 or more")
     warmup_steps: int | None = ranged(None, lambda v: _whole(v) and v >= 0, "0 or more steps, or null")
     warmup_ratio: float | None = fraction(None)
-    max_steps: int = -1
-    epochs: int | None = None
+    max_steps: int = ranged(-1, lambda v: _whole(v) and (v == -1 or v > 0),
+                            "a positive number of steps, or -1 (epochs decide)")
+    epochs: int | None = whole_positive(None, "epochs, or null with optim.max_steps")
     gradient_clip_val: float | None = positive(None, "norm, or null (no clipping)")
     val_check_interval: Any = positive(1.0, "fraction of an epoch or number of steps")
     limit_val_batches: Any = ranged(1.0, lambda v: _number(v) and v >= 0,
@@ -77,6 +74,12 @@ class OptimConfig:
     schedule_steps: int | None = whole_positive(None, "steps, or null")  # the two-phase schedule (v2 A.2)
     # phase 2: the step phase 1 stopped at
     resume_step: int | None = ranged(None, lambda v: _whole(v) and v >= 0, "0 or more steps")
+
+    @staticmethod
+    def relations(node: DictConfig) -> str | None:
+        if node.get("epochs") is None and node.get("max_steps") in (None, -1):
+            return "optim.epochs and optim.max_steps are both unset: give one, or the run never ends"
+        return None
 
 
 ATTENTION_BACKENDS = ("auto", "flash", "nested", "padded")  # unpad's varlen kernels (speed/kernels.py)
@@ -151,6 +154,7 @@ class DataConfig:
     arguments, and a closed node of the keys shared here would refuse the others (glue_dir, squad_dir ...);
     the values are checked, types included, by ``check``."""
 
+    batch_size: int = whole_positive(32, "sequences")  # the global batch (STYLE 8)
     max_seq_length: int = whole_positive(128, "tokens")
     max_train_examples: int | None = whole_positive(None, "examples, or null (all)")
     max_dev_examples: int | None = whole_positive(None, "examples, or null (all)")
@@ -209,18 +213,6 @@ def check(cfg: DictConfig) -> None:
         wrong = problems(node, name, schema) if isinstance(node, DictConfig) else []
         if wrong:
             raise ValueError(wrong[0])
-
-
-class RangeCheck(Callback):
-    """``check`` as a job starts (conf/train.yaml hydra.callbacks): an out-of-range value ends the run with a
-    message naming the key, exit 2, before the task function does any work."""
-
-    def on_job_start(self, config: DictConfig, **kwargs: Any) -> None:
-        try:
-            check(config)
-        except ValueError as err:
-            print(err, file=sys.stderr)
-            raise SystemExit(2) from None
 
 
 def register() -> None:

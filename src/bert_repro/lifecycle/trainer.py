@@ -4,7 +4,6 @@ arguments that come from elsewhere (DDP's communication speed: keys, FSDP's mesh
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Any
 
 import lightning as L
@@ -14,13 +13,13 @@ from omegaconf import DictConfig, OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
 from bert_repro.lifecycle.checks import world_size
-from bert_repro.lifecycle.keys import science
 from bert_repro.lifecycle.record import RunRecord
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
-from bert_repro.lifecycle.tracking import instantiate_logger
+from bert_repro.lifecycle.spec import RunSpec
+from bert_repro.lifecycle.tracking import instantiate_logger, wandb_run_name
 
 
-def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list,
+def build_callbacks(cfg: DictConfig, science: dict, resume_strict: bool, loggers: list,
                     start: float | None = None) -> list[L.Callback]:
     """callbacks/ (a user's +callbacks.x=... among them), and the two that need the run itself."""
     callbacks = [instantiate(c) for c in (cfg.get("callbacks") or {}).values() if c is not None]
@@ -28,7 +27,7 @@ def build_callbacks(cfg: DictConfig, resume_strict: bool, loggers: list,
     preempt = next((i for i, c in enumerate(callbacks) if isinstance(c, Preemption)), len(callbacks))
     callbacks.insert(preempt, RunRecord(start))
     # a checkpoint of this folder resumes only under the same science (keys.py), whatever the speed
-    callbacks.append(SameRun(science(OmegaConf.to_container(cfg, resolve=True)), strict=resume_strict))
+    callbacks.append(SameRun(science, strict=resume_strict))
     if loggers:  # Lightning refuses a learning-rate monitor without a logger
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     return callbacks
@@ -52,9 +51,10 @@ def build_strategy(cfg: DictConfig) -> Any:
     return instantiate(strategy)
 
 
-def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path, resume_strict: bool = False,
-                  start: float | None = None, run_name: str | None = None) -> L.Trainer:
-    """``run_name``: the W&B run's name (tracking.wandb_run_name: task, the shape that runs, folder)."""
+def build_trainer(spec: RunSpec, resume_strict: bool = False, start: float | None = None) -> L.Trainer:
+    """The run's Trainer; W&B names the run by task, the shape that runs and the folder."""
+    cfg = spec.cfg
+    run_name = wandb_run_name(spec.task, spec.model_name, spec.folder.path.name)
     loggers = [instantiate_logger(c, cfg, run_name) for c in (cfg.get("logger") or {}).values()
                if c is not None]
     optim = cfg.optim
@@ -71,9 +71,9 @@ def build_trainer(cfg: DictConfig, accumulation: int, output_dir: Path, resume_s
     return instantiate(
         cfg.trainer, **run_length,
         strategy=build_strategy(cfg),
-        accumulate_grad_batches=accumulation,
-        callbacks=build_callbacks(cfg, resume_strict, loggers, start),
+        accumulate_grad_batches=spec.accumulation,
+        callbacks=build_callbacks(cfg, spec.science, resume_strict, loggers, start),
         logger=loggers or False,
-        default_root_dir=str(output_dir),
+        default_root_dir=str(spec.folder.path),
         plugins=[AtomicCheckpointIO(), *slurm_plugins()],
     )

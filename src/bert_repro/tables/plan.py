@@ -498,7 +498,8 @@ def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
 
     from hydra import compose
 
-    from bert_repro.lifecycle.run import build_data, resolve_vocab
+    from bert_repro.lifecycle.build import build_data
+    from bert_repro.lifecycle.spec import resolve_vocab
     from bert_repro.tables.spec import flatten, load_spec, minilm_dir
 
     data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))
@@ -511,7 +512,7 @@ def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
                      *(f"{k}={v}" for k, v in data.items())]
         with composing():
             cfg = compose("train", overrides)
-        vocab, lowercase = resolve_vocab(cfg, None)
+        vocab, lowercase, _ = resolve_vocab(cfg, None)
         datamodule = build_data(cfg, vocab, lowercase, per_device=1)
         datamodule.prepare_data()
         datamodule.setup("fit")
