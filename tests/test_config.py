@@ -186,12 +186,12 @@ def test_callbacks_group_extends_from_the_command_line():
     early = ("+callbacks.early={_target_: lightning.pytorch.callbacks.EarlyStopping, "
              "monitor: val/f1, mode: max}")
     cfg = OmegaConf.create(resolved(compose_cfg(["task=mrpc", early])))
-    callbacks = build_callbacks(cfg, resume_strict=False, loggers=[])
+    callbacks = build_callbacks(cfg, {}, resume_strict=False, loggers=[])
     assert any(isinstance(c, EarlyStopping) for c in callbacks)
     best = next(c for c in callbacks if isinstance(c, ModelCheckpoint))  # the first: best on Dev
     assert best.monitor == "val/f1" and best.dirpath == "/tmp/out/checkpoints"
     cfg = OmegaConf.create(resolved(compose_cfg(["task=mrpc", "~callbacks.preemption"])))
-    assert len(build_callbacks(cfg, resume_strict=False, loggers=[])) == len(callbacks) - 2
+    assert len(build_callbacks(cfg, {}, resume_strict=False, loggers=[])) == len(callbacks) - 2
 
 
 def test_vocabulary_is_resolved_once_from_init_or_tokenizer(minilm_dir, tmp_path):

@@ -18,7 +18,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from bert_repro.lifecycle.reliability import AtomicCheckpointIO, MachineFault, machine_faults_named
+from bert_repro.lifecycle.exits import MachineFault, machine_faults_named
+from bert_repro.lifecycle.reliability import AtomicCheckpointIO
 
 from .conftest import FAST, REPO, fingerprint
 

@@ -25,7 +25,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 from bert_repro.lifecycle.checks import UsageError, check_writable, validate
 from bert_repro.lifecycle.exits import run_ends
 from bert_repro.lifecycle.results import RunResult, floats, print_results
-from bert_repro.metrics import degenerate_reason
+from bert_repro.scores import degenerate_reason
 
 log = logging.getLogger(__name__)
 

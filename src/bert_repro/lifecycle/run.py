@@ -104,7 +104,7 @@ def finish(spec: Any, trainer: Any, module: Any, datamodule: Any, final: dict[st
     from bert_repro.lifecycle.record import RunRecord
     from bert_repro.lifecycle.results import RunResult, print_results
     from bert_repro.lifecycle.tracking import close_loggers
-    from bert_repro.metrics import degenerate_reason
+    from bert_repro.scores import degenerate_reason
 
     cfg, status = spec.cfg, "interrupted" if trainer.interrupted else "complete"
     throughput = callback(trainer, Throughput)  # absent where a user removed it (~callbacks.throughput)
