@@ -40,6 +40,8 @@ from pathlib import Path
 
 import torch
 
+from bert_repro.lifecycle.folder import RunFolder
+
 OUT_DIR = Path("experiments/results/gpu")
 CPU_REFERENCE = OUT_DIR / "mrpc_cpu_reference.json"
 BUDGET_S = 470  # 8 minutes of GPU time, less the start-up of this process
@@ -103,9 +105,9 @@ def train(*overrides: str) -> Callable[[Path], list[str]]:
 
 
 def read_results(stdout: str, folder: Path) -> dict:
-    path = folder / "results.json"
+    path = RunFolder(folder).results
     if not path.is_file():
-        raise RuntimeError(f"no results.json in {folder}")
+        raise RuntimeError(f"no {path.name} in {folder}")
     results = json.loads(path.read_text())
     return {k: results.get(k) for k in ("status", "global_step", "tokens_per_s", "perf", "wall_time_s")} | {
         "final": results.get("metrics", {}).get("final")

@@ -20,6 +20,7 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from bert_repro.lifecycle.folder import RESULTS
 from bert_repro.lifecycle.keys import is_science
 
 log = logging.getLogger(__name__)
@@ -150,5 +151,5 @@ def _summarize(logger: Any, results: dict[str, Any], results_file: Path | None) 
         logger.experiment.log_artifact(logger.run_id, str(results_file))
     elif type(logger).__name__ == "TensorBoardLogger":
         text = json.dumps({k: v for k, v in results.items() if k != "config"}, indent=2)
-        logger.experiment.add_text("results.json", f"```\n{text}\n```")
+        logger.experiment.add_text(RESULTS, f"```\n{text}\n```")
     logger.finalize("success" if results.get("status") == "complete" else results.get("status") or "failed")
