@@ -97,9 +97,6 @@ CASES = [
     ("unquoted-non-ascii-path", ["data.corpus=/tmp/café.txt"], None,
      ["the override grammar does not take é unquoted; quote the value", "'data.corpus=\"/tmp/café.txt\"'"]),
     ("negative-seed", ["seed=-1"], None, ["seed=-1: expected a whole number from 0 to 4294967295"]),
-    ("sweep-with-a-failed-job", ["-m", "optim.lr=5e-4,-1", "hydra.sweep.dir=ROOT/sweep"], None,
-     ["a job of the sweep failed in ROOT/sweep/", "optim.lr=-1: expected a positive number",
-      "the others ran"]),
     # a checkpoint is what it is (identity.py): another task's is not resumed as this one's
     ("resume-another-tasks-checkpoint", [*GLUE, "data.tokenizer=FILES/vocab.txt", "hydra.run.dir=ROOT/rte",
                                          "ckpt_path=ROOT/good/checkpoints/last.ckpt"],

@@ -154,7 +154,7 @@ class DataConfig:
     arguments, and a closed node of the keys shared here would refuse the others (glue_dir, squad_dir ...);
     the values are checked, types included, by ``check``."""
 
-    batch_size: int = whole_positive(32, "sequences")  # the global batch (STYLE 8)
+    batch_size: int = ranged(32, lambda v: _whole(v) and v > 0, "a positive number of sequences")  # global
     max_seq_length: int = whole_positive(128, "tokens")
     max_train_examples: int | None = whole_positive(None, "examples, or null (all)")
     max_dev_examples: int | None = whole_positive(None, "examples, or null (all)")

@@ -2,8 +2,8 @@
 
 What ``init=`` names (after the released default) and the checkpoint it reads, the vocabulary and its source,
 the encoder's shape that runs (the checkpoint's unless ``model=`` was given), the task, the run folder, the
-global batch split over the devices, and the science (keys.py) of the config as it runs. It is frozen, and the
-composed config it was read from is made read-only: every later step reads the spec, nothing rewrites it.
+global batch split over the devices, and the science (keys.py) of the config as it runs. It is frozen: every
+later step reads the spec, and nothing rewrites the composed config (tests/test_run_identity.py freezes it).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from bert_repro.lifecycle.pretrained import model_name, model_on_command_line, m
 
 @dataclass(frozen=True)
 class RunSpec:
-    cfg: DictConfig  # the composed config, read-only
+    cfg: DictConfig  # the composed config, never written
     folder: RunFolder
     task: str
     init: str | None  # what init= names, after the released default
@@ -83,7 +83,6 @@ def describe(cfg: DictConfig, training: bool = True) -> RunSpec:
     ``training``: the global batch split over the devices; an evaluation runs on one device."""
     from bert_repro.convert.loaders import load_checkpoint
 
-    OmegaConf.set_readonly(cfg, True)
     for key in ("module", "data"):  # a class that does not exist: refused before a checkpoint or data is read
         locate(key, cfg[key]._target_)
     init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
