@@ -119,7 +119,7 @@ def test_other_settings_do_not_resume_a_folders_checkpoint(uninterrupted):
     before = (tmp / "full" / "results.json").read_bytes()
     proc = run(command(tmp / "full", tmp / "cache", *PRETRAIN, "optim.lr=1e-3"))
     output = proc.stdout + proc.stderr
-    assert proc.returncode == 2 and "optim.lr: checkpoint 0.0005, now 0.001" in output, output[-3000:]
+    assert proc.returncode == 2 and "optim.lr: was 0.0005, now 0.001" in output, output[-3000:]
     assert "Traceback" not in output and (tmp / "full" / "results.json").read_bytes() == before
 
 
