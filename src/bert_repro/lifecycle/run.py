@@ -60,7 +60,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(spec, resume_strict=resuming, start=start)
     if ckpt_path is not None:
         log.info("resuming from %s", ckpt_path)
-    if not resuming and is_launcher() and (aside := spec.folder.set_aside()) is not None:
+    if fresh and ckpt_path is None and is_launcher() and (aside := spec.folder.set_aside()) is not None:
         log.info("a fresh start: the folder's earlier results and checkpoints moved to %s", aside)
 
     majority = bool(cfg.task.get("predict_majority", False))  # §4.1 WNLI: the majority class, nothing trained
