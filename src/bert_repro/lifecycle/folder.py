@@ -12,6 +12,8 @@ only when its science (keys.py, every key from the command line or any file) equ
 
 from __future__ import annotations
 
+import contextlib
+
 import json
 import os
 import time
@@ -157,6 +159,21 @@ class RunFolder:
         for path in earlier:
             path.rename(aside / path.name)
         return aside
+
+    def restore(self, aside: Path) -> bool:
+        """Undo ``set_aside`` for an attempt that failed before it wrote a result or checkpoint of its own: the
+        earlier run is the folder's again, as it was. False (nothing moved) once the attempt wrote either."""
+        own = self.results.exists() or (self.checkpoints.exists() and any(self.checkpoints.iterdir()))
+        if own:
+            return False
+        if self.checkpoints.exists():
+            self.checkpoints.rmdir()
+        for path in aside.iterdir():
+            path.rename(self.path / path.name)
+        aside.rmdir()
+        with contextlib.suppress(OSError):  # other attempts' folders may still be there
+            aside.parent.rmdir()
+        return True
 
     def differences(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
         """The science keys in which the folder's complete result differs from ``config`` (a composed config

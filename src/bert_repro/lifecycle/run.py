@@ -60,7 +60,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(spec, resume_strict=resuming, start=start)
     if ckpt_path is not None:
         log.info("resuming from %s", ckpt_path)
-    if fresh and ckpt_path is None and is_launcher() and (aside := spec.folder.set_aside()) is not None:
+    aside = spec.folder.set_aside() if fresh and ckpt_path is None and is_launcher() else None
+    if aside is not None:
         log.info("a fresh start: the folder's earlier results and checkpoints moved to %s", aside)
 
     majority = bool(cfg.task.get("predict_majority", False))  # §4.1 WNLI: the majority class, nothing trained
@@ -68,10 +69,13 @@ def train(cfg: DictConfig) -> dict[str, Any]:
         if not majority:
             trainer.fit(module, datamodule=datamodule, ckpt_path=ckpt_path)
         final, test_files = final_metrics(trainer, module, datamodule, spec, majority)
-    except BaseException:
+    except BaseException as err:
         from bert_repro.lifecycle.tracking import close_loggers
 
         close_loggers(trainer.loggers)  # W&B: close a failed run too, so a sweep goes on
+        # a fault before its first save leaves the earlier run standing; a kill or Ctrl-C leaves it set aside
+        if isinstance(err, Exception) and aside is not None and spec.folder.restore(aside):
+            log.info("the attempt wrote nothing of its own: the earlier results and checkpoints are back")
         raise
     return finish(spec, trainer, module, datamodule, final, test_files, weights, ckpt_path, start, majority)
 
