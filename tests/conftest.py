@@ -1,16 +1,21 @@
+import atexit
+import functools
 import gzip
 import hashlib
 import json
+import logging
 import os
-import signal
+import runpy
 import subprocess
 import sys
 import tempfile
+import traceback
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
-from bert_repro.lifecycle.warm import start as warm_start
 
 # Tests never touch the network: the hub libraries must fail fast instead of waiting on timeouts.
 os.environ.setdefault("HF_HUB_OFFLINE", "1")
@@ -68,31 +73,166 @@ def shared_data_dir() -> Path | None:
     return SHARED if SHARED.is_dir() else None
 
 
-def run_py(*args: str, module: str | None = None, timeout: int = 600) -> subprocess.CompletedProcess:
-    """``src/train.py`` (or ``python -m module``) with ``args`` as a user runs it; one thread (small models; a
-    busy 2-core machine oversubscribes two, and the same threads give the same float sums). Forked from the
-    forkserver that has imported torch and Lightning (bert_repro.lifecycle.warm, as the table runner starts
-    its sweeps), a new interpreter where it cannot be; tests of the process itself (tests/test_startup.py)
-    call subprocess."""
-    command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
+def run_py(*args: str, module: str | None = None, script: str = "train.py", timeout: int = 600,
+           new_process: bool = False) -> subprocess.CompletedProcess:
+    """``src/<script>`` (or ``python -m module``) with ``args`` as a user runs it, in this process: Hydra's
+    entry as its ``__main__`` (runpy), its exit status and both streams as the process would have them (see
+    ``in_process``). ``new_process``: a new interpreter, where the process is the point (DDP ranks, signals);
+    ``timeout`` bounds that one only."""
+    command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / script)]
     command += args
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    with tempfile.TemporaryDirectory() as tmp:
-        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
-        proc = warm_start(command, cwd=REPO, env=env, stdout=out, stderr=err)
-        if proc is not None:
-            try:
-                code = proc.wait(timeout)
-            except subprocess.TimeoutExpired:
-                os.killpg(proc.pid, signal.SIGKILL)
-                raise
-            said = [f.read_text(encoding="utf-8", errors="replace") for f in (out, err)]
-            return subprocess.CompletedProcess(command, code, *said)
+    if not new_process:
+        return in_process(command)
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models, and the same float sums as in_process
     return subprocess.run(command, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
 
 
-def train_py(*args: str, timeout: int = 600) -> subprocess.CompletedProcess:
-    return run_py(*args, timeout=timeout)
+def train_py(*args: str, timeout: int = 600, new_process: bool = False) -> subprocess.CompletedProcess:
+    return run_py(*args, timeout=timeout, new_process=new_process)
+
+
+def in_process(command: list[str]) -> subprocess.CompletedProcess:
+    """``command`` (``[sys.executable, script.py | -m module, *args]``) run here as its process would run
+    it: its ``sys.argv``, the repository as working directory, one torch thread, its output (Python's and
+    the libraries' file descriptors 1 and 2) and exit status; what a process's end would undo is undone
+    after it: the environment, the logging Hydra configured, the run folder's lock (an atexit release), the
+    random states, warnings filters and Hydra's global state. Torch and Lightning load once per worker
+    instead of once per run (seconds each on one core)."""
+    import random
+
+    import numpy as np
+    import torch
+    from hydra.core.global_hydra import GlobalHydra
+
+    from bert_repro.lifecycle import hydra_hooks
+
+    environ, cwd, argv, path = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
+    threads, rngs = torch.get_num_threads(), (random.getstate(), np.random.get_state(), torch.get_rng_state())
+    loggers, at_exit = _logging_state(), []
+    GlobalHydra.instance().clear()
+    hydra_hooks.composed = False
+    os.environ["OMP_NUM_THREADS"] = "1"
+    torch.set_num_threads(1)
+    os.chdir(REPO)
+    with tempfile.TemporaryDirectory() as tmp, warnings.catch_warnings():
+        out, err = Path(tmp, "stdout"), Path(tmp, "stderr")
+        warnings.resetwarnings()  # a new interpreter's filters, its messages on its stderr (not pytest's)
+        for category in (DeprecationWarning, PendingDeprecationWarning, ImportWarning, ResourceWarning):
+            warnings.simplefilter("ignore", category)
+        warnings.showwarning = _show_warning
+        _lightning_propagates()
+        code = 0
+        try:
+            with _streams_to(out, err), _atexit_of_the_run(at_exit):
+                if command[1] == "-m":
+                    sys.argv = [command[2], *command[3:]]
+                    runpy.run_module(command[2], run_name="__main__", alter_sys=True)
+                else:
+                    sys.argv = command[1:]
+                    sys.path.insert(0, str(Path(command[1]).parent))  # as `python script.py` does
+                    runpy.run_path(command[1], run_name="__main__")
+        except SystemExit as exit_:
+            code = exit_.code if isinstance(exit_.code, int) else (0 if exit_.code is None else 1)
+            if not isinstance(exit_.code, int | None):  # sys.exit("message"): the interpreter prints it
+                with err.open("a") as f:
+                    f.write(f"{exit_.code}\n")
+        except BaseException:
+            with err.open("a") as f:
+                traceback.print_exc(file=f)
+            code = 1
+        finally:
+            for release in reversed(at_exit):  # the run's own atexit handlers, as its end would run them
+                release()
+            GlobalHydra.instance().clear()
+            _restore_logging(loggers)
+            os.environ.clear()
+            os.environ.update(environ)
+            os.chdir(cwd)
+            sys.argv, sys.path[:] = argv, path
+            torch.set_num_threads(threads)
+            random.setstate(rngs[0])
+            np.random.set_state(rngs[1])
+            torch.set_rng_state(rngs[2])
+        said = [f.read_text(encoding="utf-8", errors="replace") for f in (out, err)]
+    return subprocess.CompletedProcess(command, code, *said)
+
+
+def _show_warning(message, category, filename, lineno, file=None, line=None) -> None:
+    sys.stderr.write(warnings.formatwarning(message, category, filename, lineno, line))
+
+
+@contextmanager
+def _streams_to(out: Path, err: Path) -> Iterator[None]:
+    """File descriptors 1 and 2 and sys.stdout/stderr into ``out`` and ``err`` for the duration."""
+    sys.stdout.flush()
+    sys.stderr.flush()
+    streams, saved = (sys.stdout, sys.stderr), (os.dup(1), os.dup(2))
+    files = [open(f, "w", buffering=1, encoding="utf-8", errors="replace") for f in (out, err)]
+    try:
+        for f, fd in zip(files, (1, 2)):
+            os.dup2(f.fileno(), fd)
+        sys.stdout, sys.stderr = files
+        yield
+    finally:
+        for f in files:
+            f.flush()
+        sys.stdout, sys.stderr = streams
+        for fd, copy in zip((1, 2), saved):
+            os.dup2(copy, fd)
+            os.close(copy)
+        for f in files:
+            f.close()
+
+
+@contextmanager
+def _atexit_of_the_run(collected: list) -> Iterator[None]:
+    """The project's atexit handlers registered meanwhile (the run folder lock's release) into ``collected``;
+    the libraries' stay with the interpreter (they outlive one run here)."""
+    register = atexit.register
+
+    def collect(function, *args, **kwargs):
+        owner = type(function.__self__) if hasattr(function, "__self__") else function
+        if (getattr(owner, "__module__", None) or "").startswith("bert_repro"):
+            collected.append(functools.partial(function, *args, **kwargs))
+            return function
+        return register(function, *args, **kwargs)
+
+    atexit.register = collect
+    try:
+        yield
+    finally:
+        atexit.register = register
+
+
+def _lightning_propagates() -> None:
+    """Lightning gives its loggers a console handler of their own when it is imported before logging is
+    configured (here, under pytest); a run imports it after Hydra configured logging, and its messages reach
+    Hydra's handlers (train.log) as in the command. Undone by _restore_logging."""
+    for name in ("lightning.pytorch", "lightning.fabric"):
+        if name in logging.Logger.manager.loggerDict:
+            logger = logging.getLogger(name)
+            logger.handlers, logger.propagate = [], True
+
+
+def _loggers() -> list[logging.Logger]:
+    return [logging.getLogger(), *(lg for lg in logging.Logger.manager.loggerDict.values()
+                                   if isinstance(lg, logging.Logger))]
+
+
+def _logging_state() -> dict[logging.Logger, tuple]:
+    return {lg: (list(lg.handlers), lg.level, lg.propagate, lg.disabled) for lg in _loggers()}
+
+
+def _restore_logging(state: dict[logging.Logger, tuple]) -> None:
+    """Closes the handlers the run added (Hydra's console and train.log) and puts every logger back."""
+    before = {h for handlers, *_ in state.values() for h in handlers}
+    for logger in _loggers():
+        for handler in [h for h in logger.handlers if h not in before]:
+            logger.removeHandler(handler)
+            handler.close()
+    for logger, (handlers, level, propagate, disabled) in state.items():
+        logger.handlers, logger.propagate, logger.disabled = list(handlers), propagate, disabled
+        logger.setLevel(level)
 
 
 @pytest.fixture(scope="session")

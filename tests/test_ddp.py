@@ -16,7 +16,7 @@ from .conftest import train_py
 
 
 def train(*overrides, timeout=900):
-    proc = train_py(*overrides, timeout=timeout)
+    proc = train_py(*overrides, timeout=timeout, new_process=True)  # DDP ranks: processes
     return proc, proc.stdout + proc.stderr
 
 

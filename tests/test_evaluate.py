@@ -2,21 +2,17 @@
 numbers (its task head restored), results.json in the training format, and predictions for a user's file."""
 
 import json
-import os
 import subprocess
-import sys
 
 import pytest
 
-from .conftest import REPO, train_py
+from .conftest import run_py, train_py
 
 SMALL = ["task=mrpc", "model=tiny", "optim.limit_val_batches=2", "trainer.enable_progress_bar=false"]
 
 
 def evaluate_py(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(REPO / "src" / "evaluate.py"), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env=env)
+    return run_py(*args, script="evaluate.py")
 
 
 @pytest.mark.slow

@@ -2,9 +2,6 @@
 MNLI's two dev sets and AX, and the real-data acceptance run of a pre-trained checkpoint."""
 
 import json
-import os
-import subprocess
-import sys
 import zipfile
 from pathlib import Path
 
@@ -13,7 +10,7 @@ import torch
 
 from bert_repro import selection
 
-from .conftest import REPO
+from .conftest import run_py
 from .helpers import VARIED, call_in_new_process, validate_on_one_and_two_ranks
 
 TINY = ["model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.batch_size=16",
@@ -21,11 +18,7 @@ TINY = ["model=tiny", "logger=csv", "trainer.enable_progress_bar=false", "data.b
 
 
 def run(*args, module=None, timeout=600):
-    command = [sys.executable, "-m", module] if module else [sys.executable, str(REPO / "src" / "train.py")]
-    # small models; a busy 2-core machine oversubscribes two threads
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    proc = run_py(*args, module=module, timeout=timeout)
     return proc, proc.stdout + proc.stderr
 
 

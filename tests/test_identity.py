@@ -8,7 +8,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 
 import pytest
 import torch
@@ -16,7 +15,7 @@ import torch
 from bert_repro import selection
 from bert_repro.lifecycle.folder import find_runs
 
-from .conftest import REPO, train_py
+from .conftest import run_py, train_py
 
 pytestmark = pytest.mark.e2e
 
@@ -26,9 +25,7 @@ TINY = ["model=tiny", "optim.max_steps=3", "optim.limit_val_batches=2", "data.ma
 
 
 def evaluate_py(*args: str) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    return subprocess.run([sys.executable, str(REPO / "src" / "evaluate.py"), *args], cwd=REPO,
-                          capture_output=True, text=True, timeout=600, env=env)
+    return run_py(*args, script="evaluate.py")
 
 
 def digest(folder) -> dict[str, str]:

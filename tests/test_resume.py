@@ -16,7 +16,7 @@ import torch
 
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, safe_load
 
-from .conftest import REPO
+from .conftest import REPO, in_process
 
 PRETRAIN = ["model=tiny", "scale=smoke", "logger=csv", "trainer.enable_progress_bar=false",
             "data.batch_size=8",
@@ -32,8 +32,7 @@ def command(out: Path, cache: Path, *overrides: str) -> list[str]:
 
 
 def run(cmd: list[str], timeout: int = 600) -> subprocess.CompletedProcess:
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # same threads, same float sums: exact comparisons
-    return subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=timeout, env=env)
+    return in_process(cmd)  # one thread, as start_and_signal's: the same float sums, exact comparisons
 
 
 def saved_step(out: Path) -> int:

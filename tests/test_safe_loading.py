@@ -4,8 +4,6 @@ pickled payload is refused with a message naming it, and the payload never runs;
 import ast
 import os
 import pickle
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -15,7 +13,7 @@ from bert_repro import convert
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, safe_load
 from bert_repro.model import BertConfig, BertForPreTraining
 
-from .conftest import REPO
+from .conftest import REPO, run_py
 
 
 class Payload:
@@ -72,12 +70,9 @@ def test_library_loaders_refuse_it(malicious):
 @pytest.mark.parametrize("how", ["init", "ckpt_path"])
 def test_train_refuses_it_as_init_or_resume(malicious, tmp_path, how):
     path, marker = malicious
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), "model=tiny", "scale=smoke", "logger=none",
-         "data.corpus=builtin:pydoc", "optim.max_steps=2", "data.batch_size=8",
-         "scale.pretrain.vocab_size=2000", f"{how}={path}", f"paths.cache_dir={tmp_path / 'cache'}",
-         f"hydra.run.dir={tmp_path / 'run'}"],
-        cwd=REPO, capture_output=True, text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    proc = run_py("model=tiny", "scale=smoke", "logger=none", "data.corpus=builtin:pydoc",
+                  "optim.max_steps=2", "data.batch_size=8", "scale.pretrain.vocab_size=2000", f"{how}={path}",
+                  f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={tmp_path / 'run'}")
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2, output[-3000:]
     said = next(line for line in output.splitlines() if f"{path}: not " in line)

@@ -2,15 +2,12 @@
 init=), a malformed file through the command line, and Dev scored once per window under DDP."""
 
 import json
-import os
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
 import torch
 
-from .conftest import REPO
+from .conftest import run_py
 from .helpers import VARIED, call_in_new_process, validate_on_one_and_two_ranks
 
 SMALL = ["model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false", "data.max_seq_length=128",
@@ -19,10 +16,7 @@ SMALL = ["model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false", "
 
 
 def run(*args, timeout=600):
-    command = [sys.executable, str(REPO / "src" / "train.py")]
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small runs on a shared 2-core machine
-    proc = subprocess.run([*command, *args], cwd=REPO, capture_output=True, text=True, timeout=timeout,
-                          env=env)
+    proc = run_py(*args, timeout=timeout)
     return proc, proc.stdout + proc.stderr
 
 

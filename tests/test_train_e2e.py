@@ -1,15 +1,13 @@
 """src/train.py end to end on CPU: pre-train, write results.json, re-use the checkpoint as init=."""
 
 import json
-import subprocess
-import sys
 
 import pytest
 import torch
 
 from bert_repro.convert import load_checkpoint
 
-from .conftest import REPO
+from .conftest import run_py
 
 FAST = ["model=tiny", "scale=smoke", "logger=csv", "optim.max_steps=6", "optim.val_check_interval=3",
         "optim.limit_val_batches=2", "data.batch_size=8", "scale.pretrain.vocab_size=2000",
@@ -18,11 +16,8 @@ FAST = ["model=tiny", "scale=smoke", "logger=csv", "optim.max_steps=6", "optim.v
 
 def train(tmp_path, name, *overrides, corpus="builtin:pydoc"):
     out = tmp_path / name
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), *FAST, f"data.corpus={corpus}",
-         f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={out}", *overrides],
-        cwd=REPO, capture_output=True, text=True, timeout=300,
-    )
+    proc = run_py(*FAST, f"data.corpus={corpus}", f"paths.cache_dir={tmp_path / 'cache'}",
+                  f"hydra.run.dir={out}", *overrides)
     return proc, out
 
 
