@@ -32,8 +32,8 @@ constraints:
 		| sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > constraints.tmp && mv constraints.tmp constraints.txt
 
 # the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow
-# tests. Both on WORKERS pytest-xdist workers, one torch thread each (tests/conftest.py): most of the suite is
-# child processes (forked warm, torch already imported: bert_repro/lifecycle/warm.py). A test file runs on one worker
+# tests. Both on WORKERS pytest-xdist workers, one torch thread each (tests/conftest.py); src/train.py runs in the
+# worker's process (tests/conftest.py run_py): torch and Lightning load once per worker. A test file runs on one worker
 # (its module fixtures are built once), in collection order: the two rehearsals, the longest files, start
 # first (tests/conftest.py). WORKERS=0 runs the tests in this process.
 WORKERS ?= 2

@@ -28,7 +28,7 @@ CONF = REPO / "conf"
 # the project's real-data fixtures (read-only); tests that need them skip with a reason when absent
 SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data")
 
-# The unit tier (`make test-fast`) deselects the end-to-end tests: src/train.py or a CLI run in a subprocess.
+# The unit tier (`make test-fast`) deselects the end-to-end tests: src/train.py or a CLI run as a user would.
 # These files are end to end as a whole (as is every test_*_e2e.py); elsewhere mark a test @pytest.mark.e2e.
 E2E_FILES = {"test_bad_inputs.py", "test_ddp.py", "test_preempt.py", "test_resume.py"}
 
@@ -40,10 +40,10 @@ E2E_TESTS = ("test_convert.py::test_cli_", "test_safe_loading.py::test_train_ref
 SLOW_TESTS = ("test_speed_options.py::test_compiled_model_trains_like_the_eager_one_on_cpu",)
 
 
-# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadfile: the suite is mostly child
-# processes that each spend seconds importing torch on one core; a file's tests stay on one worker, so its
-# module-scoped fixtures, training runs its tests read, are built once). Each worker, and every process its
-# tests start, keeps to one torch thread: two workers of two threads each would oversubscribe the two cores.
+# `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadfile: a file's tests stay on one
+# worker, so its module-scoped fixtures, training runs its tests read, are built once). Each worker, and every
+# run or process its tests start, keeps to one torch thread: two workers of two threads each would
+# oversubscribe the two cores.
 if os.environ.get("PYTEST_XDIST_WORKER"):
     os.environ["OMP_NUM_THREADS"] = "1"
     import torch
