@@ -10,7 +10,7 @@ import torch
 
 from bert_repro.data import instances, pretraining
 from bert_repro.data.corpus import wikitext_documents, write_documents
-from bert_repro.data.instances import TokenizedDocuments, create_instances_from_document, mask_tokens
+from bert_repro.data.instances import TokenizedDocuments, create_instances_from_document, mask_with
 from bert_repro.data.pretraining import PretrainDataModule
 from bert_repro.tokenization import save_vocab, train_wordpiece, vocab_list
 
@@ -267,20 +267,89 @@ def test_truncated_lengths_agree_with_the_glue_rule():
         assert np.array_equal(np.stack(instances.truncated_lengths(len_a, len_b, budget), axis=1), expected)
 
 
-# --- masked LM (mask_tokens) ----------------------------------------------------------------------
+# --- masked LM (mask_batch) -----------------------------------------------------------------------
 
 
 def _mask_all(instances, shares, whole_word=False, is_continuation=None, seed=0, vocab_size=3000):
-    rng = np.random.default_rng(seed)
-    out = []
-    for inst in instances:
-        ids = np.asarray(inst["input_ids"])
-        special = (ids == 2) | (ids == 3)
-        cont = None if is_continuation is None else is_continuation[ids]
-        masked, pos, labels = mask_tokens(ids, special, rng, vocab_size, 4, shares=shares,
-                                          whole_word=whole_word, is_continuation=cont)
-        out.append((ids, special, masked, pos, labels))
-    return out
+    """Every instance masked by the one implementation (mask_batch), one generator for all, as a static round
+    draws them; per instance (ids, special, masked, positions, labels)."""
+    ids = [np.asarray(inst["input_ids"]) for inst in instances]
+    lengths = np.array([len(i) for i in ids])
+    mask = dict(vocab_size=vocab_size, mask_id=4, masked_lm_prob=0.15, max_predictions=20, shares=shares,
+                special_ids=(2, 3), is_continuation=is_continuation if whole_word else None)
+    masked, positions, labels, counts = mask_with([np.random.default_rng(seed)], [len(ids)],
+                                                  np.concatenate(ids), lengths, mask)
+    splits = np.cumsum(counts)[:-1]
+    return [(i, (i == 2) | (i == 3), m, p, lab) for i, m, p, lab in zip(
+        ids, np.split(masked, np.cumsum(lengths)[:-1]), np.split(positions, splits), np.split(labels, splits))]
+
+
+def _original_masking(ids, special, continuation, rng: random.Random, whole_word: bool) -> list[int]:
+    """The positions google-research/bert's create_masked_lm_predictions chooses (its loop, random.Random):
+    words shuffled, each taken while it fits; a "##" piece joins the candidate right before it."""
+    words: list[list[int]] = []
+    for i in range(len(ids)):
+        if special[i]:
+            continue
+        if whole_word and words and continuation[i] and words[-1][-1] == i - 1:
+            words[-1].append(i)
+        else:
+            words.append([i])
+    rng.shuffle(words)
+    k = min(20, max(1, int(round(len(ids) * 0.15))))
+    chosen: list[int] = []
+    for word in words:
+        if len(chosen) >= k:
+            break
+        if len(chosen) + len(word) > k:
+            continue
+        chosen += word
+    return sorted(chosen)
+
+
+@pytest.mark.parametrize("whole_word", [False, True])
+def test_masking_chooses_as_the_original(wiki, nsp_instances, whole_word):
+    """The positions chosen have the original loop's distribution: predictions per instance, the words they
+    make, where in the sequence they fall."""
+    _, tokenizer, _ = wiki
+    is_continuation = np.array([t.startswith("##") for t in vocab_list(tokenizer)])
+    sample = nsp_instances[:4000]
+    ours = [(ids, special, pos) for ids, special, _, pos, _ in
+            _mask_all(sample, (0.8, 0.1, 0.1), whole_word, is_continuation)]
+    rng = random.Random(0)
+    theirs = [(ids, special, _original_masking(ids, special, is_continuation[ids], rng, whole_word))
+              for ids, special, _ in ours]
+
+    def split(ids, special, pos) -> int:  # glued pieces chosen without the piece before them, or vice versa
+        chosen = np.zeros(len(ids), bool)
+        chosen[pos] = True
+        glued = is_continuation[ids][1:] & ~special[1:] & ~special[:-1]
+        return int(np.sum(chosen[:-1][glued] != chosen[1:][glued]))
+
+    def statistics(masked):
+        counts = np.array([len(pos) for _, _, pos in masked])
+        splits = sum(split(*m) for m in masked)
+        where = np.concatenate([np.asarray(pos) / len(ids) for ids, _, pos in masked])
+        return counts, splits / counts.sum(), np.histogram(where, bins=10, range=(0, 1))[0] / len(where)
+
+    (ours_n, ours_split, ours_where), (theirs_n, theirs_split, theirs_where) = map(statistics,
+                                                                                     (ours, theirs))
+    assert abs(ours_n.mean() - theirs_n.mean()) < 0.05
+    histogram = [np.bincount(c, minlength=21)[:21] / len(c) for c in (ours_n, theirs_n)]
+    assert np.abs(histogram[0] - histogram[1]).sum() / 2 < 0.02  # total variation distance
+    assert abs(ours_split - theirs_split) < 0.01 and (ours_split == 0) == whole_word
+    np.testing.assert_allclose(ours_where, theirs_where, atol=0.01)
+
+
+def test_whole_words_of_one_piece_mask_as_tokens(nsp_instances):
+    """With no "##" piece in the vocabulary, whole-word masking takes exactly the tokens token masking takes
+    from the same draws: the word loop and the partition are one rule."""
+    no_pieces = np.zeros(3000, bool)
+    tokens = _mask_all(nsp_instances[:500], (0.8, 0.1, 0.1))
+    words = _mask_all(nsp_instances[:500], (0.8, 0.1, 0.1), True, no_pieces)
+    for one, other in zip(tokens, words):
+        for a, b in zip(one, other):
+            assert np.array_equal(a, b)
 
 
 @pytest.mark.parametrize("shares", [(0.8, 0.1, 0.1), (0.8, 0.0, 0.2), (0.0, 0.2, 0.8)])

@@ -1,7 +1,8 @@
 """Pre-training instances: the data algorithm of google-research/bert `create_pretraining_data.py`
 (§3.3.1, §3.3.2, Appendix A.1): `create_instances_from_document` (here `document_pairs`, for many documents
-at once), `create_masked_lm_predictions` (here `mask_tokens`, and `mask_batch` for many instances at once) and
-`truncate_seq_pair` (`_truncate`, with the lengths of `truncated_lengths`: glue's rule, run_classifier.py's).
+at once), `create_masked_lm_predictions` (here `mask_batch`, for many instances at once, static or dynamic,
+whole words or not) and `truncate_seq_pair` (`_truncate`, with the lengths of `truncated_lengths`: glue's
+rule, run_classifier.py's).
 
 The same algorithm and distributions as the original, at array speed: a document is one array of token ids
 and its sentence boundaries (zero-copy views of the memory-mapped Arrow column, never a Python list of the
@@ -25,7 +26,7 @@ from tokenizers import Tokenizer
 
 # the order the instances draw their randomness in: bump when a seed gives other instances (the same
 # distributions), so a cache of the earlier ones is not read back as this code's
-DRAWS = 2
+DRAWS = 3
 TOKENS_FEATURES = Features({"tokens": Sequence(Sequence(Value("int32")))})
 
 
@@ -464,82 +465,49 @@ def create_instances_from_document(all_documents, doc_index: int, max_seq_length
     return instances
 
 
-def mask_tokens(input_ids, special_mask, rng: np.random.Generator, vocab_size: int, mask_id: int,
-                masked_lm_prob: float = 0.15, max_predictions: int = 20, shares=(0.8, 0.1, 0.1),
-                whole_word: bool = False, is_continuation=None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """The masked-LM corruption of one sequence (§3.3.1; the original create_masked_lm_predictions).
-
-    Chooses min(max_predictions, max(1, round(len * masked_lm_prob))) non-special positions
-    uniformly (whole words at a time when `whole_word`, the later Whole Word Masking release); of
-    those, shares = (MASK, SAME, RND): [MASK], kept, or a random id from the whole vocabulary
-    (v2 Appendix C.2 varies these). Returns (corrupted ids, sorted positions, original ids there).
-    """
-    ids = np.asarray(input_ids)
-    candidates = np.flatnonzero(~np.asarray(special_mask, dtype=bool))
-    num_to_predict = min(max_predictions, max(1, int(round(len(ids) * masked_lm_prob))))
-    if not whole_word:
-        chosen = rng.permutation(candidates)[:num_to_predict]
-    else:
-        # A "##" piece joins the word before it when that word ends right next to it.
-        cont = np.asarray(is_continuation, dtype=bool)[candidates]
-        starts = ~cont | np.r_[True, np.diff(candidates) != 1]
-        words = np.split(candidates, np.flatnonzero(starts)[1:])
-        picked: list[np.ndarray] = []
-        count = 0
-        for w in rng.permutation(len(words)):
-            if count >= num_to_predict:
-                break
-            if count + len(words[w]) <= num_to_predict:  # a word that would overshoot is skipped
-                picked.append(words[w])
-                count += len(words[w])
-        chosen = np.concatenate(picked) if picked else candidates[:0]
-    positions = np.sort(chosen)
-    labels = ids[positions]
-    masked = ids.copy()
-    u = rng.random(len(positions))
-    random_ids = rng.integers(0, vocab_size, size=len(positions))
-    masked[positions] = np.where(u < shares[0], mask_id,
-                                 np.where(u < shares[0] + shares[1], labels, random_ids))
-    return masked, positions, labels
-
-
-def mask_sequence(input_ids, rng: np.random.Generator, settings: dict):
-    """mask_tokens for an instance: [CLS]/[SEP] (`special_ids`) are never chosen; `is_continuation` is per
-    vocab id."""
-    ids = np.asarray(input_ids)
-    settings = dict(settings)
-    special_mask = np.isin(ids, settings.pop("special_ids"))
-    continuation = settings.pop("is_continuation")
-    return mask_tokens(ids, special_mask, rng,
-                       is_continuation=None if continuation is None else continuation[ids], **settings)
-
-
-def mask_draws(rng: np.random.Generator, n: int, max_seq_length: int, mask: dict) -> dict:
-    """The randomness `mask_batch` uses for `n` instances of one document, drawn in three blocks: a sort key
-    per position, and per prediction a uniform (MASK/SAME/RND) and a random id."""
-    p = mask["max_predictions"]
-    return {"keys": rng.random((n, max_seq_length)), "u": rng.random((n, p)),
+def mask_draws(rng: np.random.Generator, lengths, mask: dict) -> dict:
+    """The randomness `mask_batch` uses for instances of these `lengths` from one generator, in three blocks:
+    a sort key per token, and per prediction a uniform (MASK/SAME/RND) and a random id."""
+    n, p = len(lengths), mask["max_predictions"]
+    return {"keys": rng.random(int(np.sum(lengths))), "u": rng.random((n, p)),
             "random_ids": rng.integers(0, mask["vocab_size"], size=(n, p))}
 
 
+def mask_with(rngs: list, counts, input_ids: np.ndarray, lengths: np.ndarray, mask: dict):
+    """`mask_batch` of instances drawn in order from `rngs`, `counts[i]` of them from `rngs[i]`: a static
+    round (a generator per document) or a dynamic batch (a generator per example)."""
+    ends = np.cumsum(counts)
+    draws = [mask_draws(rng, lengths[end - n : end], mask) for rng, n, end in zip(rngs, counts, ends) if n]
+    block = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
+    return mask_batch(input_ids, lengths, block, mask)
+
+
 def mask_batch(input_ids: np.ndarray, lengths: np.ndarray, draws: dict, mask: dict):
-    """mask_tokens for many instances at once (flat ids, lengths): each instance takes its k non-special
-    positions of smallest key, a uniformly random k-subset as the original's shuffle-and-take; then MASK, SAME
-    or RND by its uniforms. Returns (corrupted flat ids, positions per instance flat, original ids there,
-    predictions per instance)."""
+    """The masked-LM corruption (§3.3.1; the original create_masked_lm_predictions) of many instances at once
+    (flat ids, lengths; `draws` from `mask_draws`).
+
+    Each instance predicts k = min(max_predictions, max(1, round(length * masked_lm_prob))) tokens, never
+    [CLS]/[SEP] (`special_ids`): it takes words in a uniformly random order (their first pieces' keys), each
+    while it fits in k, a word that would overshoot skipped. A word is one token, or with `is_continuation`
+    (per vocab id: whole-word masking, the later Whole Word Masking release) a token and the "##" pieces
+    right after it. Of the chosen tokens, `shares` = (MASK, SAME, RND) become [MASK], stay, or take a random
+    id from the whole vocabulary (v2 Appendix C.2 varies these). Returns (corrupted flat ids, positions per
+    instance flat, original ids there, predictions per instance)."""
     n, width = len(lengths), int(lengths.max())
     padded = _ranges(np.arange(n) * width, lengths)  # each token's place in an (n, width) layout
     ids = np.zeros(n * width, dtype=input_ids.dtype)
     ids[padded] = input_ids
     ids = ids.reshape(n, width)
-    keys = draws["keys"][:, :width].copy()
-    keys[(np.arange(width) >= lengths[:, None]) | np.isin(ids, mask["special_ids"])] = np.inf  # no candidate
+    keys = np.full(n * width, np.inf)  # inf: no candidate (padding, [CLS], [SEP])
+    keys[padded] = draws["keys"]
+    keys = keys.reshape(n, width)
+    keys[np.isin(ids, mask["special_ids"])] = np.inf
     k = np.minimum(mask["max_predictions"], np.maximum(1, np.round(lengths * mask["masked_lm_prob"])))
     k = k.astype(int)
-    smallest = min(mask["max_predictions"], width)
-    kth = np.sort(np.partition(keys, smallest - 1, axis=1)[:, :smallest], axis=1)
-    chosen = keys <= kth[np.arange(n), np.minimum(k, width) - 1][:, None]
-    chosen &= np.isfinite(keys)  # fewer candidates than k: all of them
+    if mask.get("is_continuation") is None:
+        chosen = _first_tokens(keys, k, min(mask["max_predictions"], width))
+    else:
+        chosen = _first_words(keys, mask["is_continuation"][ids], k)
     at_row, at_col = np.nonzero(chosen)
     counts = chosen.sum(axis=1)
     rank = np.arange(len(at_row)) - np.repeat(np.cumsum(counts) - counts, counts)
@@ -550,6 +518,39 @@ def mask_batch(input_ids: np.ndarray, lengths: np.ndarray, draws: dict, mask: di
     ids[at_row, at_col] = np.where(u < mask_share, mask["mask_id"],
                                    np.where(u < mask_share + same_share, labels, random_ids))
     return ids.ravel()[padded], at_col, labels, counts
+
+
+def _first_tokens(keys: np.ndarray, k: np.ndarray, most: int) -> np.ndarray:
+    """`_first_words` where every word is one token: the k candidates of smallest key (a partition)."""
+    n, width = keys.shape
+    kth = np.sort(np.partition(keys, most - 1, axis=1)[:, :most], axis=1)
+    chosen = keys <= kth[np.arange(n), np.minimum(k, width) - 1][:, None]
+    return chosen & np.isfinite(keys)  # fewer candidates than k: all of them
+
+
+def _first_words(keys: np.ndarray, continuation: np.ndarray, k: np.ndarray) -> np.ndarray:
+    """The tokens of the words taken in key order while each fits in k (the original's loop over shuffled
+    words: a word that would overshoot is skipped); a "##" piece joins the candidate right before it."""
+    n, width = keys.shape
+    candidate = np.isfinite(keys)
+    before = np.pad(candidate[:, :-1], ((0, 0), (1, 0)))
+    first = candidate & ~(continuation & before)  # a word's first piece
+    columns = np.broadcast_to(np.arange(width), (n, width))
+    word = np.maximum.accumulate(np.where(first, columns, 0), axis=1)  # each piece's first piece's column
+    rows = np.arange(n)[:, None]
+    sizes = np.bincount((rows * width + word)[candidate], minlength=n * width).reshape(n, width)
+    order = np.argsort(np.where(first, keys, np.inf), axis=1)
+    sizes = np.take_along_axis(sizes, order, axis=1)  # word sizes in key order, zeros after the last word
+    taken, count = np.zeros((n, width), bool), np.zeros(n, int)
+    for j in range(width):
+        fits = (sizes[:, j] > 0) & (count + sizes[:, j] <= k)
+        if not (sizes[:, j] > 0).any():
+            break
+        taken[:, j] = fits
+        count += np.where(fits, sizes[:, j], 0)
+    chosen_first = np.zeros((n, width), bool)
+    np.put_along_axis(chosen_first, order, taken, axis=1)
+    return candidate & chosen_first[rows, word]
 
 
 def instance_features(nsp: bool, static_mask: bool) -> Features:
@@ -575,7 +576,6 @@ class InstanceMaker:
         self.max_seq_length, self.short_seq_prob = max_seq_length, short_seq_prob
         self.nsp, self.mask = nsp, mask
         self.cls_id, self.sep_id = cls_id, sep_id
-        self.whole_word = mask is not None and mask["whole_word"]
         self.features = instance_features(nsp, mask is not None)
         self._documents: TokenizedDocuments | None = None  # opened in the process that runs the map
 
@@ -595,21 +595,9 @@ class InstanceMaker:
         lengths = segments.sum(axis=1)
         columns = {"doc_index": pairs["doc_index"], "target_length": pairs["target_length"],
                    "dupe": np.full(len(lengths), self.dupe), "next_sentence_label": pairs["random_next"]}
-        if self.whole_word:  # word by word, so per instance
-            pieces, predictions = [], []
-            for slot, instance in zip(pairs["slot"].tolist(), np.split(ids, np.cumsum(lengths)[:-1])):
-                masked, positions, originals = mask_sequence(instance, rngs[slot], self.mask)
-                pieces.append(masked)
-                predictions.append((positions, originals))
-            ids = np.concatenate(pieces)
-            positions, originals = (np.concatenate(column) for column in zip(*predictions))
-            counts = np.array([len(p) for p, _ in predictions])
-        elif self.mask is not None:  # static masking: decided once, stored
-            draws = [mask_draws(rngs[k], n, self.max_seq_length, self.mask)
-                     for k, n in enumerate(pairs["per_document"].tolist()) if n]
-            block = {key: np.concatenate([d[key] for d in draws]) for key in draws[0]}
-            ids, positions, originals, counts = mask_batch(ids, lengths, block, self.mask)
-        if self.mask is not None:
+        if self.mask is not None:  # static masking: decided once, stored
+            per_document = pairs["per_document"]
+            ids, positions, originals, counts = mask_with(rngs, per_document, ids, lengths, self.mask)
             columns["masked_lm_positions"] = _lists(counts, positions)
             columns["masked_lm_ids"] = _lists(counts, originals)
         columns["input_ids"] = _lists(lengths, ids)

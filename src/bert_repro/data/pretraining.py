@@ -86,15 +86,22 @@ class PretrainingCollator:
             P = self.mask["max_predictions"]
             positions, lm_ids = np.zeros((B, P), dtype=np.int64), np.zeros((B, P), dtype=np.int64)
             weights = np.zeros((B, P), dtype=np.float32)
+        ids = [np.asarray(e["input_ids"]) for e in examples]
+        if self.mask is not None and self.dynamic:  # one mask_batch over the batch, a generator per example
+            lengths = np.array([len(i) for i in ids])
+            flat, pos, labels, counts = instances.mask_with([self._generator(e) for e in examples], [1] * B,
+                                                            np.concatenate(ids), lengths, self.mask)
+            ids = np.split(flat, np.cumsum(lengths)[:-1])
+            splits = np.cumsum(counts)[:-1]
+            predictions = zip(np.split(pos, splits), np.split(labels, splits))
+        elif self.mask is not None:
+            predictions = ((e["masked_lm_positions"], e["masked_lm_ids"]) for e in examples)
         for b, e in enumerate(examples):
-            ids, n = np.asarray(e["input_ids"]), len(e["input_ids"])
+            n = len(ids[b])
             if self.mask is not None:
-                if self.dynamic:
-                    ids, pos, labels = instances.mask_sequence(ids, self._generator(e), self.mask)
-                else:
-                    pos, labels = e["masked_lm_positions"], e["masked_lm_ids"]
+                pos, labels = next(predictions)
                 positions[b, : len(pos)], lm_ids[b, : len(pos)], weights[b, : len(pos)] = pos, labels, 1.0
-            input_ids[b, :n], token_type_ids[b, :n], attention_mask[b, :n] = ids, e["token_type_ids"], 1
+            input_ids[b, :n], token_type_ids[b, :n], attention_mask[b, :n] = ids[b], e["token_type_ids"], 1
         batch.update(input_ids=input_ids, token_type_ids=token_type_ids, attention_mask=attention_mask)
         if self.mask is not None:
             batch.update(masked_lm_positions=positions, masked_lm_ids=lm_ids, masked_lm_weights=weights)
