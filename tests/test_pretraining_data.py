@@ -280,8 +280,9 @@ def _mask_all(instances, shares, whole_word=False, is_continuation=None, seed=0,
     masked, positions, labels, counts = mask_with([np.random.default_rng(seed)], [len(ids)],
                                                   np.concatenate(ids), lengths, mask)
     splits = np.cumsum(counts)[:-1]
-    return [(i, (i == 2) | (i == 3), m, p, lab) for i, m, p, lab in zip(
-        ids, np.split(masked, np.cumsum(lengths)[:-1]), np.split(positions, splits), np.split(labels, splits))]
+    per_instance = zip(ids, np.split(masked, np.cumsum(lengths)[:-1]), np.split(positions, splits),
+                       np.split(labels, splits))
+    return [(i, (i == 2) | (i == 3), m, p, lab) for i, m, p, lab in per_instance]
 
 
 def _original_masking(ids, special, continuation, rng: random.Random, whole_word: bool) -> list[int]:

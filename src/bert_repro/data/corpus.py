@@ -26,10 +26,11 @@ import hashlib
 import logging
 import os
 import re
+import shutil
 import sys
 import tempfile
 from collections.abc import Iterable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -76,6 +77,9 @@ _GUTENBERG_HEADING = re.compile(
 )
 
 
+ARROW_END = b"\xff\xff\xff\xff\x00\x00\x00\x00"  # the end-of-stream marker every finished Arrow stream has
+
+
 def default_cache_dir() -> Path:
     return Path(os.environ.get("BERT_REPRO_CACHE", Path.home() / ".cache" / "bert_repro"))
 
@@ -115,6 +119,50 @@ def wiki_passages(lines: Iterable[str]) -> Iterator[str]:
 
 def prose_sentences(paragraph: str) -> list[str]:
     return [s for s in split_sentences(paragraph) if len(s.split()) >= MIN_WORDS]
+
+
+def drop_damaged(cache_file: str | Path) -> bool:
+    """Delete the Arrow cache `cache_file` (with its shards: the files named as it with a suffix) if it no
+    longer reads whole, with a log line naming it, so the `datasets` step that follows rebuilds it: a file
+    this platform wrote, cut short by a crash, a full disk or a copy, would otherwise stop the run in Arrow's
+    reader, naming no file. Returns whether it deleted any."""
+    cache_file, dropped = Path(cache_file), False
+    for file in sorted(cache_file.parent.glob(f"{cache_file.stem}*{cache_file.suffix}")):
+        try:
+            with pa.memory_map(str(file)) as source:
+                pa.ipc.open_stream(source).read_all()  # a batch cut short
+                source.seek(max(0, source.size() - len(ARROW_END)))
+                whole = source.read(len(ARROW_END)) == ARROW_END  # cut between two batches
+            damage = None if whole else "it ends before Arrow's end-of-stream marker"
+        except (OSError, pa.ArrowInvalid) as err:
+            damage = str(err)
+        if damage:
+            log.warning("cache file %s is damaged (%s): rebuilding it", file, damage)
+            file.unlink()
+            dropped = True
+    return dropped
+
+
+@contextmanager
+def no_temporary_left(folder: Path) -> Iterator[None]:
+    """`datasets.map` writes a cache file as a temporary one beside it (tmpXXXXXXXX) and leaves it when the
+    write fails at closing (a full disk): on a failure, remove those this block made, never one that another
+    process (a run side by side) holds open."""
+    before = set(folder.glob("tmp*"))
+    try:
+        yield
+    except BaseException:
+        made = set(folder.glob("tmp*")) - before
+        if made:
+            held = set()
+            for fd in Path("/proc").glob("[0-9]*/fd/*"):
+                if fd.parts[2] != str(os.getpid()):
+                    with suppress(OSError):
+                        held.add(os.readlink(fd))
+            for file in made:
+                if str(file) not in held:
+                    file.unlink(missing_ok=True)
+        raise
 
 
 @contextmanager
@@ -393,9 +441,16 @@ def load_documents(source: str, cache_dir: str | Path | None = None, num_proc: i
     key = _fingerprint(READER_VERSION, BLOCK_BYTES, READ_BYTES, *files)
     builder = OriginalFormat(cache_dir=str(cache_dir / "hf"), config_name="documents", hash=key,
                              files=tuple(str(f) for f in files))
+    if drop_damaged(Path(builder.cache_dir) / f"{builder.name}-train.arrow"):
+        shutil.rmtree(builder.cache_dir)  # datasets prepares a split whole or not at all
     processes = min(num_proc or 1, sum(Path(f).stat().st_size for f in files) // READ_POOL_BYTES)
     with datasets_progress(f"reading corpus {source!r} ({len(files)} file(s))"):
-        builder.download_and_prepare(num_proc=processes if processes > 1 else None)
+        try:
+            builder.download_and_prepare(num_proc=processes if processes > 1 else None)
+        except datasets.exceptions.DatasetGenerationError as err:
+            if isinstance(err.__cause__, OSError):  # a full disk, say: the error itself, named upstream
+                raise err.__cause__ from None
+            raise
     if not builder.info.splits["train"].num_examples:
         raise ValueError(f"corpus {source!r} ({', '.join(map(str, files[:3]))}) holds no documents")
     documents = builder.as_dataset(split="train")

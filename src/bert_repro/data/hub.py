@@ -28,7 +28,18 @@ import re
 from collections.abc import Iterable, Iterator
 from pathlib import Path
 
-from datasets import Dataset, Features, Sequence, Value, concatenate_datasets, load_dataset
+import fsspec
+import pyarrow as pa
+import pyarrow.parquet as pq
+from datasets import (
+    Dataset,
+    Features,
+    Sequence,
+    Value,
+    concatenate_datasets,
+    load_dataset,
+    load_dataset_builder,
+)
 from datasets.exceptions import DatasetGenerationError
 
 from bert_repro.data.corpus import pool_size, prose_sentences, wiki_passages
@@ -89,7 +100,32 @@ def _sentence_documents(rows: Iterable[dict], spec: dict) -> Iterator[list[str]]
         yield document
 
 
+def damaged_file(spec: dict, err: Exception) -> ValueError:
+    """The refusal of a data set whose file does not read (a parquet shard cut short, a copy gone wrong),
+    naming the first of the entry's parquet files that does not open, else the reader's own words."""
+    cause = err.__cause__ if isinstance(err, DatasetGenerationError) and err.__cause__ else err
+    where = f"data.hub entry {spec['path']!r} (split {spec['split']!r})"
+    builder = load_dataset_builder(spec["path"], spec["name"], revision=spec["revision"],
+                                   data_files=spec["data_files"])
+    for file in (builder.config.data_files or {}).get(spec["split"], []):
+        if str(file).endswith(".parquet"):
+            try:
+                with fsspec.open(file) as handle:
+                    pq.ParquetFile(handle)
+            except (OSError, pa.ArrowException) as problem:
+                return ValueError(f"{where}: {file} is damaged ({problem}); expected a whole parquet file: "
+                                  "fetch it again (delete it, or the Hub cache's copy) and rerun")
+    return ValueError(f"{where} does not read: {type(cause).__name__}: {cause}")
+
+
 def _load(spec: dict, cache_dir: Path | None, streaming: bool, num_proc: int | None = None):
+    try:
+        return _open(spec, cache_dir, streaming, num_proc)
+    except (DatasetGenerationError, pa.ArrowException) as err:
+        raise damaged_file(spec, err) from None
+
+
+def _open(spec: dict, cache_dir: Path | None, streaming: bool, num_proc: int | None = None):
     # num_proc: the files (Wikipedia's 41 parquet shards) converted to Arrow by that many processes
     rows = load_dataset(spec["path"], spec["name"], split=spec["split"], revision=spec["revision"],
                         data_files=spec["data_files"], streaming=streaming,
@@ -205,6 +241,8 @@ def _from_generator(generator, hf_cache: Path, num_proc: int | None, gen_kwargs:
                                       gen_kwargs=gen_kwargs, num_proc=num_proc)
     # the builder wraps our own message; show it, not the wrapper
     except DatasetGenerationError as err:
+        if isinstance(err.__cause__, pa.ArrowException):  # a file of the data set, read in the generator
+            raise damaged_file(gen_kwargs["spec"], err) from None
         if isinstance(err.__cause__, ValueError):
             raise err.__cause__ from None
         raise

@@ -21,7 +21,14 @@ from torch.utils.data import DataLoader
 from bert_repro.data import instances
 from bert_repro.data.base import HELD_OUT_SEED, cache_key
 from bert_repro.data.batching import eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir, load_documents, pool_size, replaced_whole
+from bert_repro.data.corpus import (
+    default_cache_dir,
+    drop_damaged,
+    load_documents,
+    no_temporary_left,
+    pool_size,
+    replaced_whole,
+)
 from bert_repro.data.hub import load_hub_documents
 from bert_repro.data.progress import datasets_progress
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
@@ -201,8 +208,8 @@ class PretrainDataModule(L.LightningDataModule):
             key = cache_key(CACHE_FORMAT, docs._fingerprint, n_val, HELD_OUT_SEED)
 
             def part(name: str, rows: np.ndarray) -> Dataset:
-                return docs.select(np.sort(rows),
-                                   indices_cache_file_name=str(folder / f"split-{name}-{key}.arrow"))
+                drop_damaged(indices := folder / f"split-{name}-{key}.arrow")
+                return docs.select(np.sort(rows), indices_cache_file_name=str(indices))
 
             self._splits = (part("train", order[n_val:]), part("val", order[:n_val]) if n_val else None)
         return self._splits
@@ -254,19 +261,20 @@ class PretrainDataModule(L.LightningDataModule):
         folder = self.cache_dir / "pretrain"
         folder.mkdir(parents=True, exist_ok=True)
         tokens_key = cache_key(CACHE_FORMAT, docs._fingerprint, self.vocab, self.lowercase)
+        drop_damaged(cache_file := folder / f"tokens-{split}-{tokens_key}.arrow")
         start = time.perf_counter()
         # One word cache for both splits in this process, and the one a pool's workers start from (it travels
         # with the pickled function): val, tokenized first, fills it with the corpus's common words.
         if getattr(self, "_word_ids", (None,))[0] is not self._tokenizer:
             self._word_ids = (self._tokenizer, instances.WordPieceIds(self._tokenizer))
         # Batches of documents, written out as they come: a batch is the largest thing held in memory.
-        with datasets_progress(f"{split}: tokenizing {len(docs)} documents"):
+        with datasets_progress(f"{split}: tokenizing {len(docs)} documents"), no_temporary_left(folder):
             tokens = docs.with_format("arrow").map(
                 self._word_ids[1], batched=True, batch_size=BATCH_DOCUMENTS,
                 writer_batch_size=BATCH_DOCUMENTS, remove_columns=docs.column_names,
                 num_proc=pool_size(docs, self.hparams.num_proc, PROCESS_BYTES),
                 features=instances.TOKENS_FEATURES, new_fingerprint=tokens_key,
-                cache_file_name=str(folder / f"tokens-{split}-{tokens_key}.arrow"),
+                cache_file_name=str(cache_file),
                 desc=f"{split}: tokenizing documents").with_format(None)
         self.instance_stats[split] = dict(tokenize_s=time.perf_counter() - start)
         return tokens, tokens_key
@@ -289,9 +297,10 @@ class PretrainDataModule(L.LightningDataModule):
         for dupe in range(dupe_factor):
             key = cache_key(CACHE_FORMAT, instances.DRAWS, tokens_key,
                             {**settings, "mask": mask_key, "dupe": dupe})
-            cache_file = folder / f"instances-{split}-{key}.arrow"
+            drop_damaged(cache_file := folder / f"instances-{split}-{key}.arrow")
             cached &= any(folder.glob(f"{cache_file.stem}*.arrow"))  # with num_proc, one file per shard
-            with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"):
+            with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"), \
+                    no_temporary_left(folder):
                 rounds.append(tokens.map(
                     instances.InstanceMaker(tokens, dupe=dupe, **settings), batched=True,
                     batch_size=BATCH_DOCUMENTS, with_indices=True, input_columns=[],

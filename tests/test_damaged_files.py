@@ -1,0 +1,108 @@
+"""Damaged files (#44): a cache this platform wrote and finds cut short is rebuilt, saying so; a user's
+damaged file is refused by name; a failed write (a full disk) leaves no temporary file."""
+
+import errno
+import logging
+import os
+import subprocess
+import uuid
+
+import pyarrow as pa
+import pyarrow.parquet as pq
+import pytest
+
+from bert_repro.data.hub import load_hub_documents
+from bert_repro.data.pretraining import PretrainDataModule
+
+from .conftest import SHARED
+
+SAMPLE = SHARED / "pretrain_text" / "sample_text.txt"
+
+
+def _module(cache, **kwargs) -> PretrainDataModule:
+    if not SAMPLE.is_file():
+        pytest.skip(f"{SAMPLE} not found (shared data; set BERT_REPRO_SHARED_DATA)")
+    settings = dict(tokenizer=None, vocab_size=300, masking="static", val_fraction=0.2, max_seq_length=64,
+                    cache_dir=str(cache))
+    dm = PretrainDataModule(str(SAMPLE), **{**settings, **kwargs})
+    dm.setup()
+    return dm
+
+
+def _cut(path) -> None:
+    data = path.read_bytes()
+    path.write_bytes(data[: len(data) // 2])
+
+
+@pytest.mark.parametrize("cache_file", ["instances-train-*.arrow", "tokens-train-*.arrow",
+                                        "instances-val-*.arrow", "hf/corpus/**/*.arrow"])
+def test_a_damaged_cache_is_rebuilt_and_said_so(tmp_path, caplog, cache_file):
+    first = _module(tmp_path)
+    expected = first.train_set.to_dict(), first.val_set.to_dict()
+    folder = tmp_path if cache_file.startswith("hf") else tmp_path / "pretrain"
+    damaged = sorted(folder.glob(cache_file))
+    assert damaged
+    for file in damaged:
+        _cut(file)
+    with caplog.at_level(logging.WARNING):
+        again = _module(tmp_path)
+    assert (again.train_set.to_dict(), again.val_set.to_dict()) == expected
+    for file in damaged:
+        assert f"cache file {file} is damaged" in caplog.text and "rebuilding it" in caplog.text
+
+
+def test_a_cache_cut_where_a_batch_ends_is_rebuilt(tmp_path, caplog):
+    """A file cut where a record batch ends reads as a whole, shorter table: the end-of-stream marker it lacks
+    tells."""
+    first = _module(tmp_path)
+    (file,) = (tmp_path / "pretrain").glob("instances-train-*.arrow")
+    with pa.memory_map(str(file)) as source:
+        assert pa.ipc.open_stream(source).read_all().num_rows == len(first.train_set)
+    file.write_bytes(file.read_bytes()[:-8])
+    with pa.memory_map(str(file)) as source:
+        assert pa.ipc.open_stream(source).read_all().num_rows == len(first.train_set)  # reads, unmarked
+    with caplog.at_level(logging.WARNING):
+        _module(tmp_path)
+    assert f"cache file {file} is damaged (it ends before Arrow's end-of-stream marker)" in caplog.text
+
+
+@pytest.mark.parametrize("streaming", [False, True])
+def test_a_truncated_parquet_shard_is_refused_by_name(tmp_path, streaming):
+    (tmp_path / "data" / "data").mkdir(parents=True)
+    text = "A sentence that is long enough to be kept here. Another sentence follows it in the row."
+    for shard in range(2):
+        pq.write_table(pa.table({"text": [text] * 300}),
+                       tmp_path / "data" / "data" / f"train-0000{shard}-of-00002.parquet")
+    shard = tmp_path / "data" / "data" / "train-00001-of-00002.parquet"
+    _cut(shard)
+    with pytest.raises(ValueError) as err:
+        load_hub_documents([{"path": str(tmp_path / "data"), "streaming": streaming}],
+                           cache_dir=tmp_path / "cache")
+    assert f"{shard} is damaged" in str(err.value) and "expected a whole parquet file" in str(err.value)
+
+
+@pytest.fixture(params=["2m", "3m"])  # full while reading the corpus, while writing token ids
+def full_disk(tmp_path, request):
+    """A small tmpfs (root only)."""
+    folder = tmp_path / f"full-{uuid.uuid4().hex[:6]}"
+    folder.mkdir()
+    mount = ["mount", "-t", "tmpfs", "-o", f"size={request.param}", "tmpfs", str(folder)]
+    if os.geteuid() != 0 or subprocess.run(mount, capture_output=True).returncode:
+        pytest.skip("mounting a small tmpfs needs root")
+    try:
+        yield folder
+    finally:
+        subprocess.run(["umount", "-l", str(folder)], check=True)  # lazily: the error still maps its files
+
+
+def test_a_full_disk_leaves_no_temporary_file(full_disk):
+    wikitext = SHARED / "pretrain_text" / "wikitext-2-raw" / "wiki.test.raw"
+    if not wikitext.is_file():
+        pytest.skip(f"{wikitext} not found (shared data; set BERT_REPRO_SHARED_DATA)")
+    with pytest.raises(OSError) as err:
+        PretrainDataModule(f"wikitext:{wikitext}", vocab_size=500, masking="static", dupe_factor=8,
+                           val_fraction=0.1, cache_dir=str(full_disk)).setup()
+    assert err.value.errno == errno.ENOSPC
+    left = [p for p in full_disk.rglob("*") if p.is_file() and (p.name.startswith(("tmp", "."))
+                                                                  or ".incomplete" in str(p))]
+    assert not [p for p in left if not p.name.endswith(".lock")], left
