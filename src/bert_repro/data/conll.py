@@ -221,7 +221,7 @@ class ConllDataModule(FineTuningDataModule):
         return found[0] if found else None
 
     def _hub_split(self, split: str) -> dict[str, list]:
-        hub = self.hparams.hub or {"path": "eriktks/conll2003"}
+        hub = self.hparams.hub or {"path": "eriktks/conll2003", "revision": "refs/convert/parquet"}
         rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
                             revision=hub.get("revision"), cache_dir=str(self.cache_dir / "hub"))
         for i, tokens in enumerate(rows["tokens"]):
