@@ -106,3 +106,20 @@ def test_a_full_disk_leaves_no_temporary_file(full_disk):
     left = [p for p in full_disk.rglob("*") if p.is_file() and (p.name.startswith(("tmp", "."))
                                                                   or ".incomplete" in str(p))]
     assert not [p for p in left if not p.name.endswith(".lock")], left
+
+
+def test_a_vocabulary_that_does_not_cover_the_corpus_is_refused(tmp_path):
+    """#44: a 100-token vocab.txt turns most of a corpus into [UNK]; it trains to nonsense, so it is refused,
+    naming the vocabulary and the share."""
+    vocab = tmp_path / "vocab.txt"
+    letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]
+    vocab.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", *letters[:20],
+                                *[f"w{i}" for i in range(75)]]) + "\n")
+    with pytest.raises(ValueError) as err:
+        _module(tmp_path / "cache", tokenizer=str(vocab))
+    message = str(err.value)
+    assert f"data.tokenizer={vocab} (100 tokens) turns" in message and "data.max_unknown_share=0.05" in message
+    share = float(message.split(" turns ")[1].split("%")[0])
+    assert 20 < share <= 100
+    dm = _module(tmp_path / "cache", tokenizer=str(vocab), max_unknown_share=1.0)  # the user's call
+    assert len(dm.train_set) > 0

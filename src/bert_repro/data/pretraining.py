@@ -12,6 +12,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
+import pyarrow.compute as pc
 import torch
 from datasets import Dataset, concatenate_datasets
 from filelock import FileLock
@@ -41,6 +42,7 @@ BATCH_DOCUMENTS = 64  # documents per map batch: enough for array work; the heap
 # Arrow data (text, or token ids: about as many bytes) a num_proc worker must get, else a map runs here: at
 # 5-10 MB/s a process, a pool (about 0.3 s to start and stop) pays for itself from a few MB
 PROCESS_BYTES = 8 << 20
+UNKNOWN_SAMPLE = 10_000_000  # the [UNK] share is measured on about this many of the first train tokens
 
 
 @contextmanager
@@ -142,7 +144,7 @@ class PretrainDataModule(L.LightningDataModule):
                  ltr: bool = False, masking: str = "dynamic", dupe_factor: int = 1,
                  val_fraction: float = 0.05, batch_size: int = 32, num_workers: int = 0, num_proc: int = 1,
                  seed: int = 12345, cache_dir: str | None = None, max_documents: int | None = None,
-                 source: str = "files", hub: list[dict] | None = None):
+                 source: str = "files", hub: list[dict] | None = None, max_unknown_share: float = 0.05):
         super().__init__()
         mask_shares = tuple(float(s) for s in mask_shares)
         if len(mask_shares) != 3 or min(mask_shares) < 0 or abs(sum(mask_shares) - 1) > 1e-6:
@@ -155,6 +157,8 @@ class PretrainDataModule(L.LightningDataModule):
         if not 0 <= val_fraction < 1 or max_seq_length < 8:
             raise ValueError(f"val_fraction={val_fraction}, max_seq_length={max_seq_length}: expected [0, 1) "
                              "and >= 8")
+        if not 0 <= max_unknown_share <= 1:
+            raise ValueError(f"data.max_unknown_share={max_unknown_share}: expected a share in [0, 1]")
         if source not in ("files", "hub"):
             raise ValueError(f"data.source={source!r}: expected 'files' (data.corpus) or 'hub' (data.hub)")
         if source == "files" and not corpus:
@@ -334,10 +338,32 @@ class PretrainDataModule(L.LightningDataModule):
             # val first: small, so tokenized here, it warms the word cache the train workers start from
             val_tokens = self._tokens(val_docs, "val") if val_docs is not None else None
             train_tokens = self._tokens(train_docs, "train")
+            self._refuse_unknown(train_tokens[0])
             self.train_set = self._instances(train_tokens, "train", hp.seed, hp.dupe_factor,
                                              static=hp.masking == "static")
             if val_tokens is not None:
                 self.val_set = self._instances(val_tokens, "val", HELD_OUT_SEED, 1, static=True)
+
+    def _refuse_unknown(self, tokens: Dataset) -> None:
+        """A vocabulary that does not cover the corpus trains to nonsense: refuse more [UNK] than
+        data.max_unknown_share (English Wikipedia under BERT's own vocabulary: well below 1%)."""
+        hp = self.hparams
+        if "[UNK]" not in self.vocab:
+            return
+        unk, seen, unknown = self.vocab.index("[UNK]"), 0, 0
+        for chunk in tokens.data.column("tokens").chunks:
+            ids = chunk.flatten().flatten()
+            seen, unknown = seen + len(ids), unknown + (pc.sum(pc.equal(ids, unk)).as_py() or 0)
+            if seen >= UNKNOWN_SAMPLE:
+                break
+        if seen and unknown / seen > hp.max_unknown_share:
+            name = ("the run's vocabulary" if isinstance(hp.tokenizer, (list, tuple))
+                    else hp.tokenizer or "the WordPiece vocabulary trained on it")
+            raise ValueError(f"data.tokenizer={name} ({len(self.vocab)} tokens) turns {unknown / seen:.1%} "
+                             f"of corpus {self.corpus_name!r}'s tokens into [UNK] ({unknown} of the first "
+                             f"{seen}), above data.max_unknown_share={hp.max_unknown_share}: expected a "
+                             "vocabulary that covers the corpus (its language, script and casing: "
+                             "data.lowercase)")
 
     def _columns(self, static: bool) -> list[str]:
         columns = ["input_ids", "token_type_ids"] + (["next_sentence_label"] if self.hparams.nsp else [])
