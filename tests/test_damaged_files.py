@@ -118,7 +118,8 @@ def test_a_vocabulary_that_does_not_cover_the_corpus_is_refused(tmp_path):
     with pytest.raises(ValueError) as err:
         _module(tmp_path / "cache", tokenizer=str(vocab))
     message = str(err.value)
-    assert f"data.tokenizer={vocab} (100 tokens) turns" in message and "data.max_unknown_share=0.05" in message
+    assert f"data.tokenizer={vocab} (100 tokens) turns" in message
+    assert "data.max_unknown_share=0.05" in message
     share = float(message.split(" turns ")[1].split("%")[0])
     assert 20 < share <= 100
     dm = _module(tmp_path / "cache", tokenizer=str(vocab), max_unknown_share=1.0)  # the user's call

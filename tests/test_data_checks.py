@@ -157,3 +157,24 @@ def test_data_modules_share_one_key_and_seed_and_import_nothing_above_them():
         for copy in ("HELD_OUT_SEED =", "def _key("):
             assert path.name == "base.py" or copy not in text, (path.name, copy)
         assert not re.search(r"bert_repro\.(convert|tasks|run|pretrained|evaluate)\b", text), path.name
+
+
+def test_an_unclosed_quote_is_named_at_the_line_it_opens(tmp_path):
+    from bert_repro.data.tabular import FileSpec, read_rows
+
+    path = tmp_path / "quote.csv"
+    path.write_text('a,b,label\nx,y,1\n"unclosed,y,0\nz,w,1\nq,r,0\n')
+    expected = f"{path} line 3: 1 fields, expected 3; the row runs to line 5: is a quote on line 3 left open?"
+    with pytest.raises(ValueError, match=re.escape(expected)):
+        read_rows(FileSpec(str(path)), tmp_path / "cache")
+
+
+@pytest.mark.parametrize("setting, lead", [({"max_seq_length": 8}, "max_seq_length=8"),
+                                           ({"max_query_length": 300}, "max_query_length=300"),
+                                           ({"doc_stride": 400}, "doc_stride=400"),
+                                           ({"max_seq_length": 128, "doc_stride": 64}, "doc_stride=64")])
+def test_squad_windows_that_cannot_overlap_lead_with_the_key_the_user_set(setting, lead):
+    from bert_repro.data.squad import SquadDataModule
+
+    with pytest.raises(ValueError, match=re.escape(lead) + ": the passage room"):
+        SquadDataModule(1, **setting)

@@ -35,6 +35,7 @@ CACHE_VERSION = 1  # bump when the window format below changes
 FILES = {1: {"train": "train-v1.1.json", "dev": "dev-v1.1.json"},
          2: {"train": "train-v2.0.json", "dev": "dev-v2.0.json"}}
 HUB = {1: {"path": "rajpurkar/squad", "name": None}, 2: {"path": "rajpurkar/squad_v2", "name": None}}
+WINDOW_DEFAULTS = {"max_seq_length": 384, "doc_stride": 128, "max_query_length": 64}  # released run_squad.py
 EXAMPLE_FEATURES = Features({"id": Value("string"), "title": Value("string"), "context": Value("string"),
                              "question": Value("string"),
                              "answers": {"text": Sequence(Value("string")),
@@ -231,17 +232,24 @@ class SquadDataModule(FineTuningDataModule):
     example_column = "example"  # max_eval_examples keeps whole questions: each is scored from all its windows
 
     def __init__(self, version: int = 1, squad_dir: str | None = None, hub: dict | None = None,
-                 tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 384,
-                 doc_stride: int = 128, max_query_length: int = 64, batch_size: int = 32,
+                 tokenizer: str | None = None, lowercase: bool = True,
+                 max_seq_length: int = WINDOW_DEFAULTS["max_seq_length"],
+                 doc_stride: int = WINDOW_DEFAULTS["doc_stride"],
+                 max_query_length: int = WINDOW_DEFAULTS["max_query_length"], batch_size: int = 32,
                  max_train_examples: int | None = None, max_dev_examples: int | None = None,
                  max_eval_examples: int | None = None,
                  num_workers: int = 0, num_proc: int = 1, seed: int = 12345, cache_dir: str | None = None):
         if version not in FILES:
             raise ValueError(f"version={version!r}: expected 1 (SQuAD v1.1) or 2 (SQuAD v2.0)")
-        if max_seq_length - max_query_length - 3 <= doc_stride or doc_stride < 1:
-            raise ValueError(f"doc_stride={doc_stride} must be positive and shorter than the passage room "
-                             "max_seq_length - max_query_length - 3 = "
-                             f"{max_seq_length - max_query_length - 3}, so consecutive windows overlap")
+        room = max_seq_length - max_query_length - 3  # passage tokens per window
+        if room <= doc_stride or doc_stride < 1:
+            window = {"doc_stride": doc_stride, "max_seq_length": max_seq_length,
+                      "max_query_length": max_query_length}
+            # lead with a key the user moved from the released run_squad.py's value
+            lead = next((k for k, v in window.items() if v != WINDOW_DEFAULTS[k]), "doc_stride")
+            raise ValueError(f"{lead}={window[lead]}: the passage room max_seq_length - max_query_length - 3 "
+                             f"= {max_seq_length} - {max_query_length} - 3 = {room} must exceed doc_stride="
+                             f"{doc_stride} (at least 1), so consecutive windows overlap")
         for name, value in (("max_train_examples", max_train_examples),
                             ("max_dev_examples", max_dev_examples)):
             if value is not None and value < 1:

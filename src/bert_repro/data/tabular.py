@@ -62,15 +62,20 @@ def _check_field_counts(path: Path, sep: str, quoting: int, expected: int, first
         reader = csv.reader(f, delimiter=sep, quoting=quoting)
         for _ in range(first_line - 1):
             next(reader, None)
+        start = reader.line_num + 1  # the line a row starts on: a quoted field may run over many
         try:
             for row in reader:
                 rows += bool(row)
                 if row and len(row) != expected:
                     layout = " (tab-separated, quotes literal, as GLUE's files)" if sep == "\t" else ""
-                    raise ValueError(f"{path} line {reader.line_num}: {len(row)} fields, "
-                                     f"expected {expected}{layout}")
+                    spans = (f"; the row runs to line {reader.line_num}: is a quote on line {start} left "
+                             "open?" if reader.line_num > start else "")
+                    raise ValueError(f"{path} line {start}: {len(row)} fields, "
+                                     f"expected {expected}{layout}{spans}")
+                start = reader.line_num + 1
         except csv.Error as err:  # e.g. a field past csv's size limit, where a quote was never closed
-            raise ValueError(f"{path} line {reader.line_num}: not a readable row ({err})") from None
+            spans = f"; is a quote on line {start} left open?" if reader.line_num > start else ""
+            raise ValueError(f"{path} line {start}: not a readable row ({err}){spans}") from None
     return rows
 
 
