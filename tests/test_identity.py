@@ -146,3 +146,94 @@ def test_an_exported_folder_carries_the_identity_and_is_refused_as_another_tasks
     now = {**saved, "task": "mrpc", "labels": ["0", "1"]}
     with pytest.raises(UsageError, match="it was fine-tuned on task=rte .*, not task=mrpc"):
         load_weights(None, loaded, now, whole_module=True)
+
+
+# -- a checkpoint's identity is its whole model node (an architectural flag this encoder does not have) ------
+def pre_ln(ckpt, out):
+    """``ckpt`` as a version of bert-repro with a ``model.pre_ln`` switch would write it: the flag in its model
+    node and identity, and the final LayerNorm that pre-LN adds."""
+    saved = torch.load(ckpt, weights_only=True, map_location="cpu")
+    saved["hyper_parameters"]["model"]["pre_ln"] = True
+    saved["identity"]["science"]["model"]["pre_ln"] = True
+    hidden = saved["hyper_parameters"]["model"]["hidden_size"]
+    saved["state_dict"]["model.bert.encoder.final_norm.weight"] = torch.ones(hidden)
+    torch.save(saved, out)
+    return out
+
+
+def test_an_architectural_flag_is_refused_by_name_by_every_loader(rte, tmp_path):
+    from bert_repro.convert import CheckpointError, load_checkpoint
+    from bert_repro.convert.cli import main as convert
+
+    _, folder, common = rte
+    before = digest(folder)
+    flagged = pre_ln(folder / "checkpoints" / "last.ckpt", tmp_path / "pre_ln.ckpt")
+    with pytest.raises(CheckpointError, match=r"its model sets model\.pre_ln=True, which this version's"):
+        load_checkpoint(flagged)  # the pre-training store, init=, evaluate and convert all read through it
+    # init= (the fine-tuning run), evaluate, and the export: each refuses, naming the flag
+    runs = {"init": train_py("task=rte", *TINY, *common, "logger=none", f"init={flagged}",
+                             f"hydra.run.dir={tmp_path / 'init'}"),
+            "evaluate": evaluate_py("task=rte", "model=tiny", *common, f"init={flagged}",
+                                    f"hydra.run.dir={tmp_path / 'ev'}")}
+    for what, proc in runs.items():
+        said = proc.stdout + proc.stderr
+        assert proc.returncode == 2 and "model.pre_ln=True" in said, (what, said[-3000:])
+        assert "Traceback" not in said
+    # ckpt_path= (a resume): the flag is a science key the run does not have
+    proc = train_py("task=rte", *TINY, *common, "logger=none", f"ckpt_path={flagged}",
+                    f"hydra.run.dir={tmp_path / 'resume'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2 and "model.pre_ln: checkpoint True, now None" in said, said[-3000:]
+    assert convert(["to-hf", str(flagged), str(tmp_path / "hf")]) == 2 and not (tmp_path / "hf").exists()
+    assert digest(folder) == before
+    # the extra weight alone, without the flag, is refused too: never dropped or passed through
+    extra = torch.load(flagged, weights_only=True)
+    del extra["hyper_parameters"]["model"]["pre_ln"]
+    torch.save(extra, tmp_path / "extra.ckpt")
+    with pytest.raises(CheckpointError, match="parameters the encoder does not have.*final_norm"):
+        load_checkpoint(tmp_path / "extra.ckpt")
+
+
+def test_an_exported_folder_with_a_flag_is_refused_and_an_export_refuses_what_transformers_lacks(rte,
+                                                                                               tmp_path):
+    from dataclasses import dataclass
+
+    from bert_repro.convert import CheckpointError, hf_config, load_checkpoint
+    from bert_repro.convert.cli import main as convert
+    from bert_repro.model import BertConfig
+
+    _, folder, _ = rte
+    assert convert(["to-hf", str(folder / "checkpoints" / "last.ckpt"), str(tmp_path / "hf")]) == 0
+    config = json.loads((tmp_path / "hf" / "config.json").read_text())
+    config["bert_repro"]["science"]["model"]["pre_ln"] = True
+    (tmp_path / "hf" / "config.json").write_text(json.dumps(config))
+    with pytest.raises(CheckpointError, match=r"model\.pre_ln=True"):
+        load_checkpoint(tmp_path / "hf")
+
+    @dataclass
+    class PreLN(BertConfig):  # an encoder with a switch transformers' BertModel has no setting for
+        pre_ln: bool = False
+
+    assert hf_config(PreLN(hidden_size=128, num_layers=2, num_heads=2), "BertModel")["hidden_size"] == 128
+    with pytest.raises(CheckpointError, match=r"model\.pre_ln=True: transformers' BERT classes have no such"):
+        hf_config(PreLN(hidden_size=128, num_layers=2, num_heads=2, pre_ln=True), "BertModel")
+
+
+def test_a_flag_of_another_value_is_refused_and_an_export_brings_its_own_head(rte, tmp_path):
+    from bert_repro.convert import load_checkpoint
+    from bert_repro.convert.cli import main as convert
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    _, folder, _ = rte
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=True, map_location="cpu")
+    hparams = saved["hyper_parameters"]
+    causal = SequenceClassificationModule({**hparams["model"], "causal": True}, hparams["optim"], "rte", 2)
+    with pytest.raises(ValueError, match="model.causal: checkpoint False, this run True"):
+        causal.load_pretrained(load_checkpoint(ckpt))
+    # the export holds the trained classifier: loading it into the same task's module takes it
+    assert convert(["to-hf", str(ckpt), str(tmp_path / "hf")]) == 0
+    module = SequenceClassificationModule(hparams["model"], hparams["optim"], "rte", 2)
+    module.identity = saved["identity"]
+    assert module.load_pretrained(load_checkpoint(tmp_path / "hf")) == []
+    torch.testing.assert_close(module.model.classifier.weight, saved["state_dict"]["model.classifier.weight"])

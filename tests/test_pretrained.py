@@ -109,7 +109,7 @@ def test_an_hf_directory_gives_its_shape_without_model(tmp_path, minilm_dir, sha
                        "data.max_train_examples=16", f"paths.cache_dir={tmp_path / 'cache'}",
                        f"hydra.run.dir={tmp_path / 'refused'}")
     said = refused.stdout + refused.stderr
-    assert refused.returncode == 2 and "does not match the configured model" in said
+    assert refused.returncode == 2 and "model.hidden_size: checkpoint 384, this run 128" in said
     assert "Traceback" not in said
 
 

@@ -21,6 +21,7 @@ from bert_repro.convert.parity import (
     sentence_batch,
 )
 from bert_repro.convert.safe import CheckpointError, safe_torch_load
+from bert_repro.lifecycle.folder import find_runs
 
 
 def _check(src: str, tol: float) -> int:
@@ -89,9 +90,28 @@ def task_module(path: Path, strict: bool = True):
                           "task module (classification, tagging, span, choice)")
 
 
+def _not_destroying(src: str, out: str) -> None:
+    """``out`` replaced whole must not take the export's own source or any run's results with it."""
+    target = Path(out).resolve()
+    if not target.is_dir():
+        return
+    source = Path(src).resolve()
+    if source == target or target in source.parents:
+        raise FileExistsError(f"{out} holds the checkpoint being exported ({src}); replacing it would delete "
+                              "the source: choose an output folder outside it")
+    runs = find_runs([target])
+    if runs:
+        raise FileExistsError(f"{out} holds the results of {len(runs)} run(s) ({runs[0]}"
+                              f"{', ...' if len(runs) > 1 else ''}); --force would delete them: choose an "
+                              "output folder of its own")
+
+
 def _to_hf(src: str, out: str, encoder_only: bool, force: bool) -> int:
+    if force:
+        _not_destroying(src, out)
     replaced = sorted(p.name for p in Path(out).iterdir()) if force and Path(out).is_dir() else []
     with fresh_folder(out, force) as new:  # refuses a non-empty folder unless force, before any work
+        loaded = load_checkpoint(src)  # its whole model node checked (loaders), whichever path exports it
         module = None if encoder_only else task_module(Path(src))
         if module is not None:
             try:
@@ -101,7 +121,6 @@ def _to_hf(src: str, out: str, encoder_only: bool, force: bool) -> int:
             export_finetuned(module, new)
             identity = getattr(module, "identity", None)
         else:
-            loaded = load_checkpoint(src)
             model = build_model(loaded, nsp="nsp" not in loaded.missing_heads)
             export_hf(model, new, loaded.vocab, loaded.lowercase is not False, loaded.missing_heads,
                       loaded.identity)

@@ -5,7 +5,7 @@ from __future__ import annotations
 
 import json
 import logging
-from dataclasses import dataclass, field, replace
+from dataclasses import dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -14,7 +14,7 @@ from torch import Tensor
 
 from bert_repro.convert.names import HEADS, config_from_hf, hf_to_ours, tf_to_hf
 from bert_repro.convert.safe import CheckpointError, _first_line, safe_torch_load
-from bert_repro.lifecycle.identity import IDENTITY_KEY, checkpoint_identity
+from bert_repro.lifecycle.identity import IDENTITY_KEY, checkpoint_identity, unknown_model_refusal
 from bert_repro.model import BertConfig, BertForPreTraining
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,18 @@ class LoadedCheckpoint:
     source: str
     ignored: list[str] = field(default_factory=list)  # parameters with no place in our model (task heads)
     identity: dict | None = None  # what it was trained as (identity.py): our .ckpt and exported folders
+    # the task head's tensors under the task module's names (``classifier.weight``): ours and our exports'
+    task_head: dict[str, Tensor] = field(default_factory=dict)
+
+
+ENCODER_FIELDS = {f.name for f in fields(BertConfig)}
+
+
+def _refuse_unknown(path: Path, node: dict | None) -> None:
+    """A model node with fields this encoder does not have is another architecture: refused by name."""
+    why = unknown_model_refusal(str(path), {k: v for k, v in (node or {}).items() if k not in ENCODER_FIELDS})
+    if why:
+        raise CheckpointError(why)
 
 
 
@@ -72,6 +84,11 @@ def _read_weights(path: Path) -> dict[str, Tensor]:
 
 def _load_hf_dir(path: Path) -> LoadedCheckpoint:
     hf = _read_json(path / "config.json")
+    identity = hf.get(IDENTITY_KEY) if isinstance(hf.get(IDENTITY_KEY), dict) else None
+    # our export says its whole model node twice: in its identity, and as bert_repro_<field> keys
+    flags = {k.removeprefix("bert_repro_"): v for k, v in hf.items()
+             if k.startswith("bert_repro_") and k != IDENTITY_KEY}
+    _refuse_unknown(path, {**flags, **((identity or {}).get("science") or {}).get("model", {})})
     config = config_from_hf(hf, path / "config.json")
     files = [path / "model.safetensors", path / "pytorch_model.bin"]
     indexes = [path / f"{f.name}.index.json" for f in files]
@@ -88,7 +105,9 @@ def _load_hf_dir(path: Path) -> LoadedCheckpoint:
         lowercase = _read_json(path / "tokenizer_config.json").get("do_lower_case")
     state, ignored = _mapped(weights, path)
     loaded = _checked(config, state, ignored, _read_vocab(path / "vocab.txt"), lowercase, path)
-    loaded.identity = hf.get(IDENTITY_KEY)
+    loaded.identity = identity
+    if identity is not None:  # our export: its head is under the task module's own names
+        loaded.task_head = {k: weights[k].float() for k in ignored}
     return loaded
 
 
@@ -119,15 +138,19 @@ def _load_lightning(path: Path) -> LoadedCheckpoint:
     except Exception as err:
         raise CheckpointError(f"{path}: not a bert_repro Lightning checkpoint; expected 'state_dict' and "
                               f"'hyper_parameters.model' ({_first_line(err)})") from None
+    if not isinstance(hparams, dict):
+        raise CheckpointError(f"{path}: hyper_parameters.model is not a mapping of encoder fields")
+    _refuse_unknown(path, hparams)
     try:
         config = BertConfig(**dict(hparams))
     except (TypeError, ValueError) as err:
         raise CheckpointError(f"{path}: invalid hyper_parameters.model: {err}") from err
     state = {k.removeprefix("model."): v for k, v in weights.items() if k.startswith("model.")}
     ignored = [k for k in state if k.split(".")[0] not in ("bert", *HEADS)]  # task heads
-    state = {k: v for k, v in state.items() if k not in ignored}
+    head = {k: state.pop(k).float() for k in ignored}
     loaded = _checked(config, state, ignored, ckpt.get("vocab"), ckpt.get("lowercase"), path)
     loaded.identity = checkpoint_identity(ckpt)
+    loaded.task_head = head
     return loaded
 
 

@@ -7,6 +7,7 @@
 from __future__ import annotations
 
 import re
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -165,6 +166,12 @@ def config_from_hf(cfg: dict, path: Path) -> BertConfig:
     if act != "gelu" or pos != "absolute":
         raise CheckpointError(f"{path}: hidden_act={act!r}, position_embedding_type={pos!r}; "
                               "the encoder computes only 'gelu' (erf) with 'absolute' positions")
+    # what a Hub config says about its architecture beyond the shape: another model type, or cross-attention
+    # layers, computes something this encoder does not
+    if cfg.get("model_type", "bert") != "bert" or cfg.get("add_cross_attention"):
+        raise CheckpointError(f"{path}: model_type={cfg.get('model_type')!r}, add_cross_attention="
+                              f"{cfg.get('add_cross_attention', False)!r}; the encoder is BERT's (model_type "
+                              "'bert') without cross-attention")
     kwargs = {ours: cfg[theirs] for theirs, ours in HF_CONFIG_KEYS.items() if theirs in cfg}
     kwargs["causal"] = bool(cfg.get("bert_repro_causal", cfg.get("is_decoder", False)))
     try:
@@ -175,6 +182,15 @@ def config_from_hf(cfg: dict, path: Path) -> BertConfig:
 
 
 def hf_config(config: BertConfig, architecture: str, pad_token_id: int = 0) -> dict:
+    """transformers' config of ``config``; a field transformers' BertModel has no setting for, set away from
+    its default (e.g. a pre-LN switch), is refused: the export would compute another model."""
+    represented = {*HF_CONFIG_KEYS.values(), "causal"}
+    unrepresentable = [f"model.{f.name}={getattr(config, f.name)!r}" for f in fields(config)
+                       if f.name not in represented and getattr(config, f.name) != f.default]
+    if unrepresentable:
+        raise CheckpointError(f"{', '.join(unrepresentable)}: transformers' BERT classes have no such "
+                              "setting, so an export would compute another model than the checkpoint's; "
+                              "not exported")
     cfg = {theirs: getattr(config, ours) for theirs, ours in HF_CONFIG_KEYS.items()}
     return {"model_type": "bert", "architectures": [architecture], "hidden_act": "gelu", **cfg,
             "position_embedding_type": "absolute", "pad_token_id": pad_token_id, "tie_word_embeddings": True,

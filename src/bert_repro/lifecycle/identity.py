@@ -17,6 +17,9 @@ _SAME_RUN = "SameRun"
 # 1's checkpoint through ckpt_path=: its sequence length, batch and length of run, and which steps phase 1
 # kept checkpoints of (the tables read them)
 SCHEDULE_KEYS = ("data.", "optim.", "scale.", "seed", "module.checkpoint_every_n_steps")
+# model-node fields a run sets for itself whatever its checkpoint was trained with: regularisation and the
+# initialisation of new weights act only while training. Every other field is the checkpoint's architecture.
+RUN_OWN = ("hidden_dropout", "attention_dropout", "initializer_range")
 
 
 def run_identity(task: str, module: Any, labels: Any, max_seq_length: int | None,
@@ -52,6 +55,34 @@ def science_differences(saved: dict[str, Any], now: dict[str, Any],
     a, b = flatten(saved or {}), flatten(now or {})
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith(ignore))
     return [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
+
+
+def unknown_model_refusal(source: str, unknown: dict[str, Any]) -> str | None:
+    """Why a checkpoint whose model node sets fields this encoder does not have cannot be read, or None."""
+    if not unknown:
+        return None
+    named = ", ".join(f"model.{k}={v!r}" for k, v in sorted(unknown.items()))
+    return (f"{source}: its model sets {named}, which this version's encoder (bert_repro.model.BertConfig) "
+            "does not have; its weights belong to another architecture and are not loaded as this one. Use "
+            "the version of bert-repro that wrote it")
+
+
+def architecture_differences(saved: dict[str, Any], now: dict[str, Any],
+                             taken: tuple[str, ...] = ()) -> list[str]:
+    """``model.key: checkpoint X, this run Y`` for each field of the whole model node that differs (or that
+    only one side has), less the run's own (RUN_OWN) and ``taken`` (fields the run took from the
+    checkpoint)."""
+    skip = (*RUN_OWN, *taken)
+    keys = sorted(k for k in (saved or {}).keys() | (now or {}).keys()
+                  if k not in skip and (saved or {}).get(k, _ABSENT) != (now or {}).get(k, _ABSENT))
+    return [f"model.{k}: checkpoint {_shown(saved, k)}, this run {_shown(now, k)}" for k in keys]
+
+
+_ABSENT = object()
+
+
+def _shown(node: dict[str, Any] | None, key: str) -> str:
+    return repr(node[key]) if key in (node or {}) else "has no such key"
 
 
 def resume_refusal(path: str, saved: dict[str, Any] | None, now: dict[str, Any],

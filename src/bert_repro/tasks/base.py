@@ -11,7 +11,7 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 from torch import nn
 
-from bert_repro.lifecycle.pretrained import with_shape
+from bert_repro.lifecycle.identity import architecture_differences, head_mismatch
 from bert_repro.model import BertConfig, Layer
 from bert_repro.speed import SpeedOptions
 
@@ -70,7 +70,9 @@ class BertTaskModule(L.LightningModule):
     # -- pre-trained weights -------------------------------------------------------------------
     def load_pretrained(self, loaded: LoadedCheckpoint) -> list[str]:
         """Load encoder (and matching head) weights read by ``convert.load_checkpoint`` (our .ckpt, an
-        HF directory or a TF checkpoint). Returns the heads the checkpoint lacked, to be reported."""
+        HF directory or a TF checkpoint). The whole model node must be the checkpoint's but for the fields a
+        run sets for itself (identity.RUN_OWN), each difference named. Its task head is taken when it is this
+        run's (identity.head_mismatch), else named as not taken. Returns the heads left at random."""
         path = loaded.source
         if loaded.config.vocab_size != self.config.vocab_size:
             raise ValueError(
@@ -78,18 +80,23 @@ class BertTaskModule(L.LightningModule):
                 f"has {self.config.vocab_size}; fine-tune with the checkpoint's own vocab.txt "
                 "(data.tokenizer=...)"
             )
-        # every shape must match the checkpoint; dropout, the causal flag and the init range are the run's
-        expected = BertConfig(**with_shape(self.config.to_dict(), loaded.config))
-        if expected != self.config:
-            raise ValueError(
-                f"init={path}: checkpoint shape {loaded.config} does not match the configured model "
-                f"{self.config}; choose the model= that matches the checkpoint, or leave model= out to take "
-                "its shape"
-            )
-        if loaded.config.causal and not self.config.causal:
-            raise ValueError(f"init={path} was pre-trained left-to-right (causal); use ablation=ltr_no_nsp")
+        differ = architecture_differences(loaded.config.to_dict(), self.config.to_dict())
+        if differ:
+            hint = ("use ablation=ltr_no_nsp for a left-to-right (causal) checkpoint"
+                    if any(d.startswith("model.causal:") for d in differ) else
+                    "choose the model= that matches the checkpoint, or leave model= out to take its shape")
+            raise ValueError(f"init={path} is another model than this run's ({'; '.join(differ)}); {hint}")
         own = self.model.state_dict()
         state = {k: v for k, v in loaded.state_dict.items() if k in own}
+        head = loaded.task_head
+        fits = (bool(head) and set(head) == {k for k in own if not k.startswith("bert.")}
+                and all(v.shape == own[k].shape for k, v in head.items()))
+        if (fits and None not in (loaded.identity, self.identity)
+                and head_mismatch(loaded.identity, self.identity) is None):
+            state.update(head)
+        elif loaded.ignored:  # never dropped unsaid: another task's head, or one of unknown provenance
+            log.warning("init=%s: its task head (%s) is not this run's head; not loaded", path,
+                        ", ".join(loaded.ignored[:4]) + (", ..." if len(loaded.ignored) > 4 else ""))
         missing = sorted(k for k in own if k not in state)
         encoder_missing = [k for k in missing if k.startswith("bert.")]
         if encoder_missing:
