@@ -53,3 +53,33 @@ def test_a_table_cell_whose_selected_run_collapsed_is_marked_in_the_cell(tmp_pat
     line = next(row for row in markdown(table, collect(table, load_reference())).splitlines()
                 if row.startswith("| BERT"))
     assert "68.4 (86.7; -18.3) **collapsed** [" in line  # the mark, then the note with the reason
+
+
+def test_selection_marks_a_collapsed_choice_breaks_ties_by_dev_loss_and_submit_refuses_it(tmp_path, capsys):
+    from bert_repro import selection
+
+    from .test_glue_select import write_run
+
+    # every run collapsed onto MRPC's majority class: the same F1; the lowest Dev loss is chosen, not "a"
+    for name, loss in (("a", 0.69), ("b", 0.61), ("c", 0.64)):
+        write_run(tmp_path, name, "mrpc", 1, {"a": 5e-5, "b": 3e-5, "c": 2e-5}[name],
+                  {**COLLAPSED, "val/loss": loss})
+    runs, _ = selection.load_runs([tmp_path])
+    (entry,) = selection.select(runs)
+    assert entry["selected"].endswith("/b") and "top_class_share" in entry["collapsed"]
+    (entry,) = selection.select(runs, restarts=True)
+    assert entry["selected"].endswith("/b") and entry["collapsed"]
+    assert selection.main([str(tmp_path), "--out", str(tmp_path / "sel")]) == 0
+    row = next(line for line in (tmp_path / "sel" / "selection.md").read_text().splitlines()
+               if line.startswith("| mrpc"))
+    assert "0.8120 **collapsed** (val/top_class_share=1.000" in row
+    capsys.readouterr()
+    # --submit refuses the collapsed choice by name, before predicting anything
+    assert selection.main([str(tmp_path), "--submit", "--out", str(tmp_path / "sub")]) == 2
+    said = capsys.readouterr().err
+    assert f"{tmp_path / 'b'} (val/top_class_share=1.000" in said and "--allow-collapsed" in said
+    assert not (tmp_path / "sub" / "submission.zip").exists()
+    # a healthy run wins over any collapsed one, whatever its loss
+    write_run(tmp_path, "d", "mrpc", 1, 1e-5, {"val/f1": 0.70, "val/top_class_share": 0.6, "val/loss": 0.9})
+    (entry,) = selection.select(selection.load_runs([tmp_path])[0])
+    assert entry["selected"].endswith("/d") and entry["collapsed"] is None

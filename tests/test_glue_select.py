@@ -113,3 +113,15 @@ def test_unusable_input_is_reported(tmp_path, capsys):
     # a damaged results.json is an error naming it, not skipped silently
     assert selection.main([str(tmp_path)]) == 2
     assert "broken/results.json is not a results.json as src/train.py writes it" in capsys.readouterr().err
+
+
+def test_submit_over_a_truncated_checkpoint_names_it(tmp_path, capsys):
+    from bert_repro.lifecycle.folder import RunFolder
+
+    run = RunFolder(write_run(tmp_path, "a", "rte", 1, 2e-5, {"val/acc": 0.66, "val/top_class_share": 0.6}))
+    run.checkpoints.mkdir()
+    run.last.write_bytes(b"PK\x03\x04" + b"\x00" * 100)  # a zip header, cut short: a torch.save cut off
+    assert selection.main([str(tmp_path), "--submit", "--out", str(tmp_path / "sub")]) == 2
+    said = capsys.readouterr()
+    assert f"error: {run.last}: not a readable bert_repro Lightning checkpoint" in said.err
+    assert "Traceback" not in said.out + said.err

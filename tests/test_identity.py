@@ -150,8 +150,8 @@ def test_an_exported_folder_carries_the_identity_and_is_refused_as_another_tasks
 
 # -- a checkpoint's identity is its whole model node (an architectural flag this encoder does not have) ------
 def pre_ln(ckpt, out):
-    """``ckpt`` as a version of bert-repro with a ``model.pre_ln`` switch would write it: the flag in its model
-    node and identity, and the final LayerNorm that pre-LN adds."""
+    """``ckpt`` as a version of bert-repro with a ``model.pre_ln`` switch would write it: the flag in its
+    model node and identity, and the final LayerNorm that pre-LN adds."""
     saved = torch.load(ckpt, weights_only=True, map_location="cpu")
     saved["hyper_parameters"]["model"]["pre_ln"] = True
     saved["identity"]["science"]["model"]["pre_ln"] = True
@@ -237,3 +237,21 @@ def test_a_flag_of_another_value_is_refused_and_an_export_brings_its_own_head(rt
     module.identity = saved["identity"]
     assert module.load_pretrained(load_checkpoint(tmp_path / "hf")) == []
     torch.testing.assert_close(module.model.classifier.weight, saved["state_dict"]["model.classifier.weight"])
+
+
+def test_submit_refuses_a_checkpoint_of_another_attempt(rte, tmp_path, capsys):
+    """An interrupted rerun left its checkpoint behind a finished run's results: not predicted under them."""
+    import shutil
+
+    from bert_repro.lifecycle.folder import RunFolder
+
+    _, folder, _ = rte
+    copy = RunFolder(shutil.copytree(folder, tmp_path / "runs" / "rte",
+                                     ignore=shutil.ignore_patterns("wandb")))
+    results = json.loads(copy.results.read_text())
+    copy.results.write_text(json.dumps({**results, "global_step": 200}))
+    # the three-step run predicts one class: --allow-collapsed lets the submission reach its checkpoint
+    assert selection.main([str(tmp_path / "runs"), "--submit", "--allow-collapsed", "--out",
+                           str(tmp_path / "sel")]) == 2
+    said = capsys.readouterr().err
+    assert f"{copy.last} is at step 3, the run's results at step 200: another attempt's checkpoint" in said

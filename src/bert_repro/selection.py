@@ -25,6 +25,7 @@ from pathlib import Path
 from typing import Any
 
 from bert_repro.lifecycle.folder import RunFolder, find_runs
+from bert_repro.lifecycle.identity import checkpoint_identity, science_differences
 from bert_repro.lifecycle.keys import flatten, science
 from bert_repro.scores import (  # torch-free: the collector uses this
     COLLAPSE_SHARE,
@@ -86,10 +87,18 @@ def _groups(runs: list[dict], key) -> dict[str, list[dict]]:
     return groups
 
 
+def _dev_loss(run: dict) -> float:
+    loss = run["final"].get("val/loss")
+    return loss if loss is not None and math.isfinite(loss) else math.inf
+
+
 def _best(runs: list[dict]) -> dict:
+    """The run best on Dev, among the healthy ones while any exists; a tie (every run collapsed onto the
+    same class scores the same) goes to the lowest Dev loss, then to the folder, never to folder order
+    alone."""
     sign = -1 if runs[0]["mode"] == "min" else 1
     healthy = [r for r in runs if not r["degenerate"]] or runs
-    return max(healthy, key=lambda r: sign * r["score"])
+    return min(healthy, key=lambda r: (-sign * r["score"], _dev_loss(r), r["dir"]))
 
 
 def scored_on(runs: list[dict], metric: str) -> list[dict]:
@@ -118,21 +127,23 @@ def select(runs: list[dict], restarts: bool = False, failed: list[dict] | None =
         if not restarts:
             best = _best(members)
             entry.update(selected=best["dir"], hparams=best["hparams"], seed=best["seed"],
-                         metrics=best["final"])
+                         metrics=best["final"], collapsed=best["degenerate"])
         else:
             # every seed counts in the mean (Table 6 averages 5 restarts), collapsed ones included and flagged
             sign = -1 if members[0]["mode"] == "min" else 1
             by_hparams = _groups(members, lambda r: r["science"]).values()
-            group = max(by_hparams, key=lambda g: sign * statistics.fmean(r["score"] for r in g))
+            group = min(by_hparams, key=lambda g: (-sign * statistics.fmean(r["score"] for r in g),
+                                                   statistics.fmean(_dev_loss(r) for r in g), g[0]["dir"]))
             names = sorted({k for r in group for k, v in r["final"].items() if v is not None})
             stats = {}
             for name in names:
                 values = [r["final"][name] for r in group if r["final"].get(name) is not None]
                 stats[name] = {"mean": statistics.fmean(values),
                                "std": statistics.stdev(values) if len(values) > 1 else 0.0, "n": len(values)}
+            best = _best(group)
             entry.update(hparams=group[0]["hparams"], seeds=sorted(r["seed"] for r in group), restarts=stats,
-                         runs_selected=[r["dir"] for r in group], selected=_best(group)["dir"],
-                         metrics={k: v["mean"] for k, v in stats.items()})
+                         runs_selected=[r["dir"] for r in group], selected=best["dir"],
+                         metrics={k: v["mean"] for k, v in stats.items()}, collapsed=best["degenerate"])
         chosen.append(entry)
     for members in failures.values():  # settings where every run failed: the cell shows why
         chosen.append({"setting": members[0]["setting"], "monitor": None, "runs": 0, "degenerate": [],
@@ -185,6 +196,8 @@ def render(entries: list[dict], glue: list[dict], skipped: list[str], restarts: 
             dev = f"{stats['mean']:.4f} +- {stats['std']:.4f} (n={stats['n']})"
         else:
             dev = _fmt(e["metrics"].get(monitor))
+        if e.get("collapsed"):  # the number is a collapsed run's: never shown as a result without saying so
+            dev += f" **collapsed** ({e['collapsed']})"
         lines.append(f"| {s['task']} | {s['model']} | {s['ablation']} | {monitor} | {dev} | "
                      f"{_fmt(h['lr'], 'g')} | {_fmt(h['epochs'])} | {_fmt(h['batch'])} | {e['runs']} | "
                      f"{len(e['degenerate'])} | {len(e.get('failed', []))} | {e['selected']} |")
@@ -212,6 +225,7 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
     from hydra.utils import get_class, instantiate
     from omegaconf import OmegaConf
 
+    from bert_repro.convert.safe import CheckpointError
     from bert_repro.lifecycle.build import predict_test
     from bert_repro.lifecycle.spec import resolve_vocab
 
@@ -231,8 +245,14 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
         if ckpt == run.best:
             log.info("%s: predicting with %s, the epoch best on Dev (the final weights were not kept: "
                      "checkpoint.keep_last=false)", run_dir, ckpt.name)
-        module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu",
-                                                                              weights_only=True)
+        _of_this_result(ckpt, results)
+        try:
+            module = get_class(config["module"]["_target_"]).load_from_checkpoint(ckpt, map_location="cpu",
+                                                                                  weights_only=True)
+        except Exception as err:  # Lightning raises KeyError, RuntimeError ... for a file it cannot restore
+            raise CheckpointError(f"{ckpt}: not a checkpoint of {run_dir}'s task module that Lightning can "
+                                  f"restore ({type(err).__name__}: {err}); rerun {run_dir} with test=true "
+                                  "to predict its test set") from None
         vocab, lowercase = module.vocab, module.lowercase
     # the vocabulary to the partial, not instantiate's kwargs (OmegaConf nodes: seconds for 30k tokens)
     make = instantiate(config["data"], _convert_="all", _partial_=True)
@@ -242,12 +262,39 @@ def predict_run(run_dir: Path, results: dict) -> dict[str, str]:
     return predict_test(trainer, module, datamodule, run_dir / "test_predictions")
 
 
-def write_submission(entries: list[dict], runs: list[dict], out: Path) -> tuple[Path, list[str]]:
+def _of_this_result(ckpt: Path, results: dict) -> None:
+    """``ckpt`` is readable and was written by the run that wrote ``results`` (same science settings; a
+    last.ckpt at its final step): an interrupted rerun's checkpoint is not predicted under its Dev score."""
+    from bert_repro.convert.safe import CheckpointError, safe_torch_load  # torch: not for the collector
+
+    saved = safe_torch_load(ckpt, what="a readable bert_repro Lightning checkpoint")
+    identity = checkpoint_identity(saved)
+    differ = science_differences((identity or {}).get("science"), science(results.get("config") or {}))
+    if identity is not None and differ:
+        raise CheckpointError(f"{ckpt} was written with other settings than the run's results "
+                              f"({'; '.join(differ[:3])}): it is not the selected result's weights; rerun "
+                              "the run to finish it")
+    final_step, step = results.get("global_step"), saved.get("global_step")
+    if ckpt.name == RunFolder(ckpt.parent.parent).last.name and None not in (final_step, step) \
+            and step != final_step:
+        raise CheckpointError(f"{ckpt} is at step {step}, the run's results at step {final_step}: another "
+                              "attempt's checkpoint (an interrupted rerun), not the selected result's "
+                              "weights; rerun the run to finish it")
+
+
+def write_submission(entries: list[dict], runs: list[dict], out: Path,
+                     allow_collapsed: bool = False) -> tuple[Path, list[str]]:
     """The selected runs' test predictions as the GLUE server takes them: one <TASK>.tsv each (AX from the
-    MNLI model, WNLI from its majority-class run), zipped. Returns the zip and the server files missing."""
+    MNLI model, WNLI from its majority-class run), zipped. Returns the zip and the server files missing. A
+    selected run that collapsed is refused unless ``allow_collapsed``."""
     from bert_repro.data.glue import GLUE_TASKS
 
     by_dir = {r["dir"]: r for r in runs}
+    collapsed = [f"{e['selected']} ({e['collapsed']})" for e in entries if e.get("collapsed")]
+    if collapsed and not allow_collapsed:
+        raise ValueError(f"the selected run of {len(collapsed)} setting(s) collapsed: "
+                         f"{'; '.join(collapsed)}; its test predictions are one class, not a result. Train "
+                         "more restarts, or pass --allow-collapsed to submit them anyway")
     tasks = [e["setting"]["task"] for e in entries]
     repeated = sorted({t for t in tasks if tasks.count(t) > 1})
     if repeated:
@@ -281,6 +328,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="mean +- std over seeds per hyper-parameter setting")
     parser.add_argument("--submit", action="store_true",
                         help="write the GLUE server's files for the selected runs")
+    parser.add_argument("--allow-collapsed", action="store_true",
+                        help="--submit the selected runs even where one collapsed onto one class")
     parser.add_argument("--metric", help="select on this Dev metric, e.g. val/acc (default: each run's "
                                          "task.monitor)")
     parser.add_argument("--collapse", type=float, default=COLLAPSE_SHARE,
@@ -301,7 +350,7 @@ def main(argv: list[str] | None = None) -> int:
         summary = {"mode": "restarts" if args.restarts else "best", "selection": entries, "glue": glue,
                    "skipped": skipped}
         if args.submit:
-            zipped, missing = write_submission(entries, runs, out)
+            zipped, missing = write_submission(entries, runs, out, args.allow_collapsed)
             summary["submission"] = {"zip": str(zipped), "missing": missing}
             if missing:
                 log.warning("the GLUE server wants every task; missing: %s", ", ".join(missing))
