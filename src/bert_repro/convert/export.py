@@ -17,6 +17,7 @@ from torch import Tensor, nn
 from bert_repro.convert.names import ARCHITECTURES, HEADS, hf_config, ours_to_hf
 from bert_repro.heads import FeatureTagger, SequenceClassifier, TokenTagger
 from bert_repro.lifecycle.identity import IDENTITY_KEY
+from bert_repro.lifecycle.results import plain_file_mode
 from bert_repro.model import BertConfig, BertForPreTraining
 
 
@@ -30,6 +31,7 @@ def _write(out_dir: str | Path, config: dict, weights: dict[str, Tensor], vocab:
     weights = {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in weights.items()}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
     save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
+    plain_file_mode(out / "model.safetensors")  # safetensors writes it through a 0600 temporary file
     if vocab is not None:
         (out / "vocab.txt").write_text("".join(token + "\n" for token in vocab), encoding="utf-8")
         tok = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,

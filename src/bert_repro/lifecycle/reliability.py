@@ -32,6 +32,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 from bert_repro.convert.safe import safe_torch_load
 from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted
 from bert_repro.lifecycle.keys import flatten
+from bert_repro.lifecycle.results import plain_file_mode
 
 log = logging.getLogger(__name__)
 
@@ -54,6 +55,7 @@ class AtomicCheckpointIO(TorchCheckpointIO):
         path.parent.mkdir(parents=True, exist_ok=True)
         fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
         try:
+            plain_file_mode(fd)
             with os.fdopen(fd, "wb") as f:
                 torch.save(checkpoint, f)
                 f.flush()

@@ -91,10 +91,19 @@ _FIELDS = {f.name for f in fields(RunResult)}
 REQUIRED = ("status", "task", "seed", "monitor", "metrics", "config")
 
 
+def plain_file_mode(file: int | str | Path) -> None:
+    """The mode a plain ``open(path, "w")`` gives (0666 less the umask) on a file (or descriptor) written by
+    way of a temporary file: mkstemp's 0600 would keep a result from colleagues on a shared cluster."""
+    umask = os.umask(0)
+    os.umask(umask)
+    os.chmod(file, 0o666 & ~umask)
+
+
 def write_results(path: Path, results: dict[str, Any]) -> None:
     path.parent.mkdir(parents=True, exist_ok=True)
     fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=".results.", suffix=".json")
     try:
+        plain_file_mode(fd)
         with os.fdopen(fd, "w") as f:
             json.dump(results, f, indent=2, sort_keys=False, default=str)
             f.write("\n")
