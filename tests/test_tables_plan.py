@@ -125,15 +125,16 @@ def test_a_row_whose_ablation_does_not_exist_fails_the_plan_naming_it(tmp_path):
         make_plan(table)
 
 
-def test_a_run_derived_from_its_shape_is_the_config_hydra_composes():
-    """Build and plan compose a run without its model and ablation and set those groups' own nodes on it
-    (compose.compose_run): the same config, interpolations included, as Hydra's composition of the run."""
+def test_a_run_composed_in_hydras_two_steps_is_the_config_hydra_composes():
+    """Build and plan compose a run's config choices once and set its values on that (compose.compose_run):
+    the same config, interpolations included, as Hydra's composition of the run."""
     from hydra import compose
     from omegaconf import OmegaConf
 
     from bert_repro.tables.compose import compose_run, composing
 
-    args = ["scale=budget", "task=conll2003", "ablation=feature_concat_last_four", "model=L6_H768_A3"]
+    args = ["scale=budget", "task=conll2003", "ablation=feature_concat_last_four", "model=L6_H768_A3",
+            "optim.lr=3e-5", "seed=2", "init=/ckpt/given", "+trainer.num_sanity_val_steps=0"]
     with composing():
         derived, whole = compose_run(args), compose("train", overrides=args)
     assert OmegaConf.to_container(derived) == OmegaConf.to_container(whole)
@@ -262,25 +263,27 @@ def test_each_data_cache_is_charged_once_to_the_first_run_that_builds_it(tmp_pat
     Table 5's three rows (NSP, No NSP, LTR) build their own, at each phase's length; Table 6's model sizes
     share theirs."""
     one = ["grid.optim.epochs=3", "grid.data.batch_size=32"]  # fewer compositions; the runs are the same
-    corpus, rounds = planning.CORPUS_TOKENS["hub"], 10  # scale=paper's dupe_factor
-    tokenize, one_round = (corpus / rate / 3600 for rate in (planning.TEXT_TOKENS_PER_S,
-                                                             planning.ROUND_TOKENS_PER_S))
-    table5 = make_plan(build("table5", "paper", tmp_path, sets=one))
-    pretrain = [r for r in table5["runs"] if r["kind"] == "pretrain"]
+    table5 = build("table5", "paper", tmp_path, sets=one)
+    rates, rounds = planning.cpu_rates(), 10  # scale=paper's dupe_factor
+    corpus = table5.spec["corpus_tokens"]["hub"]
+    tokenize, one_round = (corpus / rates[f"{kind}_tokens_per_s"] / 3600 for kind in ("text", "round"))
+    plan5 = make_plan(table5)
+    pretrain = [r for r in plan5["runs"] if r["kind"] == "pretrain"]
     assert [r["phase"] for r in pretrain] == [1, 2] * 3
     assert [r["prep_hours"] for r in pretrain] == pytest.approx([tokenize + rounds * one_round]
                                                                 + [rounds * one_round] * 5)
-    assert all(r["prep_hours"] == 0 for r in table5["runs"] if r["kind"] == "finetune")
-    assert table5["total_prep_hours"] == pytest.approx(tokenize + 6 * rounds * one_round)
+    assert all(r["prep_hours"] == 0 for r in plan5["runs"] if r["kind"] == "finetune")
+    assert plan5["total_prep_hours"] == pytest.approx(tokenize + 6 * rounds * one_round)
     # the data caches' disk: the plan's less the same plan's with no data on disk (checkpoints only)
-    monkeypatch.setattr(planning, "TEXT_CACHE_BYTES_PER_TOKEN", 0)
-    monkeypatch.setattr(planning, "INSTANCE_BYTES_PER_TOKEN", {128: 0, 512: 0})
-    checkpoints = make_plan(build("table5", "paper", tmp_path, sets=one))["runs"]
-    data_gb = [r["disk_gb"] - c["disk_gb"] for r, c in zip(table5["runs"], checkpoints)
+    none = {**rates, "text_cache_bytes_per_token": 0, "instance_bytes_per_token": {"128": 0, "512": 0}}
+    monkeypatch.setattr(planning, "cpu_rates", lambda: none)
+    checkpoints = make_plan(table5)["runs"]
+    data_gb = [r["disk_gb"] - c["disk_gb"] for r, c in zip(plan5["runs"], checkpoints)
                if r["kind"] == "pretrain"]
     monkeypatch.undo()
-    text_gb = corpus * planning.TEXT_CACHE_BYTES_PER_TOKEN / 1e9
-    instances_gb = {seq: rounds * corpus * planning.INSTANCE_BYTES_PER_TOKEN[seq] / 1e9 for seq in (128, 512)}
+    text_gb = corpus * rates["text_cache_bytes_per_token"] / 1e9
+    per_token = rates["instance_bytes_per_token"]
+    instances_gb = {seq: rounds * corpus * per_token[str(seq)] / 1e9 for seq in (128, 512)}
     assert data_gb == pytest.approx([text_gb + instances_gb[128]] + [instances_gb[512], instances_gb[128]] * 2
                                     + [instances_gb[512]])
     table6 = make_plan(build("table6", "paper", tmp_path, sets=one))

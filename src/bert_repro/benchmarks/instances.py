@@ -184,19 +184,28 @@ def child(args: dict) -> dict:
 
     logging.getLogger("datasets").setLevel(logging.ERROR)
     import datasets
+    from datasets import Dataset
 
     datasets.disable_progress_bars()
     start, cpu_start = time.perf_counter(), _cpu_seconds()
     with (PeakMemory() if args.get("memory", True) else NoMemory()) as memory:
         dm = PretrainDataModule(args["corpus"], tokenizer=args["vocab"],
                                 max_seq_length=args["max_seq_length"], masking="static",
+                                max_predictions_per_seq=args.get("max_predictions", 20),
                                 dupe_factor=args["dupe_factor"], num_proc=args["num_proc"],
                                 cache_dir=args["cache_dir"], seed=12345)
         dm.setup()
     total, cpu = time.perf_counter() - start, _cpu_seconds() - cpu_start - memory.cpu
     baseline, baseline_anon = memory.baseline, memory.baseline_anon
     train = dm.instance_stats["train"]
+    cache = Path(args["cache_dir"])
+    tokens = sum(len(chunk.values.values) for path in (cache / "pretrain").glob("tokens-*.arrow")
+                 for chunk in Dataset.from_file(str(path)).data.column("tokens").chunks)
+    sizes = {kind: sum(p.stat().st_size for p in cache.rglob(f"{kind}*.arrow"))
+             for kind in ("corpus", "tokens", "instances")}
     return {
+        "tokens": tokens, "text_cache_bytes": sizes["corpus"] + sizes["tokens"],
+        "instance_bytes": sizes["instances"],
         "corpus_copies": args["copies"], "num_proc": args["num_proc"], "dupe_factor": args["dupe_factor"],
         "max_seq_length": args["max_seq_length"], "documents": train["documents"],
         "instances": train["instances"],
@@ -224,6 +233,7 @@ def main(argv: list[str] | None = None) -> None:
                         help="corpus sizes, in copies of the text (64x: 520 MB, and about 3 GB of caches)")
     parser.add_argument("--dupe-factor", type=int, default=1)
     parser.add_argument("--max-seq-length", type=int, default=128)
+    parser.add_argument("--max-predictions", type=int, default=20, help="80 at 512 tokens (v2 A.2)")
     parser.add_argument("--vocab-size", type=int, default=8000)
     parser.add_argument("--wikitext", action="store_true", help="add the WikiText-2 articles to the books")
     parser.add_argument("--no-memory", action="store_true",
@@ -231,6 +241,8 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--repeats", type=int, default=2,
                         help="runs of each configuration, taking turns; the fastest is kept (the machine is "
                              "noisy)")
+    parser.add_argument("--rates", action="store_true",
+                        help="write the plan's data rates (the slowest one-process run) to tables.plan.RATES")
     parser.add_argument("--child", help=argparse.SUPPRESS)
     args = parser.parse_args(argv)
     if args.child:
@@ -256,6 +268,7 @@ def main(argv: list[str] | None = None) -> None:
         for copies, repeat, num_proc in itertools.product(corpora, range(args.repeats), num_procs):
             run = {"corpus": str(corpora[copies]), "vocab": vocab, "copies": copies, "num_proc": num_proc,
                    "dupe_factor": args.dupe_factor, "max_seq_length": args.max_seq_length,
+                   "max_predictions": args.max_predictions,
                    "cache_dir": str(tmp / f"cache-{copies}-{num_proc}-{repeat}"),
                    "memory": not args.no_memory}
             load, busy, start = os.getloadavg()[0], _busy_seconds(), time.perf_counter()
@@ -276,6 +289,38 @@ def main(argv: list[str] | None = None) -> None:
                 best[copies, num_proc] = result
         results = list(best.values())  # by size, then num_proc
         print(summary(results), flush=True)
+        if args.rates:
+            print(f"wrote {write_rates(results, argv)}")
+
+
+def write_rates(results: list[dict], argv: list[str] | None) -> Path:
+    """tables.plan.RATES: per CPU-second, the corpus's tokens read and tokenized, a round of instances'
+    tokens (the slowest one-process run; its CPU time shared out by wall time), and the caches' bytes a token
+    by length; with the machine, the date and the command. A run at another --max-seq-length adds its
+    length."""
+    from datetime import datetime, timezone
+
+    from bert_repro.tables.plan import RATES
+
+    one = [r for r in results if r["num_proc"] == 1]
+    slowest = min(one, key=lambda r: r["mb_per_s"])
+    old = json.loads(RATES.read_text()) if RATES.is_file() else {}
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "unknown CPU")
+    tokens = slowest["tokens"]
+    per_round = slowest["instance_bytes"] / tokens / slowest["dupe_factor"]
+    busy = slowest["cpu_s"] / slowest["setup_s"]  # CPU-seconds: a shared machine's wait is not the work's
+    record = {"machine": f"{cpu}, {os.cpu_count()} cores, load {slowest.get('load_1min')}",
+              "date": datetime.now(timezone.utc).strftime("%Y-%m-%d"),
+              "command": " ".join(["python -m bert_repro.benchmarks.instances", *(argv or sys.argv[1:])]),
+              "text_tokens_per_s": round(tokens / (slowest["tokenize_s"] * busy)),
+              "round_tokens_per_s": round(tokens * slowest["dupe_factor"] / (slowest["instances_s"] * busy)),
+              "text_cache_bytes_per_token": round(slowest["text_cache_bytes"] / tokens, 2),
+              "instance_bytes_per_token": {**old.get("instance_bytes_per_token", {}),
+                                           str(slowest["max_seq_length"]): round(per_round, 2)}}
+    RATES.parent.mkdir(parents=True, exist_ok=True)
+    RATES.write_text(json.dumps(record, indent=2) + "\n")
+    return RATES
 
 
 def summary(results: list[dict]) -> str:

@@ -36,8 +36,13 @@ class PadCollator:
     def __init__(self, pad_to: int | None = None, regression: bool = False):
         self.pad_to, self.regression = pad_to, regression
 
+    def padded_length(self, lengths) -> int:
+        """The length a batch of rows of ``lengths`` tokens is padded to."""
+        return self.pad_to or int(max(lengths))
+
     def __call__(self, rows: list[dict]) -> dict:
-        inputs = pad_inputs([r["input_ids"] for r in rows], [r["token_type_ids"] for r in rows], self.pad_to)
+        ids = [r["input_ids"] for r in rows]
+        inputs = pad_inputs(ids, [r["token_type_ids"] for r in rows], self.padded_length(map(len, ids)))
         labels = torch.tensor([r["label"] for r in rows],
                               dtype=torch.float32 if self.regression else torch.long)
         return {**inputs, "labels": labels, "row": torch.tensor([r["row"] for r in rows]),

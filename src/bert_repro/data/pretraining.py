@@ -45,6 +45,19 @@ PROCESS_BYTES = 8 << 20
 UNKNOWN_SAMPLE = 10_000_000  # the [UNK] share is measured on about this many of the first train tokens
 
 
+def cache_settings(hp, static: bool) -> tuple[dict, dict]:
+    """The settings a run's data caches are made from: the corpus's token ids (its documents, their split and
+    the vocabulary: the keys hash what these make), and a round of instances from those tokens (beside its
+    seed and round number). The instances' cache key hashes the second; a plan compares both."""
+    tokens = {k: hp[k] for k in ("source", "corpus", "hub", "max_documents", "val_fraction", "tokenizer",
+                                 "vocab_size", "lowercase")}
+    round_ = {k: hp[k] for k in ("max_seq_length", "short_seq_prob", "nsp", "ltr")}
+    if static and not hp["ltr"]:  # masks drawn once, into the cache; dynamic ones are the collator's
+        round_ |= {k: hp[k] for k in ("masked_lm_prob", "max_predictions_per_seq", "mask_shares",
+                                      "whole_word_mask")}
+    return tokens, round_
+
+
 @contextmanager
 def frozen_heap():
     """gc.freeze() for the block: the objects alive before it (torch's, Lightning's: about a million) stay
@@ -292,15 +305,14 @@ class PretrainDataModule(L.LightningDataModule):
         settings = dict(seed=seed, max_seq_length=hp.max_seq_length, short_seq_prob=hp.short_seq_prob,
                         nsp=hp.nsp, cls_id=self.special_ids["[CLS]"], sep_id=self.special_ids["[SEP]"],
                         mask=mask)
-        mask_key = mask and {k: v for k, v in mask.items() if k != "is_continuation"}
         num_proc = pool_size(tokens, hp.num_proc, PROCESS_BYTES)  # the same for every round
         start = time.perf_counter()
         # One cached dataset per dupe_factor round, in num_proc shards: a killed preparation restarts from its
         # finished rounds and shards (datasets reprocesses only missing shards), and more rounds reuse these.
         rounds, cached = [], True
         for dupe in range(dupe_factor):
-            key = cache_key(CACHE_FORMAT, instances.DRAWS, tokens_key,
-                            {**settings, "mask": mask_key, "dupe": dupe})
+            key = cache_key(CACHE_FORMAT, instances.DRAWS, tokens_key,  # the vocabulary's ids: in tokens_key
+                            {**cache_settings(hp, static)[1], "seed": seed, "dupe": dupe})
             drop_damaged(cache_file := folder / f"instances-{split}-{key}.arrow")
             cached &= any(folder.glob(f"{cache_file.stem}*.arrow"))  # with num_proc, one file per shard
             with datasets_progress(f"{split}: creating instances from {len(tokens)} documents"), \

@@ -20,7 +20,7 @@ from pathlib import Path
 from bert_repro.tables import DEMOS, SCALES, TABLES
 from bert_repro.tables.children import Interrupted
 from bert_repro.tables.collect import collect, load_reference
-from bert_repro.tables.plan import ACCELERATORS, make_plan, print_plan, write_plan
+from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
 from bert_repro.tables.render import log_wandb, write_all
 from bert_repro.tables.runner import run_table
 from bert_repro.tables.spec import REPO, TableError, build
@@ -58,8 +58,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--runs-dir", type=Path, default=REPO / "experiments" / "runs")
     parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
-    parser.add_argument("--rehearse-grid", choices=("full", "first"), default="full",
-                        help="rehearse every point of each grid (default), or only its first (quicker)")
+    parser.add_argument("--rehearse-grid", choices=("full", "first"), default="first",
+                        help="rehearse each grid's first point (default: each kind of run once), or all")
+    parser.add_argument("--yes", action="store_true", help=f"plan a grid of more than {MAX_RUNS:,} runs")
     parser.add_argument("--accelerator", default="h100", choices=tuple(ACCELERATORS),
                         help="the GPU the plan's GPU-hours are for (default %(default)s)")
     args = parser.parse_args(argv)
@@ -76,7 +77,7 @@ def plan_together(args: argparse.Namespace) -> int:
         inits = parse_inits(args.init)
         tables = [build(name, args.scale, args.runs_dir.resolve(), inits, args.set, args.logger)
                   for name in args.table]
-        plan = make_plan(tables, args.accelerator)
+        plan = make_plan(tables, args.accelerator, args.yes)
     except TableError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
@@ -95,7 +96,7 @@ def one_table(args: argparse.Namespace, name: str) -> int:
         # a run is planned (and its spec checked) before anything starts
         plan = None
         if args.action == "plan" or (args.action == "run" and args.scale != "smoke" and not args.dry_run):
-            plan = make_plan(table, args.accelerator)
+            plan = make_plan(table, args.accelerator, args.yes)
             if args.action == "plan":
                 print_plan(plan)
                 print(f"wrote {write_plan(plan, args.runs_dir)}")

@@ -101,7 +101,7 @@ def calibrate(small: Table, summary: list[dict], speed: dict) -> dict:
     fixed: dict[str, dict] = {}
     for group in dict.fromkeys(s["group"] for s in sweeps):
         # measured on the group's second sweep: the first also builds the caches the others read (vocabulary,
-        # tokenized corpus and task), one-off work the plan prices apart (plan.TEXT_TOKENS_PER_S)
+        # tokenized corpus and task), one-off work the plan prices apart (plan.RATES)
         grouped = [s for s in sweeps if s["group"] == group]
         chosen = grouped[1] if len(grouped) > 1 else grouped[0]
         inside = sum(j["wall_s"] for j in chosen["jobs"])

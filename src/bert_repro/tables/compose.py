@@ -5,12 +5,13 @@ schedule, which each compose runs."""
 from __future__ import annotations
 
 import copy
-import warnings
 from contextlib import contextmanager
 from typing import Any
 
 from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
+from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
 from bert_repro.tables import CONF_DIR
@@ -30,33 +31,22 @@ def compose_once(config: str, args: list[str]):
     return _COMPOSED[key]
 
 
-# groups whose node other nodes only interpolate (``${ablation.nsp}``, ``${model.max_position}``): no config
-# chooses its defaults by them or sets their keys, so a run's config is its composition without them with
-# each one's own file (conf/model/<name>.yaml, composed alone) set on it. Table 6's ten shapes x four tasks
-# are then four compositions, Table 5's four ablations one (tests/test_tables_plan.py checks it equal).
-LEAF_GROUPS = ("model", "ablation")
-_RUNS: dict[tuple[str, ...], Any] = {}
-
-
 def compose_run(args: list[str]):
-    """conf/train.yaml composed with a run's ``args`` (Hydra initialised by the caller), read-only."""
-    key = (str(CONF_DIR), *args)
-    if key in _RUNS:
-        return _RUNS[key]
-    leaves = [a for a in args if a.split("=", 1)[0] in LEAF_GROUPS]
-    keys = [a.lstrip("+~").split("=", 1)[0] for a in args]
-    if not leaves or any("." in k and k.split(".")[0] in LEAF_GROUPS for k in keys):
-        return compose_once("train", args)  # a key of theirs set on the command line: Hydra's order
-    cfg = copy.deepcopy(compose_once("train", [a for a in args if a not in leaves]))
+    """conf/train.yaml composed with a run's ``args`` (Hydra initialised by the caller), read-only: Hydra's
+    own two steps, split where Hydra splits them, so runs that choose the same configs share the first. The
+    overrides that choose configs (Hydra's test: the key names a config group) build the defaults list,
+    once for all runs that share them; the rest are then set on it by Hydra's own function (as compose)."""
+    parsed = OverridesParser.create().parse_overrides(list(args))
+    repo = GlobalHydra.instance().config_loader().repository
+    chooses = [o for o in parsed if repo.group_exists(o.key_or_group) and not isinstance(o.value(), dict)]
+    base = compose_once("train", [o.input_line for o in chooses])
+    values = [o for o in parsed if o not in chooses]
+    if not values:
+        return base
+    cfg = copy.deepcopy(base)
     OmegaConf.set_readonly(cfg, False)
-    for leaf in leaves:
-        group, name = leaf.split("=", 1)
-        with warnings.catch_warnings():  # a group file composed alone has no _self_ in its defaults list
-            warnings.simplefilter("ignore", UserWarning)
-            node = compose_once(f"{group}/{name}", [])
-        OmegaConf.update(cfg, group, node[group], merge=False)
+    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # typed nodes refuse a wrong value here
     OmegaConf.set_readonly(cfg, True)
-    _RUNS[key] = cfg
     return cfg
 
 

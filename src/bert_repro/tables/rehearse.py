@@ -121,7 +121,7 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
     return problems
 
 
-def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False, grid: str = "full",
+def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False, grid: str = "first",
              sets: list[str] | None = None) -> tuple[Table, Path]:
     """Plan (the spec checked at its real scale), shrink, run, check; returns the table to collect and
     where."""

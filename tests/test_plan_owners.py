@@ -1,0 +1,82 @@
+"""The plan asks each fact of the code that owns it: change the fact there (a monkeypatch) and the plan
+changes; and it checks every job's values before it prints anything."""
+
+import pytest
+
+from bert_repro.tables import __main__ as cli
+from bert_repro.tables.plan import make_plan
+from bert_repro.tables.spec import build
+
+ONE = ["grid.optim.epochs=3", "grid.data.batch_size=32"]  # fewer jobs; the same kinds of run
+
+
+def _totals(plan: dict) -> tuple[float, float, float]:
+    return plan["total_flops"], plan["total_disk_gb"], plan["total_prep_hours"]
+
+
+@pytest.fixture(scope="module")
+def table2(tmp_path_factory):
+    return build("table2", "budget", tmp_path_factory.mktemp("runs"), inits={"*": "/ckpt/given"})
+
+
+def test_flops_and_parameters_are_the_models(table2, monkeypatch):
+    """An inner size of 8H at model.BertConfig (not the paper's 4H) raises the FLOPs; count_parameters
+    doubled doubles the checkpoints' bytes."""
+    from bert_repro import model
+
+    flops, disk, _ = _totals(make_plan(table2))
+    post_init = model.BertConfig.__post_init__
+
+    def wider(self):
+        self.intermediate_size = self.intermediate_size or 8 * self.hidden_size
+        post_init(self)
+
+    monkeypatch.setattr(model.BertConfig, "__post_init__", wider)
+    assert make_plan(table2)["total_flops"] > 1.3 * flops
+    monkeypatch.undo()
+    counted = model.count_parameters
+    monkeypatch.setattr(model, "count_parameters", lambda module: 2 * counted(module))
+    assert make_plan(table2)["total_disk_gb"] == pytest.approx(2 * disk, rel=1e-6)
+
+
+def test_kept_checkpoints_are_the_callbacks(table2, monkeypatch):
+    """A retention that deletes nothing keeps each fine-tuning's last.ckpt (weights and AdamW moments)."""
+    from bert_repro.lifecycle import callbacks
+
+    disk = make_plan(table2)["total_disk_gb"]
+    monkeypatch.setattr(callbacks, "retain_checkpoints", lambda folder, keep_last, keep_steps: [])
+    assert make_plan(table2)["total_disk_gb"] == pytest.approx(4 * disk, rel=1e-6)  # 4 + 12 bytes, not 4
+
+
+def test_the_padded_length_is_the_collators(table2, monkeypatch):
+    from bert_repro.data.batching import PadCollator
+
+    tokens = sum(r["tokens"] for r in make_plan(table2)["runs"])
+    monkeypatch.setattr(PadCollator, "padded_length", lambda self, lengths: 384)  # always the full window
+    assert sum(r["tokens"] for r in make_plan(table2)["runs"]) > 1.05 * tokens  # SQuAD: ~340 of 384
+
+
+def test_the_data_caches_are_keyed_as_pretraining_keys_them(tmp_path, monkeypatch):
+    """Table 5's three pre-trainings (NSP, No NSP, LTR) each build their instances; a DataModule that keyed
+    its rounds on nothing would share one set, and the plan would charge it once."""
+    from bert_repro.data import pretraining
+
+    table = build("table5", "paper", tmp_path, sets=ONE)
+    prep = make_plan(table)["total_prep_hours"]
+    monkeypatch.setattr(pretraining, "cache_settings", lambda hp, static: ({}, {}))
+    assert make_plan(table)["total_prep_hours"] < prep / 2  # one set of rounds, not six (3 rows x 2 phases)
+
+
+@pytest.mark.parametrize("value, says", [("abc", "optim.lr"), ("-1", "optim.lr")])
+def test_a_wrong_grid_value_fails_the_plan_naming_the_job_and_key(value, says, tmp_path, capsys):
+    code = cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path),
+                     "--set", f"grid.optim.lr={value}"])
+    err = capsys.readouterr().err
+    assert code == 2 and "finetune/" in err and says in err and "Traceback" not in err
+    assert not (tmp_path / "table2").exists()  # nothing written
+
+
+def test_a_grid_beyond_ten_thousand_runs_asks_for_yes(tmp_path, capsys):
+    code = cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path),
+                     "--set", "grid.seed=range(0,5001)"])
+    assert code == 2 and "--yes" in capsys.readouterr().err
