@@ -5,30 +5,57 @@ schedule, which each compose runs."""
 from __future__ import annotations
 
 import copy
+import functools
+import hashlib
+import json
+import os
+import pickle
+import tempfile
 from contextlib import contextmanager
 from typing import Any
 
+import hydra
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf
 
-from bert_repro.tables import CONF_DIR
+from bert_repro.tables import CONF_DIR, REPO
 
 _COMPOSED: dict[tuple[str, ...], Any] = {}
+CACHE = REPO / ".cache" / "compositions"
 
 
 def compose_once(config: str, args: list[str]):
     """conf/<config>.yaml composed with ``args`` (Hydra initialised by the caller: ``composing``), once a
-    process: build, plan and rehearse compose the same runs again and again (a composition is ~0.5 s).
-    Read-only, so no caller changes what another reads."""
+    process, and kept on disk under .cache/compositions/ keyed by the config tree's files: build, plan and
+    rehearse compose the same runs again and again (a composition is ~0.5 s). Read-only, so no caller changes
+    what another reads."""
     key = (str(CONF_DIR), config, *args)
     if key not in _COMPOSED:
-        cfg = compose(config, overrides=list(args))
+        digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
+        path = CACHE / f"{digest[:32]}.pkl"
+        try:
+            cfg = pickle.loads(path.read_bytes())
+        except (OSError, pickle.UnpicklingError, EOFError, AttributeError):  # none yet, or a damaged one
+            cfg = compose(config, overrides=list(args))
+            CACHE.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile(dir=CACHE, delete=False) as tmp:
+                tmp.write(pickle.dumps(cfg))
+            os.replace(tmp.name, path)
         OmegaConf.set_readonly(cfg, True)
         _COMPOSED[key] = cfg
     return _COMPOSED[key]
+
+
+@functools.cache
+def _tree() -> str:
+    """A digest of every file of conf/: a composition cached on disk is read back only for the same tree."""
+    digest = hashlib.sha256()
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        digest.update(str(path.relative_to(CONF_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
 
 
 def compose_run(args: list[str]):
@@ -37,8 +64,7 @@ def compose_run(args: list[str]):
     overrides that choose configs (Hydra's test: the key names a config group) build the defaults list,
     once for all runs that share them; the rest are then set on it by Hydra's own function (as compose)."""
     parsed = OverridesParser.create().parse_overrides(list(args))
-    repo = GlobalHydra.instance().config_loader().repository
-    chooses = [o for o in parsed if repo.group_exists(o.key_or_group) and not isinstance(o.value(), dict)]
+    chooses = [o for o in parsed if _chooses(o)]
     base = compose_once("train", [o.input_line for o in chooses])
     values = [o for o in parsed if o not in chooses]
     if not values:
@@ -47,6 +73,27 @@ def compose_run(args: list[str]):
     OmegaConf.set_readonly(cfg, False)
     ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # typed nodes refuse a wrong value here
     OmegaConf.set_readonly(cfg, True)
+    return cfg
+
+
+def _chooses(override) -> bool:
+    """Hydra's test (hydra._internal.defaults_list): an override of a config group chooses a config."""
+    repo = GlobalHydra.instance().config_loader().repository
+    return repo.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
+
+
+def compose_job(fixed: list[str], swept: list[str], copies: dict):
+    """A sweep's job: compose_run(fixed + swept), but the jobs of one sweep set the same keys, so each
+    job's values are set over the last job's on one copy of the sweep's config (``copies``), read before the
+    next job's. A grid that chooses configs composes each job."""
+    parsed = OverridesParser.create().parse_overrides(list(swept))
+    if any(map(_chooses, parsed)):
+        return compose_run(fixed + swept)
+    if tuple(fixed) not in copies:
+        copies[tuple(fixed)] = copy.deepcopy(compose_run(fixed))  # compose_run's may be the shared cache's
+        OmegaConf.set_readonly(copies[tuple(fixed)], False)
+    cfg = copies[tuple(fixed)]
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
     return cfg
 
 

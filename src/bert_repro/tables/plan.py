@@ -36,7 +36,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from bert_repro.tables import CONF_DIR, REPO, TableError
-from bert_repro.tables.compose import compose_run, composing
+from bert_repro.tables.compose import compose_job as compose_job_config
+from bert_repro.tables.compose import composing
 from bert_repro.tables.spec import Sweep, Table
 
 
@@ -155,14 +156,14 @@ def hours(work: Work, seq: int, accelerator: str, mfu: dict) -> dict[str, float]
             "eval_hours": work.eval_flops / (peak * share) / 3600}
 
 
-def compose_job(sweep: Sweep, swept: list[str]):
+def compose_job(sweep: Sweep, swept: list[str], copies: dict):
     """The run's config as src/train.py composes it, its values checked as a run checks them
     (lifecycle/schema.check); a wrong one names the job."""
     from bert_repro.lifecycle.schema import check
 
     where = f"{sweep.name} {' '.join(swept)}".strip()
     try:
-        cfg = compose_run(sweep.compose_args() + swept)
+        cfg = compose_job_config(sweep.compose_args(), swept, copies)
         check(cfg)
     except HydraException as err:
         raise TableError(f"{where}: does not compose ({err})") from None
@@ -209,7 +210,7 @@ def kept_checkpoints(keep: dict, written: list[int], params: int) -> float:
 
 # the probabilities of the stored length quantiles: finer in the tail, where a batch's longest comes from
 LENGTH_PROBS = (0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, .975, .99, .995, .999, 1)
-DRAWN_BATCHES = 20_000
+DRAWN_BATCHES = 10_000
 
 
 def padded_length(quantiles: list[int] | None, batch: int, seq: int, pad_to: int | None = None) -> float:
@@ -225,7 +226,7 @@ def padded_length(quantiles: list[int] | None, batch: int, seq: int, pad_to: int
                          f"{LENGTH_PROBS}")
     drawn = np.interp(np.random.default_rng(0).random((DRAWN_BATCHES, batch)), LENGTH_PROBS, quantiles)
     collator = PadCollator(pad_to)
-    return float(np.mean([collator.padded_length(row) for row in np.minimum(np.ceil(drawn), seq)]))
+    return float(np.mean([collator.padded_length(row) for row in np.minimum(np.ceil(drawn), seq).tolist()]))
 
 
 def _val_sequences(limit, batch: int, available: int) -> int:
@@ -247,7 +248,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     """One job's run and work; ``facts``: the table's train_sizes, dev_sizes, token_lengths, corpus_tokens."""
     from bert_repro.flops import training_flops
 
-    cfg = compose_job(sweep, swept)
+    cfg = compose_job(sweep, swept, cache.setdefault("copies", {}))
     optim, pretraining = _value(cfg, "optim"), sweep.stage == "pretrain"
     seq, batch = int(_value(cfg, "data.max_seq_length")), int(_value(cfg, "data.batch_size"))
     # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
