@@ -82,8 +82,8 @@ clean:
 #        [ACCELERATOR=h100|h200|a100] [GRID=full|first]
 # ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours
 # (experiments/runs/<table>/<scale>/plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny
-# model, steps and data divided down) on this CPU (every point of every grid; GRID=first for each grid's first
-# point only). Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them.
+# model, steps and data divided down) on this CPU (each grid's first point; GRID=full for every point of every
+# grid). Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them.
 # conf/table/<table>.yaml holds each table's sweeps and selection rule, over the `tables:` node of
 # conf/scale/<scale>.yaml.
 TABLES   := $(basename $(notdir $(wildcard conf/table/table[0-9].yaml conf/table/figure[0-9].yaml)))  # as tables/__init__.py

@@ -161,7 +161,7 @@ def compose_job(sweep: Sweep, swept: list[str], copies: dict):
     (lifecycle/schema.check); a wrong one names the job."""
     from bert_repro.lifecycle.schema import check
 
-    where = f"{sweep.name} {' '.join(swept)}".strip()
+    where = f"{sweep.name} {' '.join(swept)}"
     try:
         cfg = compose_job_config(sweep.compose_args(), swept, copies)
         check(cfg)
