@@ -67,12 +67,12 @@ def test_the_data_caches_are_keyed_as_pretraining_keys_them(tmp_path, monkeypatc
     assert make_plan(table)["total_prep_hours"] < prep / 2  # one set of rounds, not six (3 rows x 2 phases)
 
 
-@pytest.mark.parametrize("value, says", [("abc", "optim.lr"), ("-1", "optim.lr")])
-def test_a_wrong_grid_value_fails_the_plan_naming_the_job_and_key(value, says, tmp_path, capsys):
+@pytest.mark.parametrize("key, value", [("optim.lr", "abc"), ("optim.weight_decay", "-1")])
+def test_a_wrong_grid_value_fails_the_plan_naming_the_job_and_key(key, value, tmp_path, capsys):
     code = cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path),
-                     "--set", f"grid.optim.lr={value}"])
+                     "--set", f"grid.{key}={value}"])
     err = capsys.readouterr().err
-    assert code == 2 and "finetune/" in err and says in err and "Traceback" not in err
+    assert code == 2 and "finetune/" in err and key in err and "Traceback" not in err
     assert not (tmp_path / "table2").exists()  # nothing written
 
 
