@@ -22,7 +22,7 @@ from bert_repro.tables.children import Interrupted
 from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
 from bert_repro.tables.render import log_wandb, write_all
-from bert_repro.tables.runner import run_table
+from bert_repro.tables.runner import failed_jobs, run_table
 from bert_repro.tables.spec import REPO, TableError, build
 
 LAUNCHERS = ("local", "joblib", "slurm")
@@ -132,6 +132,10 @@ def one_table(args: argparse.Namespace, name: str) -> int:
         return 128 + err.signum  # as a shell reports a process the signal ended
     print((args.results_dir / f"{args.table}.md").read_text(), end="")
     print(f"wrote {', '.join(str(p) for p in written)} in {time.time() - start:.0f} s")
+    if args.action != "collect" and (failed := failed_jobs(table)):  # the table marks them; the exit says so
+        more = " ..." if len(failed) > 5 else ""
+        print(f"error: {len(failed)} jobs failed: {', '.join(failed[:5])}{more}", file=sys.stderr)
+        return 1
     return 0
 
 

@@ -1,12 +1,9 @@
 """Progress over a table's jobs: done / total, the sweeps running now and an ETA, read from the job folders
-(a job is done when its results.json or failed.json is there), so it also counts the jobs a multirun finishes
-one by one; the ETA weighs each job by its share of the plan's FLOPs where the runner has a plan. rich draws
-it when the output is a terminal, as the training loop's bar does; otherwise one plain line each time the
-count or the running sweeps change (a log file, SLURM's output).
-
-FLOPs alone under-weigh fine-tuning, which runs at a fraction of pre-training's FLOP rate (small batches,
-evaluation, start-up): where jobs have a kind, each kind's seconds per planned FLOP are read from the
-``wall_time_s`` of its finished jobs, so a demo's last fine-tunings are not promised in 30 s."""
+(done: a result or the runner's failure record there), so it counts the jobs a multirun finishes one by
+one. The ETA weighs each job by the plan's FLOPs, at each kind's (pretrain, finetune) seconds per FLOP read
+from its finished jobs' ``wall_time_s``. rich draws it on a terminal; otherwise one plain line each time the
+count or the running sweeps change, and the running runs' own progress lines (step, tokens/s, ETA, Dev),
+which they write to their sweep's launch log, are passed on as they come."""
 
 from __future__ import annotations
 
@@ -17,10 +14,14 @@ import time
 from pathlib import Path
 from typing import TextIO
 
+from bert_repro.lifecycle.folder import RunFolder
+
+PASSED = "][bert_repro.lifecycle.callbacks][INFO] - "  # a run's progress and Dev lines (ProgressLines)
+
 
 def _done(folder: Path, since: float | None = None) -> bool:
-    """A results.json or failed.json there (written at ``since`` or later: --force re-runs complete jobs)."""
-    files = [folder / "results.json", folder / "failed.json"]
+    """A result or failure record there (written at ``since`` or later, where given)."""
+    files = [RunFolder(folder).results, RunFolder(folder).failed]
     return any(f.is_file() and (since is None or f.stat().st_mtime >= since) for f in files)
 
 
@@ -39,6 +40,7 @@ class TableProgress:
         self.kinds = {f: (kinds or {}).get(f, "") for f in folders}  # pretrain | finetune (the plan's)
         self._walls: dict[Path, float | None] = {}  # a finished job's own wall_time_s, read once
         self.running: list[str] = []  # the sweeps running now, in the order they started
+        self.logs: dict[str, tuple[Path, int]] = {}  # a running sweep's launch log, and how far it was read
         self.current, self.start = "", time.time()
         self.since = self.start if force else None  # with --force, only what this launch writes is done
         self.before = {f for f in folders if _done(f, self.since)}  # done before this launch: not in the ETA
@@ -72,7 +74,7 @@ class TableProgress:
     def _wall(self, folder: Path) -> float | None:
         if folder not in self._walls:
             try:
-                self._walls[folder] = float(json.loads((folder / "results.json").read_text())["wall_time_s"])
+                self._walls[folder] = float(json.loads(RunFolder(folder).results.read_text())["wall_time_s"])
             except (OSError, ValueError, KeyError, TypeError):  # failed.json, or a record without it
                 self._walls[folder] = None
         return self._walls[folder]
@@ -90,7 +92,24 @@ class TableProgress:
         overall = sum(w for _, w in timed) / sum(self.weights[f] for f, _ in timed)
         return {f: self.weights[f] * rate.get(self.kinds[f], overall) for f in self.folders}
 
+    def _pass_on(self) -> None:
+        """The running runs' progress lines written since the last look (plain output only)."""
+        for name, (path, seen) in list(self.logs.items()):
+            try:
+                with path.open("rb") as f:
+                    f.seek(seen)
+                    new = f.read()
+            except OSError:
+                continue
+            new = new[:new.rfind(b"\n") + 1]  # whole lines only
+            self.logs[name] = (path, seen + len(new))
+            for line in new.decode(errors="replace").splitlines():
+                if PASSED in line:
+                    print(f"  {line.split(PASSED, 1)[1]}", file=self.stream, flush=True)
+
     def refresh(self) -> None:
+        if self._rich is None:
+            self._pass_on()
         done, total, eta = self.line()
         if self._rich is not None:
             self._rich.update(self._task, completed=done, description=self.current, eta=eta)
@@ -99,14 +118,18 @@ class TableProgress:
                   flush=True)
         self._last = (done, self.current)
 
-    def started(self, name: str) -> None:
+    def started(self, name: str, log: Path | None = None) -> None:
         with self._lock:
+            if log is not None:
+                self.logs[name] = (log, log.stat().st_size if log.is_file() else 0)
             self.running.append(name)
             self.current = ", ".join(self.running)
             self.refresh()
 
     def finished(self, name: str) -> None:
         with self._lock:
+            self._pass_on()
+            self.logs.pop(name, None)
             self.running.remove(name)
             self.current = ", ".join(self.running)
             self.refresh()

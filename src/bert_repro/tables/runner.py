@@ -1,44 +1,53 @@
 """Runs a table's sweeps through ``src/train.py -m``: pre-training first, then the fine-tuning that starts
 from it.
 
-A job whose results.json says ``complete`` is skipped (an interrupted table resumes); ``force`` re-runs it.
-A job's state is its results.json, which src/train.py writes for every run it started, a failed one with its
-reason. The runner writes ``failed.json`` only for what it decides itself: a job its launch never reached (a
-Hydra compose error: the launch's output says why), fine-tuning from a failed pre-training run (not started),
-a folder it will not re-run without --force. A failure does not stop the table: the jobs a failed multirun
-never reached are launched on their own.
+Before any work every job is composed as src/train.py will compose it, its values checked as a single run
+checks them and its data found; one wrong job stops the table, naming it. A job is complete only when its
+folder's result has the science of the job as composed now (RunFolder.result_for): after any edit (spec,
+--set, a config file) exactly the jobs whose science changed run again, with every job downstream of a
+pre-training that runs again, and the runner says which. Their earlier folders are moved aside, never
+deleted (``.stale/`` beside them, where neither the collector nor find_runs looks), and so is everything
+``--force`` reruns. The table's folder lock (and each store pre-training's) keeps a second runner out.
 
-The runner owns its children (tables/children.py): SIGTERM or SIGINT stops them, each saving a checkpoint,
-and the table with them; a relaunch resumes. Nothing is deleted without --force, and never a folder that a
-live process is sweeping into.
-
-A launcher block's ``sweeps_at_once: N`` runs up to N sweeps side by side, each as soon as the pre-training
-run it starts from has ended, the longest chain of work first (the plan's FLOPs); ``threads: K`` gives each
-sweep's processes K torch threads (OMP_NUM_THREADS), so N sweeps share the cores instead of fighting for them.
+A job's state is its result, which src/train.py writes for every run it started, a failed one with its
+reason; the runner records a failure only for a job its launch never reached, or fine-tuning whose
+pre-training failed. A launcher block's ``sweeps_at_once: N`` runs N sweeps side by side, the longest chain
+of work first (the plan's FLOPs); ``threads: K`` gives each sweep's processes K torch threads.
 """
 
 from __future__ import annotations
 
+import copy
 import json
 import logging
 import os
 import re
-import shutil
 import signal
 import sys
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
+from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
 import yaml
+from hydra import compose
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.hydra_config import HydraConfig
+from hydra.core.override_parser.overrides_parser import OverridesParser
+from hydra.errors import HydraException
+from omegaconf import OmegaConf
+from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.lifecycle import warm
-from bert_repro.lifecycle.checks import TRACEBACK_HINT
+from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError, check_inputs
+from bert_repro.lifecycle.folder import RunFolder, differences
+from bert_repro.lifecycle.keys import flatten as flat_keys
+from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
-from bert_repro.lifecycle.results import read_results
 from bert_repro.tables.children import CHILDREN, Interrupted, live_processes
+from bert_repro.tables.compose import compose_run, composing
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value
+from bert_repro.tables.spec import CONF_DIR, REPO, Sweep, Table, TableError, flatten, hydra_value
 
 log = logging.getLogger(__name__)
 
@@ -49,29 +58,73 @@ NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error ex
 
 
 def job_state(folder: Path) -> tuple[str, str | None]:
-    """(complete | failed | missing, reason) of one job folder: its results.json (src/train.py's record, a
-    failure's reason in it), else the runner's failed.json, else a folder Hydra made for a run that stopped
-    before its record (killed, or stopped by the runner: a relaunch resumes it)."""
-    results = folder / "results.json"
-    if results.is_file():
+    """(complete | failed | missing, reason) of one job folder: its result, else the runner's record of a
+    failure, else a folder of a run that stopped before its record (a relaunch resumes it)."""
+    run = RunFolder(folder)
+    if run.results.is_file():
         try:
-            record = read_results(results)
+            record = run.read()
         except ValueError as err:  # names the file and what it lacks
             raise TableError(str(err)) from None
         status = record["status"]
         return ("complete", None) if status == "complete" else (
             "failed", record.get("reason") or f"run ended with status {status!r}")
-    failed = folder / "failed.json"
-    if failed.is_file():
-        return "failed", json.loads(failed.read_text()).get("reason")
-    if (folder / ".hydra").is_dir():
-        return "failed", "no results.json (the run stopped early)"
-    return "missing", None
+    if run.failed.is_file():
+        try:
+            return "failed", json.loads(run.failed.read_text())["reason"]
+        except (ValueError, KeyError, TypeError):
+            return "failed", f"{run.failed} is damaged (not the runner's record): a relaunch reruns the job"
+    return ("failed", "no result (the run stopped early)") if run.hydra.is_dir() else ("missing", None)
+
+
+@contextmanager
+def composing_jobs():
+    """Hydra over conf/ with the runtime src/train.py's children have (their cwd is the repository), so a
+    job's config resolves here as the run resolves it."""
+    with composing():
+        hydra = compose("train", [], return_hydra_config=True)
+        hydra.hydra.runtime.cwd = hydra.hydra.runtime.output_dir = str(REPO)
+        HydraConfig.instance().set_config(hydra)
+        try:
+            yield
+        finally:
+            HydraConfig.instance().cfg = None
+
+
+def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
+    """The job's config as src/train.py composes it now, its science resolved (Hydra set up by
+    ``composing_jobs``); a job that does not compose, holds a value a run refuses or names data that is not
+    there is a TableError naming it."""
+    where = " ".join([sweep.name, *swept])
+    try:
+        cfg = _with_grid(sweep, swept)
+        check_inputs(cfg, root)
+        plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
+                 for k in cfg if is_science(k)}
+    except (HydraException, OmegaConfBaseException, UsageError) as err:
+        raise TableError(f"job {where}: {err}".replace(f" {TRACEBACK_HINT}", "")) from None
+    for key, value in flat_keys(plain).items():  # a local path the run would read (init= of ours: not yet)
+        if is_path(key) and isinstance(value, str) and value.startswith("/") and not Path(value).exists() \
+                and not (key == "init" and sweep.needs is not None):
+            raise TableError(f"job {where}: {key}={value} does not exist")
+    return plain
+
+
+def _with_grid(sweep: Sweep, swept: list[str]):
+    """The job's config as Hydra composes it: the group choices composed (once for every job that shares
+    them), then the value overrides applied by Hydra's own step that applies them."""
+    args = [*sweep.compose_args(), *swept]
+    overrides = OverridesParser.create().parse_overrides(args)
+    group = [(CONF_DIR / o.key_or_group).is_dir() for o in overrides]
+    cfg = copy.deepcopy(compose_run([a for a, g in zip(args, group) if g]))
+    OmegaConf.set_readonly(cfg, False)
+    ConfigLoaderImpl._apply_overrides_to_config([o for o, g in zip(overrides, group) if not g], cfg)
+    return cfg
 
 
 def launch_error(output: str) -> str:
     """The line of a failed launch's output that says what went wrong: Hydra's compose error, the error
-    src/train.py logged before stopping the whole sweep (run.SweepUsageError), the exception."""
+    src/train.py logged before stopping the whole sweep (checks.SweepUsageError), the exception."""
     logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
     if logged:
         return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
@@ -84,24 +137,60 @@ def launch_error(output: str) -> str:
 
 
 def unrecorded(code: int, output: str) -> str:
-    """Why a launch left a job without results.json: it never reached the job (the launch's error), or a
-    signal killed the process before it could write one."""
+    """Why a launch left a job without a result: it never reached the job, or a signal killed it first."""
     if code < 0:
-        return f"the run was killed by {signal.Signals(-code).name} before writing results.json"
+        return f"the run was killed by {signal.Signals(-code).name} before writing its result"
     return launch_error(output) if code else "the launcher ran no job here"
 
 
 def mark_failed(folder: Path, reason: str, output: str = "") -> None:
     folder.mkdir(parents=True, exist_ok=True)
-    record = {"reason": reason, "output_tail": output[-4000:]}
-    (folder / "failed.json").write_text(json.dumps(record, indent=2) + "\n")
+    RunFolder(folder).failed.write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}) + "\n")
 
 
-def _live(sweep_folder: Path, job_folders: list[Path]) -> list[str]:
-    """What holds a sweep's folders now: a run's lock on a job folder (locks.py), or a process sweeping into
-    them, which holds no lock while it starts up."""
-    live = [f"process {pid} is sweeping into {sweep_folder}" for pid in live_processes(sweep_folder)]
-    for folder in job_folders:
+def resumes_itself(folder: Path) -> bool:
+    """A re-run in ``folder`` continues from the folder's own last checkpoint (its command has
+    ckpt_path=last)."""
+    config = RunFolder(folder).hydra / "config.yaml"
+    return config.is_file() and (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") == "last"
+
+
+def _in_the_way(folder: Path, config: dict, why: str | None) -> str | None:
+    """Why an earlier attempt's folder must make way for this job's run (``why``: --force, its pre-training
+    runs again), or None when the run resumes it (its own failed or stopped attempt)."""
+    run = RunFolder(folder)
+    if not folder.is_dir() or why is None and not run.results.is_file() and not run.hydra.is_dir():
+        return None
+    try:
+        record = run.read() if run.results.is_file() else {}
+    except ValueError as err:
+        return f"its result is damaged ({err})"
+    changed = "; ".join(differences(record.get("config"), config)[:4]) if record else ""
+    if changed or why:
+        return changed or why
+    if run.checkpoints.is_dir() and any(run.checkpoints.iterdir()) and not resumes_itself(folder):
+        return "it holds checkpoints of an attempt that a rerun would not resume (ckpt_path is not last)"
+    return None
+
+
+def move_aside(folder: Path, why: str) -> Path:
+    """``folder`` out of the table's way, kept: ``<parent>/.stale/<name>.<n>``."""
+    n = 1
+    while (kept := folder.parent / ".stale" / f"{folder.name}.{n}").exists():
+        n += 1
+    kept.parent.mkdir(parents=True, exist_ok=True)
+    with RunFolderLock(folder):  # no run may start into it meanwhile
+        folder.rename(kept)
+    print(f"{folder}: {why}; moved to {kept} (kept), to run again", flush=True)
+    return kept
+
+
+def _holders(folders: list[Path]) -> list[str]:
+    """What holds these folders now: a process sweeping into them (it holds no lock while it starts up), or
+    a run's lock."""
+    live = [f"process {pid} is sweeping into {f}" for f in {f.parent for f in folders} for pid in
+            live_processes(f)]
+    for folder in folders:
         if folder.is_dir():
             try:
                 with RunFolderLock(folder):
@@ -111,49 +200,18 @@ def _live(sweep_folder: Path, job_folders: list[Path]) -> list[str]:
     return live
 
 
-def resumes_itself(folder: Path) -> bool:
-    """A re-run in ``folder`` continues from the folder's own last.ckpt (its command has ckpt_path=last)."""
-    config = folder / ".hydra" / "config.yaml"
-    return config.is_file() and (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") == "last"
-
-
-def _make_way(folder: Path, force: bool) -> str | None:
-    """Readies an earlier attempt's folder for a re-run, or says why it will not be re-run.
-
-    FORCE deletes the folder, saying so. Otherwise nothing of it is deleted (it was not made by this
-    invocation) but the runner's own failed.json, the verdict this re-run replaces: src/train.py resumes from
-    the folder's last.ckpt and writes its results.json over the old one. Checkpoints that the re-run would not
-    resume stay, and so does the job, failed with the reason (Lightning would save new checkpoints beside them
-    as last-v1.ckpt)."""
-    if not (folder / ".hydra").is_dir() and not (folder / "failed.json").is_file():
-        return None  # no earlier attempt here
-    if force:
-        log.warning("--force: deleting %s, an earlier attempt's run folder, to run it afresh", folder)
-        with RunFolderLock(folder):  # no run may start into it meanwhile
-            shutil.rmtree(folder)
-        return None
-    if any((folder / "checkpoints").glob("*.ckpt")) and not resumes_itself(folder):
-        return (f"{folder} holds checkpoints of an earlier attempt that a re-run would not resume (its "
-                "ckpt_path is not last); run the table with --force to delete that folder and run it afresh")
-    (folder / "failed.json").unlink(missing_ok=True)
-    return None
-
-
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
     """The multirun of ``sweep``: every job's folder is ``sweep.folder/<run folder name of the swept keys>``
     (conf/train.yaml's hydra.sweep.subdir, as Sweep.jobs names it)."""
-    fixed = sweep.fixed_args()
-    excluded = [k for k in sweep.overrides]  # kept out of the folder name: the sweep folder says them
-    return [sys.executable, str(TRAIN), "--multirun", *fixed, *swept,
+    excluded = ",".join(k.lstrip("+") for k in sweep.overrides)  # the sweep's folder says them
+    return [sys.executable, str(TRAIN), "--multirun", *sweep.fixed_args(), *swept,
             *(f"{k}={hydra_value(v)}" for k, v in flatten(launcher).items()),
-            f"hydra.sweep.dir={sweep.folder}",
-            f"hydra.job.config.override_dirname.exclude_keys=[{','.join(k.lstrip('+') for k in excluded)}]"]
+            f"hydra.sweep.dir={sweep.folder}", f"hydra.job.config.override_dirname.exclude_keys=[{excluded}]"]
 
 
 def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = False) -> tuple[int, str]:
     threads = launcher.get(THREADS)
-    launcher = {k: v for k, v in launcher.items() if k != THREADS}
-    cmd = command(sweep, swept, launcher)
+    cmd = command(sweep, swept, {k: v for k, v in launcher.items() if k != THREADS})
     if dry_run:
         print(("" if threads is None else f"OMP_NUM_THREADS={threads} ") + " ".join(cmd))
         return 0, ""
@@ -161,8 +219,7 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     if threads is not None:  # torch sizes its intra-op pool from it at start-up
         env["OMP_NUM_THREADS"] = str(threads)
-    # the child's output streams into the sweep's folder as it runs (tail -f it), and is read back for errors
-    sweep.folder.mkdir(parents=True, exist_ok=True)
+    sweep.folder.mkdir(parents=True, exist_ok=True)  # the output streams there, read back for errors
     path = sweep.folder / LOG
     with path.open("a") as out:
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
@@ -177,22 +234,17 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         return code, written.read()
 
 
-def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool = False) -> dict[str, int]:
-    """Launch the jobs of ``sweep`` that are not complete; returns counts of skipped / complete / failed
-    jobs."""
+def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] | None = None,
+              dry_run: bool = False) -> dict[str, int]:
+    """Launch ``todo`` (default: the jobs without a complete result), their folders readied by run_table;
+    counts of skipped / complete / failed jobs."""
     jobs = sweep.jobs()
-    todo = [(swept, folder) for swept, folder in jobs if force or job_state(folder)[0] != "complete"]
+    todo = [(s, f) for s, f in jobs if job_state(f)[0] != "complete"] if todo is None else todo
     counts = {"skipped": len(jobs) - len(todo), "complete": 0, "failed": 0}
-    if not todo:
+    if not todo or dry_run:
+        if todo:
+            _launch(sweep, sweep.params_args() if len(todo) == len(jobs) else todo[0][0], launcher, True)
         return counts
-    if dry_run:
-        swept = sweep.params_args() if len(todo) == len(jobs) else todo[0][0]
-        _launch(sweep, swept, launcher, dry_run=True)
-        return counts
-    if live := _live(sweep.folder, [folder for _, folder in todo]):
-        raise TableError(f"{sweep.name}: {'; '.join(live)} (a sweep that a killed runner left behind, or "
-                         "another runner's): wait for it to end or stop it, then run the table again; "
-                         "nothing was deleted or launched")
     reason = sweep.skip
     if reason is None and sweep.needs is not None:
         upstream, why = job_state(sweep.needs.jobs()[0][1])
@@ -200,52 +252,64 @@ def run_sweep(sweep: Sweep, launcher: dict, force: bool = False, dry_run: bool =
             reason = f"pre-training run {sweep.needs.name} {upstream}" + (f": {why}" if why else "")
         elif not sweep.init_path().is_file():
             reason = f"pre-training run {sweep.needs.name} left no {sweep.checkpoint}"
-    not_run = {folder: _make_way(folder, force) or reason for _, folder in todo}
-    for folder, why in not_run.items():
-        if why is not None:
-            mark_failed(folder, why)
-            counts["failed"] += 1
-    todo = [(swept, folder) for swept, folder in todo if not_run[folder] is None]
-    if not todo:
-        return counts
+    for _, folder in todo:
+        RunFolder(folder).failed.unlink(missing_ok=True)  # the verdict this launch replaces
+        if reason is not None:
+            mark_failed(folder, reason)
+    if reason is not None:
+        return {**counts, "failed": len(todo)}
     # the whole grid in one multirun (the launcher may spread it); a partial grid one job at a time
-    if len(todo) == len(jobs):
-        batches = [(sweep.params_args(), todo)]
-    else:
-        batches = [(swept, [(swept, f)]) for swept, f in todo]
+    batches = [(sweep.params_args(), todo)] if len(todo) == len(jobs) else [(s, [(s, f)]) for s, f in todo]
     for swept, members in batches:
         code, output = _launch(sweep, swept, launcher)
         unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
         if code != 0 and len(members) > 1 and len(unreached) < len(members):  # stopped at a failed job
             for s, f in unreached:
                 code_one, out_one = _launch(sweep, s, launcher)
-                if not (f / "results.json").is_file():
+                if not RunFolder(f).results.is_file():
                     mark_failed(f, unrecorded(code_one, out_one), out_one)
         for _, folder in members:  # src/train.py recorded every job it ran; the launch says why one is not
-            if not (folder / "results.json").is_file() and not (folder / "failed.json").is_file():
+            if not RunFolder(folder).results.is_file() and not RunFolder(folder).failed.is_file():
                 mark_failed(folder, unrecorded(code, output), output)
             counts["complete" if job_state(folder)[0] == "complete" else "failed"] += 1
     return counts
 
 
+def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[tuple[Path, str]]]:
+    """Every sweep's jobs to run, and the earlier folders that make way for them with why; every job
+    composed and checked first. A job with a complete result of its science now is not run, unless ``force``
+    or its pre-training runs again."""
+    rerun: set[str] = set()  # pre-training sweeps that run again in this launch
+    todo: dict[str, list] = {}
+    moves: list[tuple[Path, str]] = []
+    with composing_jobs():
+        configs = {f: job_config(s, swept, table_root(table)) for s in table.sweeps.values() if s.skip is None
+                   for swept, f in s.jobs()}
+    for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
+        upstream = sweep.needs is not None and sweep.needs.name in rerun
+        why = "--force" if force else "its pre-training runs again" if upstream else None
+        todo[name] = [(swept, f) for swept, f in sweep.jobs()
+                      if why or f not in configs or RunFolder(f).result_for(configs[f]) is None]
+        moves += [(f, way) for _, f in todo[name] if (way := _in_the_way(f, configs.get(f, {}), why))]
+        if todo[name] and sweep.stage == "pretrain":
+            rerun.add(name)
+    return todo, moves
+
+
 def stage_launcher(launcher: dict | None, stage: str) -> dict:
     """A launcher block's settings for one stage: ``common``, then the stage's own, as dotted override
-    keys, and ``threads`` (the runner's own setting, not a Hydra override) where the block sets it."""
+    keys, and ``threads`` where the block sets it."""
     launcher = launcher or {}
     stage_keys = {**flatten(launcher.get("common")), **flatten(launcher.get(stage))}
     return stage_keys if launcher.get(THREADS) is None else {**stage_keys, THREADS: launcher[THREADS]}
 
 
 def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
-    """Each sweep's cost plus that of the costliest chain of sweeps waiting on it: the order in which a
-    scheduler with free slots starts the ready sweeps (longest chain first)."""
-    after: dict[str, list[str]] = {name: [] for name in table.sweeps}
-    for name, sweep in table.sweeps.items():
-        if sweep.needs is not None:
-            after[sweep.needs.name].append(name)
+    """Each sweep's cost plus that of the costliest chain of sweeps waiting on it."""
     chain: dict[str, float] = {}
     for name in reversed(list(table.sweeps)):  # a sweep comes after the one it needs
-        chain[name] = cost.get(name, 0.0) + max((chain[n] for n in after[name]), default=0.0)
+        after = [n for n, s in table.sweeps.items() if s.needs is not None and s.needs.name == name]
+        chain[name] = cost.get(name, 0.0) + max((chain[n] for n in after), default=0.0)
     return chain
 
 
@@ -258,47 +322,83 @@ def sweep_costs(plan: dict) -> dict[str, float]:
     return costs
 
 
+def failed_jobs(table: Table) -> list[str]:
+    """The table's jobs whose folder records a failure, by name."""
+    return [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
+            if job_state(f)[0] == "failed"]
+
+
+def table_root(table: Table) -> Path:
+    """``<runs>/<table>/<scale>``: where its fine-tuning sweeps are (spec.build)."""
+    return next((s.folder.parents[2] for s in table.sweeps.values() if s.stage == "finetune"),
+                next(iter(table.sweeps.values())).folder)
+
+
+def _locks(table: Table) -> ExitStack:
+    """The table's own folder and each store pre-training it uses, held for the runner's life: a second
+    runner (a --force among them) is refused, naming the holder."""
+    stack = ExitStack()
+    folders = sorted({table_root(table)} | {s.folder for s in table.sweeps.values() if s.stage == "pretrain"
+                                             and s.phase != 1})
+    try:
+        for folder in folders:
+            stack.enter_context(RunFolderLock(folder))
+    except FolderInUse as err:
+        stack.close()
+        raise TableError(f"{str(err).split(';')[0]}: another table runner; wait for it to end or stop it. "
+                         "Nothing was moved or launched") from None
+    return stack
+
+
 def run_table(table: Table, launcher: dict | None = None, force: bool = False,
               dry_run: bool = False, plan: dict | None = None) -> list[dict]:
-    """Every sweep of ``table``, pre-training first, ``sweeps_at_once`` of them side by side (default 1: in
-    table order; more order them by ``plan``'s costs, made here if not given); one line of counts per sweep,
-    in table order."""
+    """Every sweep of ``table``, pre-training first, ``sweeps_at_once`` of them side by side (ordered by
+    ``plan``'s costs, made here if not given); one line of counts per sweep, in table order."""
     at_once = int((launcher or {}).get("sweeps_at_once") or 1)
     if at_once < 1:
         raise TableError(f"launcher sweeps_at_once={at_once}: expected 1 or more")
+    todo, moves = plan_jobs(table, force)
     if dry_run:
-        for sweep in table.sweeps.values():
-            run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force, dry_run=True)
+        for name, sweep in table.sweeps.items():
+            run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[name], dry_run=True)
         return []
-    order = list(table.sweeps)
-    if at_once > 1 and plan is None:
-        from bert_repro.tables.plan import make_plan
+    with _locks(table):
+        if live := _holders([f for jobs in todo.values() for _, f in jobs]):
+            raise TableError(f"{'; '.join(live)} (a sweep that a killed runner left behind, or another "
+                             "runner's): wait for it to end or stop it; nothing was moved or launched")
+        for folder, why in moves:
+            move_aside(folder, why)
+        return _run(table, launcher, todo, at_once, plan)
 
-        plan = make_plan(table)
+
+def _run(table: Table, launcher: dict | None, todo: dict, at_once: int, plan: dict | None) -> list[dict]:
+    order = list(table.sweeps)
     if at_once > 1:  # a free slot takes the ready sweep with the longest chain of work behind it
+        if plan is None:
+            from bert_repro.tables.plan import make_plan
+
+            plan = make_plan(table)
         chain = critical_path(table, sweep_costs(plan))
         order.sort(key=lambda name: -chain[name])
-    jobs = {f"{sweep.name}/{folder.name}": folder
-            for sweep in table.sweeps.values() for _, folder in sweep.jobs()}
+    jobs = {f"{s.name}/{folder.name}": folder for s in table.sweeps.values() for _, folder in s.jobs()}
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
-    weights = {jobs[r["name"]]: r["flops"] for r in planned}
-    kinds = {jobs[r["name"]]: r["kind"] for r in planned}
     lines: dict[str, dict] = {}
 
     def one(sweep: Sweep) -> None:
         start = time.time()
-        progress.started(sweep.name)
+        progress.started(sweep.name, sweep.folder / LOG)
         try:
-            counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), force=force)
+            counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[sweep.name])
         finally:
             progress.finished(sweep.name)
         lines[sweep.name] = {"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)}
         log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
                  counts["complete"], counts["failed"], time.time() - start)
 
-    if force or any(job_state(folder)[0] != "complete" for folder in jobs.values()):
+    if any(todo.values()):
         warm.prestart()  # the first sweep then starts as the others do (and a rehearsal measures that)
-    progress = TableProgress(list(jobs.values()), force=force, weights=weights or None, kinds=kinds)
+    progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
+                             kinds={jobs[r["name"]]: r["kind"] for r in planned})
     # SIGTERM / SIGINT stop the children, each saving a checkpoint; the sweeps then end with Interrupted
     with CHILDREN.handling_signals(), progress, ThreadPoolExecutor(at_once) as pool:
         running: dict = {}
@@ -308,14 +408,12 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             for name in ready[:at_once - len(running)]:
                 order.remove(name)
                 running[pool.submit(one, table.sweeps[name])] = name
-            if not running:  # cannot happen for a table build() made: every `needs` is one of its sweeps
-                raise TableError(f"sweeps {order} wait on a sweep that is not in the table")
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
                 name = running.pop(future)
                 ended.add(name)
                 try:
-                    future.result()  # a TableError (a malformed results.json) stops the table, as before
+                    future.result()  # a TableError (a malformed result) stops the table
                 except Interrupted as stop:  # leaving the pool waits for the other sweeps' children to stop
                     raise Interrupted(stop.signum, [name, *running.values()]) from None
         if CHILDREN.signum is not None:  # the signal came as the last sweep ended
