@@ -1,7 +1,7 @@
 """The table runner owns its children: SIGTERM or SIGINT to `python -m bert_repro.tables run` stops its sweeps
 (each gets SIGTERM once: src/train.py saves a checkpoint and stops), leaves no process behind, marks nothing
 failed and exits non-zero saying so; a relaunch redoes no finished job. A folder a live process sweeps into is
-neither deleted nor launched into, even with --force. A failed job is read from its results.json; the runner's
+neither moved nor launched into, even with --force. A failed job is read from its results.json; the runner's
 failed.json holds only what it decides, with the launch's own error.
 
 The quick tests run the runner on a stand-in for src/train.py (a few lines of Python, no torch); the last
@@ -24,6 +24,7 @@ from bert_repro.tables.spec import TableError, build
 
 from .conftest import REPO, shared_data_dir
 from .helpers import held_by_another_process
+from .test_table_rerun import TINY
 from .test_tables_e2e import SHRINK
 
 # runs the table CLI with runner.TRAIN replaced by the stand-in (argv[1])
@@ -154,7 +155,8 @@ def table5(tmp_path):
     return build("table5", "smoke", tmp_path / "runs")
 
 
-def test_a_folder_a_live_process_sweeps_into_is_neither_deleted_nor_launched_into(table5, monkeypatch):
+def test_a_folder_a_live_process_sweeps_into_is_neither_moved_nor_launched_into(tmp_path, monkeypatch):
+    table5 = build("table5", "smoke", tmp_path / "runs", sets=TINY)
     sweep = table5.sweeps["pretrain/none"]
     folder = sweep.jobs()[0][1]
     (folder / ".hydra").mkdir(parents=True)
@@ -169,7 +171,7 @@ def test_a_folder_a_live_process_sweeps_into_is_neither_deleted_nor_launched_int
     monkeypatch.setattr(runner, "_launch", lambda *a, **k: pytest.fail("nothing may be launched"))
     try:
         with pytest.raises(TableError, match=f"process {live.pid} is sweeping into {sweep.folder}"):
-            runner.run_sweep(sweep, {}, force=True)
+            runner.run_table(table5, force=True)
     finally:
         live.kill()
         live.wait()
@@ -177,7 +179,7 @@ def test_a_folder_a_live_process_sweeps_into_is_neither_deleted_nor_launched_int
     # a job folder that a run holds (locks.py), as src/train.py's jobs hold theirs
     with held_by_another_process(folder) as pid:
         with pytest.raises(TableError, match=f"run folder {folder} is in use by pid {pid}"):
-            runner.run_sweep(sweep, {}, force=True)
+            runner.run_table(table5, force=True)
     assert (folder / "failed.json").is_file() and (folder / ".hydra").is_dir()
 
 

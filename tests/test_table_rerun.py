@@ -57,7 +57,7 @@ def test_a_relaunch_after_an_edit_reruns_exactly_the_changed_jobs_and_those_afte
     runner.run_table(first)  # the same science: nothing runs
     assert launched == []
 
-    epochs = tiny(tmp_path, "finetune_overrides.optim.epochs=2")  # keys fixed by the spec: not in folder names
+    epochs = tiny(tmp_path, "finetune_overrides.optim.epochs=2")  # a key not in the folder names
     stand_in(epochs, monkeypatch, launched)
     runner.run_table(epochs)
     assert launched == ["finetune/bert_base/mrpc"]
@@ -112,6 +112,8 @@ def test_force_moves_earlier_runs_aside_and_a_second_runner_is_refused(tmp_path,
 
 
 @pytest.mark.parametrize("bad, said", [
+    ("columns.mrpc_acc.task=no_such_task",
+     "job finetune/bert_base/no_such_task optim.lr=0.001: In 'train': Could not find 'task/no_such_task'"),
     ("grid.optim.lr=1e-3,abc", "job finetune/bert_base/mrpc optim.lr=abc: "),
     ("task_data.mrpc.data.glue_dir=/no/such/glue", "data.glue_dir=/no/such/glue does not exist"),
     ("finetune_overrides.optim.epochs=0", "optim.epochs=0: expected a positive whole number")])

@@ -324,7 +324,7 @@ def test_no_table_repeats_what_its_scale_gives_every_table(scale):
                 if p.stem.rsplit("_", 1)[0] not in TABLES + DEMOS or p.stem.rsplit("_", 1)[1] not in SCALES]
 
 
-def test_runner_skips_complete_runs_relaunches_the_rest_and_force_reruns_all(table5, monkeypatch):
+def test_runner_skips_complete_runs_and_relaunches_the_rest(table5, monkeypatch):
     sweep = table5.sweeps["finetune/bert_base/mrpc"]
     launched = []
 
@@ -346,13 +346,7 @@ def test_runner_skips_complete_runs_relaunches_the_rest_and_force_reruns_all(tab
     (stale := sweep.jobs()[1][1] / "results.json").unlink()
     assert runner.run_sweep(sweep, {}) == {"skipped": 3, "complete": 1, "failed": 0}
     assert launched == [sweep.jobs()[1][0]]  # only the missing job, alone, with its own swept values
-    launched.clear()
-    marker = sweep.jobs()[0][1] / "checkpoints"
-    marker.mkdir()
-    (sweep.jobs()[0][1] / ".hydra").mkdir()
-    assert runner.run_sweep(sweep, {}, force=True) == {"skipped": 0, "complete": 4, "failed": 0}
-    # old folders cleared
-    assert launched == [sweep.params_args()] and not marker.exists() and stale.is_file()
+    assert stale.is_file()  # --force and a changed science: tests/test_table_rerun.py
 
 
 def test_fine_tuning_from_a_failed_pre_training_run_is_marked_with_its_reason(table5, monkeypatch):
@@ -475,28 +469,18 @@ def test_reference_copy_matches_the_shared_one():
     assert ours == yaml.safe_load(shared.read_text())
 
 
-def test_a_killed_run_keeps_its_folder_and_one_that_would_not_resume_waits_for_force(table5, monkeypatch):
-    sweep = table5.sweeps["pretrain/none"]
-    folder = sweep.jobs()[0][1]
+def test_a_killed_run_is_resumed_in_its_folder_and_one_that_would_not_resume_is_moved_aside(table5):
+    folder = table5.sweeps["pretrain/none"].jobs()[0][1]
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "last.ckpt").write_bytes(b"step 150")
     (folder / ".hydra").mkdir()
     (folder / ".hydra" / "config.yaml").write_text("ckpt_path: last\nseed: 1\n")
-    seen = []
-
-    def fake_launch(sweep_, swept, launcher, dry_run=False):
-        seen.append((folder / "checkpoints" / "last.ckpt").is_file())  # what the relaunched run finds
-        write_results(folder, "pretrain", {"val/mlm_loss": 4.0}, monitor="val/mlm_loss")
-        return 0, ""
-
-    monkeypatch.setattr(runner, "_launch", fake_launch)
-    assert runner.resumes_itself(folder) and runner.run_sweep(sweep, {})["complete"] == 1
-    (folder / "results.json").unlink()
+    assert runner.resumes_itself(folder) and runner._in_the_way(folder, {}, None) is None  # resumed there
     (folder / ".hydra" / "config.yaml").write_text("ckpt_path: null\n")  # would start afresh beside them
-    assert runner.run_sweep(sweep, {}) == {"skipped": 0, "complete": 0, "failed": 1}  # not run, not deleted
-    assert "--force" in runner.job_state(folder)[1] and (folder / "checkpoints" / "last.ckpt").is_file()
-    assert runner.run_sweep(sweep, {}, force=True)["complete"] == 1  # --force clears it first
-    assert seen == [True, False]
+    why = runner._in_the_way(folder, {}, None)
+    assert "would not resume" in why
+    kept = runner.move_aside(folder, why)
+    assert (kept / "checkpoints" / "last.ckpt").read_bytes() == b"step 150" and not folder.exists()
 
 
 def test_budget_runs_join_the_tables_wandb_group_with_its_axes_as_tags(tmp_path):

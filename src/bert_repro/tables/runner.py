@@ -98,14 +98,15 @@ def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
     where = " ".join([sweep.name, *swept])
     try:
         cfg = _with_grid(sweep, swept)
-        check_inputs(cfg, root)
+        check_inputs(cfg, next(p for p in (root, *root.parents) if p.is_dir()))  # writes no folder
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                  for k in cfg if is_science(k)}
     except (HydraException, OmegaConfBaseException, UsageError) as err:
-        raise TableError(f"job {where}: {err}".replace(f" {TRACEBACK_HINT}", "")) from None
-    for key, value in flat_keys(plain).items():  # a local path the run would read (init= of ours: not yet)
+        raise TableError(f"job {where}: {str(err).split(chr(10) * 2)[0]}") from None  # less Hydra's paths
+    ours = str(sweep.needs.folder) if sweep.needs is not None else None  # what the table writes first
+    for key, value in flat_keys(plain).items():  # a local path the run reads
         if is_path(key) and isinstance(value, str) and value.startswith("/") and not Path(value).exists() \
-                and not (key == "init" and sweep.needs is not None):
+                and not (ours and value.startswith(ours)):
             raise TableError(f"job {where}: {key}={value} does not exist")
     return plain
 
