@@ -140,7 +140,7 @@ def test_md_csv_tex_state_scale_checkpoint_and_selection(table5, tmp_path):
     md, csv_path, tex = write_all(table5, collect(table5, REFERENCE), REFERENCE, tmp_path / "results")[:3]
     text = md.read_text()
     assert text.startswith("# Table 5: ablation over the pre-training tasks (Dev) — scale=smoke")
-    assert "- Scale: smoke (tiny BERT" in text and "best run on Dev over the grid" in text
+    assert "\nScale: smoke (tiny BERT" in text and "best run on Dev over the grid" in text
     assert "grid: optim.lr in {2e-4,1e-3}, seed in {1,2}" in text  # the grid the runs swept (--set above)
     assert "- Checkpoint, + BiLSTM: our pre-training run pretrain/ltr_no_nsp (tiny), last.ckpt" in text
     assert "| BERT-base (MLM + NSP) | 72.0 ± 0.71 (84.4; -12.4)" in text
@@ -168,6 +168,17 @@ def test_paper_only_rows_skipped_rows_and_columns(tmp_path):
     assert ensemble.status == "paper" and ensemble.paper == 91.8
     assert rows["bert_large_ensemble"].label == "BERT-large (ensemble) (paper)"
     assert "finetune/bert_large_single/squad_v1" not in table.sweeps  # a skipped row runs nothing
+
+
+def test_the_demo_file_says_its_scale_once_and_no_none_and_no_skipped_row_under_the_papers(tmp_path):
+    table = build("table5_demo", "smoke", tmp_path / "runs")
+    fill(table, lambda sweep, args: {"val/f1": 0.5 + 0.01 * int(args.get("seed", 1)), "val/acc": 0.6,
+                                     "val/mlm_loss": 5.0})
+    text = write_all(table, collect(table, REFERENCE), REFERENCE, tmp_path / "results")[0].read_text()
+    assert text.count("Scale: smoke") == 1 and "None" not in text and "skipped" not in text
+    assert "- Paper: none for these tasks;" in text
+    assert "- Not run: Ours on these tasks: not in the demo: `make table5 SCALE=smoke`" in text
+    assert "| BERT-base (paper) | — (84.4) |" in text
 
 
 def test_glue_average_only_when_every_column_has_a_number(tmp_path):
