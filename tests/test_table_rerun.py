@@ -5,8 +5,10 @@ checked before any work; a second runner (a --force among them) is refused. The 
 write what src/train.py writes, with the composed config (tests/test_tables_e2e.py runs the real ones)."""
 
 import json
+import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -138,3 +140,26 @@ def test_failed_jobs_exit_non_zero_and_a_damaged_failure_record_is_named(tmp_pat
     assert cli.main(["collect", *args[1:], *(f"--set={s}" for s in TINY)]) == 0
     assert runner.job_state(folder) == ("failed", f"{folder / 'failed.json'} is damaged (not the runner's "
                                         "record): a relaunch reruns the job")
+
+
+def test_a_slurm_controller_that_stops_answering_stops_the_table_naming_what_is_left(tmp_path, monkeypatch):
+    """tests/test_slurm.py's cluster needs slurm-wlm; here a stand-in ``scontrol`` answers as a stopped
+    controller does, and a stand-in src/train.py waits as submitit's waiter would."""
+    (tmp_path / "bin").mkdir()
+    scontrol = tmp_path / "bin" / "scontrol"
+    started = tmp_path / "started"  # the controller stops once the first job waits on it
+    scontrol.write_text(f"#!/bin/sh\n[ -f {started} ] || {{ echo 'Slurmctld(primary) at localhost is UP'; "
+                        "exit 0; }\necho 'Slurmctld(primary) at localhost is DOWN'\nexit 1\n")
+    scontrol.chmod(0o755)
+    waiter = tmp_path / "train.py"
+    waiter.write_text(f"import time\nopen({str(started)!r}, 'w')\ntime.sleep(120)\n")
+    monkeypatch.setenv("PATH", f"{tmp_path / 'bin'}:{os.environ['PATH']}")
+    monkeypatch.setattr(runner, "TRAIN", waiter)
+    monkeypatch.setattr(runner, "PING_S", 0.2)
+    monkeypatch.setattr(runner, "SILENT_S", 1.0)
+    start = time.monotonic()
+    with pytest.raises(TableError, match=r"controller stopped answering for 1 s \(scontrol ping: Slurmctld"
+                                         r"\(primary\) at localhost is DOWN\); still queued or running: "
+                                         r"pretrain/none/default, finetune/bert_base/mrpc/optim.lr-0.001, "):
+        runner.run_table(tiny(tmp_path), {"common": {"hydra/launcher": "submitit_slurm"}})
+    assert time.monotonic() - start < 60

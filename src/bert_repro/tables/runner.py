@@ -23,7 +23,9 @@ import logging
 import os
 import re
 import signal
+import subprocess
 import sys
+import threading
 import time
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
@@ -351,6 +353,34 @@ def _locks(table: Table) -> ExitStack:
     return stack
 
 
+PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is named within a minute
+
+
+class Watchdog(threading.Thread):
+    """Asks the SLURM controller every PING_S whether it answers (``scontrol ping``); after SILENT_S without
+    an answer it stops the runner's children (submitit's waiters: the jobs stay with SLURM) and says why."""
+
+    def __init__(self) -> None:
+        super().__init__(daemon=True)
+        self.said: str | None = None
+        self.done = threading.Event()
+
+    def run(self) -> None:
+        since = None
+        while not self.done.wait(PING_S):
+            try:
+                ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_S)
+                said = (ping.stdout + ping.stderr).strip()
+                ok = ping.returncode == 0 and "DOWN" not in said
+            except (OSError, subprocess.TimeoutExpired) as err:
+                said, ok = str(err), False
+            since = None if ok else since or time.monotonic()
+            if since is not None and time.monotonic() - since >= SILENT_S:
+                self.said = said or "no answer"
+                CHILDREN.stop(signal.SIGTERM)
+                return
+
+
 def run_table(table: Table, launcher: dict | None = None, force: bool = False,
               dry_run: bool = False, plan: dict | None = None) -> list[dict]:
     """Every sweep of ``table``, pre-training first, ``sweeps_at_once`` of them side by side (ordered by
@@ -373,6 +403,25 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
 
 
 def _run(table: Table, launcher: dict | None, todo: dict, at_once: int, plan: dict | None) -> list[dict]:
+    watchdog = Watchdog()
+    if any("submitit_slurm" in str(v) for v in flatten(launcher).values()):
+        watchdog.start()
+    try:
+        return _sweeps(table, launcher, todo, at_once, plan)
+    except Interrupted:
+        if watchdog.said is None:
+            raise
+        left = [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
+                if job_state(f)[0] != "complete"]
+        raise TableError(f"the SLURM controller stopped answering for {SILENT_S:.0f} s (scontrol ping: "
+                         f"{watchdog.said}); still queued or running: {', '.join(left)}. Jobs already "
+                         "submitted stay with SLURM; when it answers again, the same command resumes the "
+                         "table") from None
+    finally:
+        watchdog.done.set()
+
+
+def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan: dict | None) -> list[dict]:
     order = list(table.sweeps)
     if at_once > 1:  # a free slot takes the ready sweep with the longest chain of work behind it
         if plan is None:
