@@ -1,11 +1,8 @@
 """The paper's tables as products: ``make table5 SCALE=smoke`` runs a table's sweeps, then collects them.
 
-    python -m bert_repro.tables run table5 --scale smoke      # the sweeps (complete ones skipped), collected
-    python -m bert_repro.tables collect table5 --scale smoke  # only the collection: md, csv, tex (+ plots)
-
 ``spec.py`` reads conf/table/<table>.yaml into sweeps with fixed run folders, ``runner.py`` launches them
 through ``src/train.py -m`` (any Hydra launcher), ``collect.py`` applies the table's selection rule to the
-results.json files and ``render.py`` writes experiments/results/<table>.{md,csv,tex} and the figures.
+runs' results and ``render.py`` writes experiments/results/<table>.{md,csv,tex,json} and the figures.
 """
 
 import re

@@ -1,16 +1,12 @@
 """The table runner's child processes (its ``src/train.py -m`` sweeps), owned by the runner.
 
-Each child starts in its own session, so its process group holds the sweep and whatever it starts (DataLoader
-workers, joblib's workers, Lightning's DDP ranks) and a terminal's Ctrl-C reaches the runner alone. On SIGTERM
-or SIGINT the runner sends every child's group SIGTERM once: src/train.py's own stop signal, on which it saves
-``last.ckpt`` at the end of the batch and exits (reliability.Preemption; a SIGINT would make Lightning exit
-without a checkpoint). It waits up to ``GRACE_S`` for them, kills what is left, and the table stops with
-``Interrupted``: nothing is marked failed, and a relaunch skips the finished runs and resumes the stopped
-ones. A second signal kills the children at once.
-
-Under hydra/launcher=submitit_slurm the child is submitit's waiter: stopping it leaves the SLURM jobs queued.
+Each child starts in its own session: its process group holds what it starts (DataLoader and joblib workers,
+DDP ranks), and a terminal's Ctrl-C reaches the runner alone. On SIGTERM or SIGINT the runner sends every
+child's group SIGTERM once (src/train.py saves a checkpoint at the end of the batch and exits:
+reliability.Preemption), waits up to ``GRACE_S``, kills what is left, and the table stops with
+``Interrupted``: nothing is marked failed, and a relaunch resumes. A second signal kills at once. Under
+hydra/launcher=submitit_slurm the child is submitit's waiter: stopping it leaves the SLURM jobs queued.
 """
-
 from __future__ import annotations
 
 import os

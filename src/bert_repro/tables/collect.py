@@ -12,7 +12,7 @@ from typing import Any
 import yaml
 
 from bert_repro import selection
-from bert_repro.lifecycle import results as results_file
+from bert_repro.lifecycle.folder import LAST, RunFolder
 from bert_repro.tables import stats
 from bert_repro.tables.runner import job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
@@ -48,10 +48,10 @@ class Row:
     checkpoint: str
 
 
-def read_results(path: Path) -> dict:
-    """A results.json, checked (``results.read_results``): a malformed file is an error that names it."""
+def read_results(folder: Path) -> dict:
+    """A run folder's result, checked (RunFolder.read): a malformed one is an error that names it."""
     try:
-        return results_file.read_results(path)
+        return RunFolder(folder).read()
     except ValueError as err:
         raise TableError(str(err)) from None
 
@@ -73,7 +73,7 @@ def paper_value(reference: dict, part: Part, row: str, column: str) -> float | N
 
 
 def field(results: dict, path: str) -> Any:
-    """``model_config.num_layers`` or ``config.data.mask_shares.0`` in a results.json."""
+    """``model_config.num_layers`` or ``config.data.mask_shares.0`` in a run's result."""
     node: Any = results
     for key in path.split("."):
         node = node[int(key)] if isinstance(node, list) else (node or {}).get(key)
@@ -97,7 +97,7 @@ def outcome(sweep: Sweep) -> Outcome:
     for _, folder in jobs:
         state, reason = job_state(folder)
         if state == "complete":
-            read_results(folder / "results.json")
+            read_results(folder)
             complete.append(folder)
         elif state == "failed":
             failed.append(reason or "failed")
@@ -146,7 +146,7 @@ def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
     state, reason = job_state(folder)
     if state != "complete":
         return Cell(status=state, reason=reason or f"not run yet ({sweep.name})")
-    results = read_results(folder / "results.json")
+    results = read_results(folder)
     if "metric" in column:
         value = results["metrics"]["final"].get(column["metric"])
     else:
@@ -172,7 +172,7 @@ def checkpoint_of(table: Table, part: Part, key: str) -> str:
         return f"none ({row['skip']})"
     if row.get("pretrain"):
         sweep = table.sweeps[f"pretrain/{row['pretrain']}"]
-        names = sorted({s.checkpoint for s in table.sweeps.values() if s.needs is sweep}) or ["last.ckpt"]
+        names = sorted({s.checkpoint for s in table.sweeps.values() if s.needs is sweep}) or [LAST]
         return f"our pre-training run {sweep.name} ({sweep.overrides.get('model')}), {', '.join(names)}"
     if row.get("init"):
         inits = [s.overrides.get("init") for s in table.sweeps.values()

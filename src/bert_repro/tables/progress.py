@@ -75,7 +75,7 @@ class TableProgress:
         if folder not in self._walls:
             try:
                 self._walls[folder] = float(json.loads(RunFolder(folder).results.read_text())["wall_time_s"])
-            except (OSError, ValueError, KeyError, TypeError):  # failed.json, or a record without it
+            except (OSError, ValueError, KeyError, TypeError):  # a failure record, or a result without it
                 self._walls[folder] = None
         return self._walls[folder]
 

@@ -1,11 +1,8 @@
-"""A table's pre-training schedule, read from the configs Hydra composes for its runs (src/train.py's, with
-the table's overrides), and the checks that a spec can be trusted against it: which checkpoints the schedule
-writes, where, and which sequence length their position embeddings were trained at.
-
-At budget and paper scale every pre-training is the v2 two-phase schedule (Appendix A.2: 90% of the steps at
-128 tokens, the rest at 512; ``scale.pretrain.two_phase.in_tables``); phase 2 resumes phase 1's weights,
-optimizer and learning-rate schedule (conf/experiment/pretrain_phase2.yaml). ``step-<N>.ckpt`` is written
-every ``checkpoint_every_n_steps`` global steps by the phase that reaches N; ``last.ckpt`` is the last
+"""A table's pre-training schedule, read from the configs Hydra composes for its runs, and the checks that a
+spec can be trusted against it: which checkpoints it writes, where, and at which sequence length their
+position embeddings were trained. At budget and paper scale every pre-training is the v2 two-phase schedule
+(Appendix A.2; ``scale.pretrain.two_phase.in_tables``): phase 2 resumes phase 1. A step checkpoint is written
+every ``checkpoint_every_n_steps`` global steps by the phase that reaches it; the last one is the last
 phase's.
 """
 
@@ -19,19 +16,21 @@ from dataclasses import asdict, dataclass
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from bert_repro.lifecycle.folder import LAST, step_checkpoint_name, step_of
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_science
 from bert_repro.tables import TableError
 from bert_repro.tables.compose import compose_run
 
-STEP_CKPT = re.compile(r"^step-(\d+)\.ckpt$")
+STEP_N = step_checkpoint_name(0).replace("0", "<N>")  # the folder's name for a step checkpoint, in words
+STEP_CKPT = re.compile(re.escape(step_checkpoint_name(0)).replace("0", r"(\d+)") + "$")  # rehearse.py's
 
 
 @dataclass(frozen=True)
 class Schedule:
     max_steps: int
     seq_length: int  # single phase: the run's length; two phases: phase 1's
-    every: int | None  # step-<N>.ckpt cadence (None: only last.ckpt / best.ckpt)
+    every: int | None  # the step checkpoints' cadence (None: none)
     phase1_steps: int | None = None  # None: one phase
     phase2_seq_length: int | None = None
 
@@ -46,17 +45,16 @@ class Schedule:
     def checkpoint_step(self, name: str, where: str) -> int:
         """The global step a checkpoint of this schedule holds; a name the schedule never writes is an
         error."""
-        if name == "last.ckpt":
+        if name == LAST:
             return self.max_steps
-        found = STEP_CKPT.match(name)
-        if found is None:
-            raise TableError(f"{where}: checkpoint {name!r}; expected last.ckpt or step-<N>.ckpt")
-        step = int(found.group(1))
+        step = step_of(name)
+        if step is None:
+            raise TableError(f"{where}: checkpoint {name!r}; expected {LAST} or {STEP_N}")
         if not self.every:
             raise TableError(f"{where}: {name} is never written: this schedule keeps no step checkpoints "
                              "(scale.pretrain.checkpoint_every_n_steps is null)")
         if step % self.every or not 0 < step <= self.max_steps:
-            raise TableError(f"{where}: {name} is never written: the schedule saves step-<N>.ckpt every "
+            raise TableError(f"{where}: {name} is never written: the schedule saves {STEP_N} every "
                              f"{self.every} steps up to {self.max_steps} (N a multiple of {self.every}, "
                              f"0 < N <= {self.max_steps})")
         return step
