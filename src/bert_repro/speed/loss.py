@@ -3,10 +3,9 @@ never exist whole, and the gradients (softmax minus one-hot) are made in the for
 in cache. Equal to ``F.cross_entropy(F.linear(h, W, b), targets)`` and its argmax
 (tests/test_speed_options.py). It pays where N is large: the left-to-right LM predicts every token
 (N = B x (T - 1)), whose log-softmax, its backward and the accuracy's argmax over (N, V) took a fifth of a CPU
-step (one AMD EPYC thread, L=2 H=128 V=3,701 at 128 x 32 tokens: 480 -> 372 ms). A chunk's logits are read
-once for their max and argmax together, shifted and exponentiated in place, and scaled into the gradient:
-five passes over (c, V), where logsumexp, argmax and the softmax took nine (372 -> 350 ms, two runs side by
-side). Under autocast the matmuls take its dtype (bf16: LTR step 328 ms through the logits, 232 ms here)."""
+step (docs/benchmarks.md). A chunk's logits are read once for their max and argmax together, shifted and
+exponentiated in place, and scaled into the gradient: five passes over (c, V), where logsumexp, argmax and the
+softmax took nine. Under autocast the matmuls take its dtype."""
 
 from __future__ import annotations
 
@@ -14,8 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK_ELEMENTS = 1 << 19  # logits a chunk holds: 2 MB in fp32, a core's share of L3 with a second run beside
-# it (2**21: 411 ms an LTR step, 2**19: 381 ms, two runs side by side on 2 AMD EPYC cores)
+CHUNK_ELEMENTS = 1 << 19  # logits a chunk holds: 2 MB in fp32, a core's share of L3 with a second run beside it
 
 
 class _LinearCrossEntropy(torch.autograd.Function):

@@ -1,0 +1,217 @@
+"""The reference in docs/ (and the README) stays true to the code: every command in a code block is composed,
+parsed or made (tests/test_readme.py's checks), every config key and module the prose names is looked up, the
+architecture page lists every module of the tree, and extending.md's task of one's own composes and reads its
+files as written. A renamed key, module or file fails here, naming the page and the name."""
+
+import importlib
+import importlib.util
+import re
+from functools import cache
+from pathlib import Path
+
+import pytest
+import yaml
+from hydra.core.hydra_config import HydraConfig
+from hydra.utils import instantiate
+from omegaconf import OmegaConf
+
+from .conftest import REPO
+from .test_readme import check_line, commands
+from .test_run_names import hydra_config
+
+DOCS = sorted((REPO / "docs").glob("*.md"))
+PAGES = [REPO / "README.md", *DOCS]
+PACKAGE = REPO / "src" / "bert_repro"
+# the config nodes a dotted name in backticks may belong to (hydra.* depends on the launcher: not looked up)
+ROOTS = ("data", "optim", "model", "speed", "trainer", "task", "scale", "checkpoint", "callbacks", "paths",
+         "ablation", "module", "logger", "init", "seed", "ckpt_path", "test")
+# composed configs whose keys together are every key the docs may name: each task family, the DDP trainer
+VARIANTS = [["task=mrpc"], ["task=mnli"], ["task=pretrain"], ["task=squad_v1"], ["task=conll2003"], ["task=swag"],
+            ["task=mrpc", "trainer=ddp"], ["task=pretrain", "scale=paper"]]
+FILE_SUFFIXES = ("py", "yaml", "json", "md", "tsv", "csv", "txt", "ckpt", "jsonl", "png", "pdf", "zip")
+# keys a page defines in its own YAML (not in conf/): the page, and why
+OWN_KEYS = {"task.own": "extending.md: a task of one's own, its YAML block"}
+
+
+def page_id(path: Path) -> str:
+    return str(path.relative_to(REPO))
+
+
+def prose(path: Path) -> str:
+    """The page's text outside its code blocks."""
+    return re.sub(r"^```.*?^```", "", path.read_text(), flags=re.M | re.S)
+
+
+def backticked(path: Path) -> list[str]:
+    return re.findall(r"`([^`\n]+)`", prose(path))
+
+
+@cache
+def composed_keys() -> frozenset[str]:
+    keys = set()
+    for overrides in VARIANTS:
+        cfg = OmegaConf.to_container(hydra_config(overrides), resolve=False)
+        cfg.pop("hydra", None)
+        stack = [("", cfg)]
+        while stack:
+            prefix, node = stack.pop()
+            for key, value in node.items():
+                keys.add(f"{prefix}{key}")
+                if isinstance(value, dict):
+                    stack.append((f"{prefix}{key}.", value))
+    return frozenset(keys)
+
+
+def named_keys(path: Path) -> list[str]:
+    """Dotted config keys the page names in backticks (`optim.lr`, `+data.max_eval_examples=64`), values cut."""
+    found = []
+    for text in backticked(path):
+        for word in text.split():
+            key = word.split("=")[0].rstrip(".,;:)")
+            bare = key.lstrip("+")
+            if (not re.fullmatch(r"[a-z_][a-z0-9_]*(\.[a-z0-9_]+)+", bare) or bare.split(".")[0] not in ROOTS
+                    or bare.rsplit(".", 1)[1] in FILE_SUFFIXES):
+                continue
+            found.append(key)
+    return found
+
+
+def source_text() -> str:
+    return "\n".join(p.read_text() for p in PACKAGE.rglob("*.py"))
+
+
+@pytest.mark.parametrize("page", DOCS, ids=page_id)
+def test_every_command_in_docs_is_current(page, capsys):
+    stale = []
+    for line in commands(page):
+        try:
+            check_line(line, capsys)
+        except BaseException as err:  # noqa: BLE001 (Hydra's and SystemExit alike: the line is named)
+            said = str(err).splitlines()[0] if str(err) else ""
+            stale.append(f"{line}\n    -> {type(err).__name__}: {said}")
+    assert not stale, f"stale commands in {page_id(page)}:\n" + "\n".join(stale)
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_config_key_named_exists(page):
+    """A plain key is in a composed config; a `+key` is in none (Hydra refuses `+` on an existing key) and the
+    package still reads its last part."""
+    keys, code = composed_keys(), source_text()
+    wrong = []
+    for key in named_keys(page):
+        bare = key.lstrip("+")
+        if bare in OWN_KEYS:
+            continue
+        if key.startswith("+"):
+            if bare in keys or not re.search(rf"\b{re.escape(bare.split('.')[-1])}\b", code):
+                wrong.append(f"{key}: in a composed config already, or read nowhere in src/bert_repro")
+        elif bare not in keys:
+            wrong.append(f"{key}: in no composed config ({', '.join(' '.join(v) for v in VARIANTS)})")
+    assert not wrong, f"{page_id(page)} names keys that do not exist:\n" + "\n".join(wrong)
+
+
+def resolves(name: str) -> bool:
+    """A file path (from the repository, src/ or the package) or a dotted module / attribute exists."""
+    if "/" in name or name.endswith((".py", ".yaml", ".md", ".ipynb")):
+        path = name.split("#")[0].rstrip("/")
+        return any((base / path).exists() for base in (REPO, REPO / "src", PACKAGE, REPO / "docs"))
+    parts = name.split(".")
+    for cut in range(len(parts), 1, -1):
+        module = ".".join(parts[:cut])
+        try:
+            if importlib.util.find_spec(module) is None:
+                continue
+        except ModuleNotFoundError:  # a name below a module that is no package: an attribute
+            continue
+        obj = importlib.import_module(module)
+        for attr in parts[cut:]:
+            if not hasattr(obj, attr):
+                return False
+            obj = getattr(obj, attr)
+        return True
+    return False
+
+
+def named_modules(path: Path) -> list[str]:
+    """Module paths and dotted names the page names in backticks: `lifecycle/keys.py`, `bert_repro.flops`,
+    `speed/kernels.py`'s ..., `src/bert_repro/data/glue_tasks.yaml`, `conf/table/table5.yaml`."""
+    found = []
+    for text in backticked(path):
+        for word in re.split(r"[\s(),]+", text):
+            word = re.sub(r"'s$", "", word).rstrip(":;.")
+            if re.fullmatch(r"bert_repro(\.\w+)+", word):
+                found.append(word)
+            elif (re.fullmatch(r"[\w./-]+\.(py|yaml|ipynb)", word) and "<" not in word and "*" not in word
+                  and not word.startswith(("my", "/"))):
+                found.append(word)
+    return found
+
+
+@pytest.mark.parametrize("page", PAGES, ids=page_id)
+def test_every_module_and_file_named_exists(page):
+    missing = [name for name in named_modules(page) if not resolves(name)]
+    assert not missing, f"{page_id(page)} names modules or files that do not exist: {missing}"
+
+
+def test_architecture_lists_every_module():
+    """docs/architecture.md's layout names each module of src/bert_repro by its path, and nothing else."""
+    text = (REPO / "docs" / "architecture.md").read_text()
+    block = re.search(r"## Layout.*?```text\n(.*?)```", text, flags=re.S).group(1)
+    listed = {line.split()[0] for line in block.splitlines() if line.strip() and not line.startswith(" ")}
+    listed = {name for name in listed if not name.startswith("src/")}
+    tree = {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.py") if p.name != "__init__.py"}
+    tree |= {str(p.relative_to(PACKAGE)) for p in PACKAGE.rglob("*.yaml")}
+    tree |= {"speed/__init__.py"}  # a package whose __init__ holds code (SpeedOptions)
+    assert tree - listed == set(), f"modules docs/architecture.md does not list: {sorted(tree - listed)}"
+    assert listed - tree == set(), f"docs/architecture.md lists modules that do not exist: {sorted(listed - tree)}"
+
+
+# -- extending.md: a task of one's own, from config alone -------------------------------------------------------
+def own_task_yaml() -> str:
+    text = (REPO / "docs" / "extending.md").read_text()
+    return re.search(r"^```yaml\n(# @package _global_\n.*?)^```", text, flags=re.M | re.S).group(1)
+
+
+REVIEWS = ("review,stars\nA fine product that works well,5\nBroke after a day,1\nExactly as described,5\n"
+           "Would not buy again,1\n")
+
+
+def write_own_task(tmp_path: Path) -> Path:
+    conf = tmp_path / "my_conf" / "task"
+    conf.mkdir(parents=True)
+    (conf / "reviews.yaml").write_text(own_task_yaml())
+    data = tmp_path / "reviews"
+    data.mkdir()
+    for split in ("train", "dev"):
+        (data / f"{split}.csv").write_text(REVIEWS)
+    return data
+
+
+def test_own_task_from_config_alone(tmp_path, monkeypatch):
+    """extending.md's YAML, as written, under a config folder of one's own: composed with hydra.searchpath,
+    its files read with their labels mapped onto its own label names, its module sized for them."""
+    data = write_own_task(tmp_path)
+    monkeypatch.setenv("REVIEWS", str(data))
+    cfg = hydra_config([f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "task=reviews",
+                        f"paths.cache_dir={tmp_path / 'cache'}"])
+    assert cfg.task.name == "reviews" and cfg.hydra.run.dir == "outputs/reviews/task-reviews"
+    HydraConfig.instance().set_config(cfg)  # ${hydra:runtime.cwd} in paths, as under src/train.py
+    datamodule = instantiate(cfg.data, _convert_="all")
+    assert datamodule.spec.labels == ("negative", "positive") and datamodule.dev_splits == ["dev"]
+    rows = datamodule.raw_splits()
+    assert rows["train"]["label"] == [1, 0, 1, 0] and rows["dev"]["text_a"][1] == "Broke after a day"
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    module = SequenceClassificationModule(model=dict(hidden_size=32, num_layers=1, num_heads=2, vocab_size=64),
+                                          optim=OmegaConf.to_container(cfg.optim), task=cfg.module.task,
+                                          num_labels=cfg.module.num_labels)
+    assert sorted(module.val_metrics[0].keys()) == ["val/acc", "val/f1"]
+
+
+def test_own_task_refuses_a_missing_key():
+    from bert_repro.data.glue import glue_task
+
+    facts = yaml.safe_load(own_task_yaml())["task"]["own"]
+    del facts["labels"]
+    with pytest.raises(ValueError, match=r"missing \['labels'\]"):
+        glue_task(facts)
