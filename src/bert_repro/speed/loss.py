@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-CHUNK_ELEMENTS = 1 << 19  # logits a chunk holds: 2 MB in fp32, a core's share of L3 with a second run beside it
+CHUNK_ELEMENTS = 1 << 19  # logits a chunk holds: 2 MB in fp32, a core's share of L3 beside a second run
 
 
 class _LinearCrossEntropy(torch.autograd.Function):
