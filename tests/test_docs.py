@@ -5,7 +5,11 @@ files as written. A renamed key, module or file fails here, naming the page and 
 
 import importlib
 import importlib.util
+import json
+import os
 import re
+import subprocess
+import sys
 from functools import cache
 from pathlib import Path
 
@@ -83,7 +87,7 @@ def source_text() -> str:
 
 @pytest.mark.parametrize("page", DOCS, ids=page_id)
 def test_every_command_in_docs_is_current(page, capsys, tmp_path, monkeypatch):
-    monkeypatch.setenv("REVIEWS", str(write_own_task(tmp_path)))  # extending.md's my_conf/, beside its commands
+    monkeypatch.setenv("REVIEWS", str(write_own_task(tmp_path)))  # extending.md: my_conf/ by its commands
     monkeypatch.chdir(tmp_path)
     stale = []
     for line in commands(page):
@@ -219,3 +223,24 @@ def test_own_task_refuses_a_missing_key():
     del facts["labels"]
     with pytest.raises(ValueError, match=r"missing \['labels'\]"):
         glue_task(facts)
+
+
+@pytest.mark.e2e
+def test_own_task_trains_and_its_checkpoint_says_what_it_is(tmp_path, minilm_dir):
+    """extending.md's task, trained through src/train.py as its page says (a tiny model for speed):
+    results.json carries its metrics, and its checkpoint's identity its own name and label names."""
+    data = write_own_task(tmp_path)
+    env = {**os.environ, "REVIEWS": str(data), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+    run = tmp_path / "run"
+    proc = subprocess.run(
+        [sys.executable, str(REPO / "src" / "train.py"), "hydra.searchpath=[file://my_conf]", "task=reviews",
+         "model=tiny", f"data.tokenizer={minilm_dir}", "data.batch_size=2", "optim.epochs=1", "logger=csv",
+         "trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}",
+         f"hydra.run.dir={run}"],
+        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    results = json.loads((run / "results.json").read_text())
+    assert {"val/acc", "val/f1"} <= set(results["metrics"]["final"]), results["metrics"]["final"]
+    assert results["identity"]["task"] == "reviews"
+    assert results["identity"]["labels"] == ["negative", "positive"]
+    assert (run / "checkpoints" / "best.ckpt").is_file()

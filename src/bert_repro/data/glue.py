@@ -170,14 +170,14 @@ class GlueDataModule(FineTuningDataModule):
                  max_train_examples: int | None = None, max_eval_examples: int | None = None,
                  num_workers: int = 0, num_proc: int = 1,
                  seed: int = 12345, cache_dir: str | None = None):
-        spec, task = glue_task(task), task_name(task)
+        spec, name = glue_task(task), task_name(task)  # task itself stays as given: save_hyperparameters
         if padding not in ("longest", "max_length"):
             raise ValueError(f"padding={padding!r}; expected 'longest' (per batch) or 'max_length' (fixed)")
         unknown = set(files or {}) - set(spec.splits)
         if unknown:
-            raise ValueError(f"task={task}: files has splits {sorted(unknown)}; {task} has {spec.splits}")
+            raise ValueError(f"task={name}: files has splits {sorted(unknown)}; {name} has {spec.splits}")
         if dev_from_train is not None and len(spec.dev) != 1:
-            raise ValueError(f"task={task}: dev_from_train needs a task with one dev split; map "
+            raise ValueError(f"task={name}: dev_from_train needs a task with one dev split; map "
                              f"{list(spec.dev)}")
         if max_train_examples is not None and max_train_examples < 1:
             raise ValueError(f"max_train_examples={max_train_examples}: expected a positive number of rows, "
@@ -185,7 +185,7 @@ class GlueDataModule(FineTuningDataModule):
         if max_seq_length < 4:
             raise ValueError(f"max_seq_length={max_seq_length}: too short for [CLS] A [SEP] B [SEP]")
         super().__init__()
-        self.spec, self.task = spec, task
+        self.spec, self.task = spec, name
 
     # -- rows ------------------------------------------------------------------------------------
     def _file_spec(self, split: str) -> FileSpec | None:
