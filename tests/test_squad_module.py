@@ -55,8 +55,7 @@ def test_ltr_stays_left_to_right_and_bilstm_reads_right_context():
 
 def test_init_from_a_checkpoint(minilm_dir):
     loaded = load_checkpoint(minilm_dir)
-    shape = {**loaded.config.to_dict(), "causal": True}
-    module = SpanExtractionModule(shape, {}, version=2, bilstm=True)
+    module = SpanExtractionModule(loaded.config.to_dict(), {}, version=2, bilstm=True)
     # the new, randomly initialised parameters
     assert module.load_pretrained(loaded) == ["lstm", "qa_outputs"]
     assert torch.equal(module.model.bert.embeddings.word_embeddings.weight,
@@ -64,9 +63,12 @@ def test_init_from_a_checkpoint(minilm_dir):
     causal = LoadedCheckpoint(BertConfig(**{**TINY, "causal": True}),
                               SpanExtractionModule({**TINY, "causal": True}, {}, 1)
                               .model.state_dict(), [], None, True, "ltr.ckpt")
-    # a causal checkpoint is never fine-tuned bidirectionally
+    # a causal checkpoint is never fine-tuned bidirectionally, nor a bidirectional one causally
     with pytest.raises(ValueError, match="left-to-right"):
         SpanExtractionModule(TINY, {}, version=1).load_pretrained(causal)
+    with pytest.raises(ValueError, match="model.causal"):
+        causal_run = SpanExtractionModule({**loaded.config.to_dict(), "causal": True}, {}, 2, bilstm=True)
+        causal_run.load_pretrained(loaded)
 
 
 def test_null_threshold_travels_in_the_checkpoint():

@@ -16,7 +16,7 @@ from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
 from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, measure_lengths, padded_length
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.runner import run_table
+from bert_repro.tables.runner import composing_jobs, job_config, run_table
 from bert_repro.tables.spec import TableError, build, load_spec
 
 from .test_tables import write_results
@@ -249,9 +249,12 @@ def test_a_second_table_reuses_the_first_tables_pre_training_and_the_plan_counts
     assert len(reused) == 4 and shared["gpu_hours_saved"] == pytest.approx(sum(reused))
     run_table(second, dry_run=True)  # nothing trained yet: Figure 4 would pre-train
     assert any("task=pretrain" in line for line in capsys.readouterr().out.splitlines())
-    for sweep in first.sweeps.values():  # Table 5's pre-training, finished
-        if sweep.stage == "pretrain":
-            write_results(sweep.jobs()[0][1], "pretrain", {"val/mlm_loss": 5.0})  # a finished run's
+    with composing_jobs():  # Table 5's pre-training, finished: a result of the science each job composes
+        for sweep in first.sweeps.values():
+            if sweep.stage == "pretrain":
+                swept, folder = sweep.jobs()[0]
+                write_results(folder, "pretrain", {"val/mlm_loss": 5.0},
+                              config=job_config(sweep, swept, folder.parents[1]))
     run_table(second, dry_run=True)
     launched = capsys.readouterr().out.splitlines()
     assert launched and not any("task=pretrain" in line for line in launched)

@@ -119,17 +119,18 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
     check_writable(output_dir, Path(cfg.paths.cache_dir))
 
 
-def validate(cfg: DictConfig) -> None:
+def validate(cfg: DictConfig, output_dir: Path | None = None) -> None:
     """Every value of ``cfg`` checked once, before torch and Lightning load: each key's declared range and the
     shape's relations (schema.py, beside the keys), then the relations between nodes and the places
-    (``check_inputs``). A UsageError naming the first key that is wrong."""
+    (``check_inputs``; ``output_dir`` where the run's folder is not there yet, e.g. a table's job). A
+    UsageError naming the first key that is wrong."""
     from bert_repro.lifecycle.schema import check
 
     try:
         check(cfg)
     except ValueError as err:
         raise UsageError(str(err)) from None
-    check_inputs(cfg, Path(cfg.paths.output_dir))
+    check_inputs(cfg, output_dir or Path(cfg.paths.output_dir))
 
 
 def check_writable(output_dir: Path, cache_dir: Path) -> None:

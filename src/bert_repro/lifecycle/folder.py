@@ -13,7 +13,6 @@ only when its science (keys.py, every key from the command line or any file) equ
 from __future__ import annotations
 
 import contextlib
-
 import json
 import os
 import time
@@ -161,8 +160,8 @@ class RunFolder:
         return aside
 
     def restore(self, aside: Path) -> bool:
-        """Undo ``set_aside`` for an attempt that failed before it wrote a result or checkpoint of its own: the
-        earlier run is the folder's again, as it was. False (nothing moved) once the attempt wrote either."""
+        """Undo ``set_aside`` for an attempt that failed before it wrote a result or checkpoint of its own:
+        the earlier run is the folder's again, as it was. False (nothing moved) once the attempt wrote either."""
         own = self.results.exists() or (self.checkpoints.exists() and any(self.checkpoints.iterdir()))
         if own:
             return False

@@ -9,7 +9,6 @@ import functools
 import hashlib
 import json
 import os
-import pickle
 import tempfile
 from contextlib import contextmanager
 from typing import Any
@@ -35,14 +34,15 @@ def compose_once(config: str, args: list[str]):
     key = (str(CONF_DIR), config, *args)
     if key not in _COMPOSED:
         digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
-        path = CACHE / f"{digest[:32]}.pkl"
-        try:
-            cfg = pickle.loads(path.read_bytes())
-        except (OSError, pickle.UnpicklingError, EOFError, AttributeError):  # none yet, or a damaged one
+        path = CACHE / f"{digest[:32]}.yaml"
+        try:  # YAML keeps interpolations as written, and loading it runs no code (unlike a pickle)
+            cfg = OmegaConf.load(path)
+            OmegaConf.set_struct(cfg, True)
+        except Exception:  # none yet, or a damaged one: composed again
             cfg = compose(config, overrides=list(args))
             CACHE.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile(dir=CACHE, delete=False) as tmp:
-                tmp.write(pickle.dumps(cfg))
+            with tempfile.NamedTemporaryFile("w", dir=CACHE, suffix=".yaml", delete=False) as tmp:
+                tmp.write(OmegaConf.to_yaml(cfg))
             os.replace(tmp.name, path)
         OmegaConf.set_readonly(cfg, True)
         _COMPOSED[key] = cfg

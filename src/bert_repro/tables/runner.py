@@ -41,7 +41,7 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.lifecycle import warm
-from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError, check_inputs
+from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError, validate
 from bert_repro.lifecycle.folder import RunFolder, differences
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_path, is_science
@@ -100,7 +100,7 @@ def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
     where = " ".join([sweep.name, *swept])
     try:
         cfg = _with_grid(sweep, swept)
-        check_inputs(cfg, next(p for p in (root, *root.parents) if p.is_dir()))  # writes no folder
+        validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))  # as its run will; writes nothing
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                  for k in cfg if is_science(k)}
     except (HydraException, OmegaConfBaseException, UsageError) as err:
