@@ -161,7 +161,7 @@ class RunFolder:
 
     def restore(self, aside: Path) -> bool:
         """Undo ``set_aside`` for an attempt that failed before it wrote a result or checkpoint of its own:
-        the earlier run is the folder's again, as it was. False (nothing moved) once the attempt wrote either."""
+        the earlier run is the folder's again, as it was. False (nothing moved) once it wrote either."""
         own = self.results.exists() or (self.checkpoints.exists() and any(self.checkpoints.iterdir()))
         if own:
             return False
