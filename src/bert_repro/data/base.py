@@ -13,7 +13,7 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-from datasets import Dataset
+from datasets import Dataset, load_dataset
 from filelock import FileLock
 from lightning.fabric.utilities.data import AttributeDict
 from tokenizers import Tokenizer
@@ -48,6 +48,18 @@ def require_text(text, where: str, what: str) -> None:
     if text is None or not str(text).strip():
         raise ValueError(f"{where}: {what} is {'missing' if text is None else repr(text)}; expected text "
                          "(not empty or whitespace only)")
+
+
+def hub_split(hub: dict, split: str, cache_dir: Path, local_key: str) -> Dataset:
+    """One split of a task's Hub data set (``task.hub``: path, name, revision), every request bounded by
+    network.timeout_s; a Hub that does not answer is named with ``local_key``, the key that reads the task's
+    files instead (lifecycle.network.reaching)."""
+    from bert_repro.lifecycle.network import reaching
+
+    with reaching(f"the Hub data set {hub['path']}" + (f" ({hub['name']})" if hub.get("name") else ""),
+                  f"give the task's files with {local_key}=<folder>"):
+        return load_dataset(hub["path"], hub.get("name"), split=split, revision=hub.get("revision"),
+                            cache_dir=str(cache_dir / "hub"))
 
 
 class FineTuningDataModule(L.LightningDataModule):

@@ -19,10 +19,10 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import ClassLabel, Dataset, Features, Sequence, Value, load_dataset
+from datasets import ClassLabel, Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, hub_split, require_text
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
@@ -222,8 +222,7 @@ class ConllDataModule(FineTuningDataModule):
 
     def _hub_split(self, split: str) -> dict[str, list]:
         hub = self.hparams.hub or {"path": "eriktks/conll2003", "revision": "refs/convert/parquet"}
-        rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
-                            revision=hub.get("revision"), cache_dir=str(self.cache_dir / "hub"))
+        rows = hub_split(hub, HUB_SPLITS[split], self.cache_dir, "data.conll_dir")
         for i, tokens in enumerate(rows["tokens"]):
             for w, token in enumerate(tokens or [None]):  # a sentence of no words: its first is missing
                 require_text(token, f"{hub['path']} ({split}) row {i}", f"word {w + 1}")

@@ -18,10 +18,17 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from datasets import Dataset, Features, Value, load_dataset
+from datasets import Dataset, Features, Value
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import HELD_OUT_SEED, FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import (
+    HELD_OUT_SEED,
+    FineTuningDataModule,
+    cache_key,
+    fixed_subset,
+    hub_split,
+    require_text,
+)
 from bert_repro.data.batching import PadCollator
 from bert_repro.data.tabular import FileSpec, normalise_rows, read_rows
 
@@ -243,13 +250,13 @@ class GlueDataModule(FineTuningDataModule):
 
     def _hub_split(self, split: str) -> Dataset:
         hub = self.hparams.hub or {"path": "nyu-mll/glue", "name": self.task}
-        name, hub_split = ("ax", "test") if split == "ax" else (hub["name"],
-                                                                split.replace("dev", "validation"))
-        rows = load_dataset(hub["path"], name, split=hub_split, cache_dir=str(self.cache_dir / "hub"))
+        name, hub_split_name = ("ax", "test") if split == "ax" else (hub["name"],
+                                                                     split.replace("dev", "validation"))
+        rows = hub_split({**hub, "name": name}, hub_split_name, self.cache_dir, "data.glue_dir")
         a, b = self.spec.hub_text
         for column in filter(None, (a, b)):
             for i, text in enumerate(rows[column]):
-                require_text(text, f"{hub['path']} {name} ({hub_split}) row {i}", f"column {column!r}")
+                require_text(text, f"{hub['path']} {name} ({hub_split_name}) row {i}", f"column {column!r}")
         rows = rows.rename_columns({a: "text_a", **({b: "text_b"} if b else {})})
         return rows.cast_column("idx", Value("string"))
 

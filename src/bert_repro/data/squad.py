@@ -21,11 +21,11 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import Dataset, Features, Sequence, Value, load_dataset
+from datasets import Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, hub_split, require_text
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
@@ -265,8 +265,7 @@ class SquadDataModule(FineTuningDataModule):
             rows = read_squad_json(Path(hp.squad_dir) / FILES[self.version][split], self.version)
             return Dataset.from_list(rows, features=EXAMPLE_FEATURES)
         hub = hp.hub or HUB[self.version]
-        rows = load_dataset(hub["path"], hub.get("name"), split="train" if split == "train" else "validation",
-                            cache_dir=str(self.cache_dir / "hub"))
+        rows = hub_split(hub, "train" if split == "train" else "validation", self.cache_dir, "data.squad_dir")
         where = f"{hub['path']} ({split})"
         for row in rows:
             check_question(row, self.version, where)

@@ -11,10 +11,10 @@ import logging
 from pathlib import Path
 
 import torch
-from datasets import Dataset, Features, Sequence, Value, load_dataset
+from datasets import Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, hub_split, require_text
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.glue import truncated_lengths
 from bert_repro.data.tabular import FileSpec, read_rows
@@ -110,8 +110,7 @@ class SwagDataModule(FineTuningDataModule):
         hp = self.hparams
         if hp.swag_dir is None:
             hub = hp.hub or {"path": "allenai/swag", "name": "regular"}
-            rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
-                                cache_dir=str(self.cache_dir / "hub"))
+            rows = hub_split(hub, HUB_SPLITS[split], self.cache_dir, "data.swag_dir")
             return rows, f"{hub['path']}:{split}"
         folder = Path(hp.swag_dir)
         path = folder / SPLIT_FILES[split]
