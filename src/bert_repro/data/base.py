@@ -20,7 +20,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir
+from bert_repro.data.corpus import default_cache_dir, drop_damaged, no_temporary_left
 from bert_repro.tokenization import fine_tuning_tokenizer
 
 # Carved dev splits, train subsets and pre-training's val split and masks do not move with the restart
@@ -48,6 +48,16 @@ def require_text(text, where: str, what: str) -> None:
     if text is None or not str(text).strip():
         raise ValueError(f"{where}: {what} is {'missing' if text is None else repr(text)}; expected text "
                          "(not empty or whitespace only)")
+
+
+def cached_map(rows: Dataset, cache_file: Path, function, **kwargs) -> Dataset:
+    """``rows.map(function, **kwargs)`` kept in ``cache_file`` (its name holds its key): one found damaged (a
+    crash, a full disk, a copy cut short) is rebuilt with a log line saying so, and a write that fails leaves
+    no temporary file (corpus.drop_damaged, corpus.no_temporary_left)."""
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    drop_damaged(cache_file)
+    with no_temporary_left(cache_file.parent):
+        return rows.map(function, cache_file_name=str(cache_file), **kwargs)
 
 
 def hub_split(hub: dict, split: str, cache_dir: Path, local_key: str) -> Dataset:

@@ -22,7 +22,14 @@ import torch
 from datasets import ClassLabel, Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, hub_split, require_text
+from bert_repro.data.base import (
+    FineTuningDataModule,
+    cache_key,
+    cached_map,
+    fixed_subset,
+    hub_split,
+    require_text,
+)
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
@@ -254,13 +261,11 @@ class ConllDataModule(FineTuningDataModule):
         features = Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int16")),
                              "word": Sequence(Value("int16")), "sentence": Value("int64"),
                              "length": Value("int32")})
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        return rows.map(_windows, batched=True, batch_size=None, remove_columns=rows.column_names,
-                        features=features,
-                        fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length,
-                                   "document_context": hp.document_context, "labelled": labelled},
-                        new_fingerprint=key,
-                        cache_file_name=str(self.cache_dir / f"windows-{split}-{key}.arrow"))
+        return cached_map(rows, self.cache_dir / f"windows-{split}-{key}.arrow", _windows, batched=True,
+                          batch_size=None, remove_columns=rows.column_names, features=features,
+                          fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length,
+                                     "document_context": hp.document_context, "labelled": labelled},
+                          new_fingerprint=key)
 
     def build(self) -> None:
         for split, (sentences, source) in self.raw_sentences().items():

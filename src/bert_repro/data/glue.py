@@ -25,6 +25,7 @@ from bert_repro.data.base import (
     HELD_OUT_SEED,
     FineTuningDataModule,
     cache_key,
+    cached_map,
     fixed_subset,
     hub_split,
     require_text,
@@ -243,10 +244,9 @@ class GlueDataModule(FineTuningDataModule):
                     "idx": Value("string")}
         if file.columns["text_b"]:
             features["text_b"] = Value("string")
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        return rows.map(normalise_rows, batched=True, with_indices=True, remove_columns=rows.column_names,
-                        fn_kwargs=settings, features=Features(features), new_fingerprint=key,
-                        cache_file_name=str(self.cache_dir / f"rows-{self.task}-{split}-{key}.arrow"))
+        return cached_map(rows, self.cache_dir / f"rows-{self.task}-{split}-{key}.arrow", normalise_rows,
+                          batched=True, with_indices=True, remove_columns=rows.column_names,
+                          fn_kwargs=settings, features=Features(features), new_fingerprint=key)
 
     def _hub_split(self, split: str) -> Dataset:
         hub = self.hparams.hub or {"path": "nyu-mll/glue", "name": self.task}
@@ -300,13 +300,12 @@ class GlueDataModule(FineTuningDataModule):
         features = Features({"input_ids": [Value("int32")], "token_type_ids": [Value("int8")],
                              "length": Value("int32"), "label": rows.features["label"],
                              "idx": Value("string"), "row": Value("int64")})
-        return rows.map(
-            _tokenize, batched=True, batch_size=1000, with_indices=True,
-            num_proc=hp.num_proc if hp.num_proc > 1 else None,
+        return cached_map(
+            rows, self.cache_dir / f"tokens-{self.task}-{split}-{key}.arrow", _tokenize, batched=True,
+            batch_size=1000, with_indices=True, num_proc=hp.num_proc if hp.num_proc > 1 else None,
             fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
             remove_columns=[c for c in rows.column_names if c not in ("label", "idx")], features=features,
-            new_fingerprint=key,
-            cache_file_name=str(self.cache_dir / f"tokens-{self.task}-{split}-{key}.arrow"))
+            new_fingerprint=key)
 
     def build(self) -> None:
         for split, rows in self.raw_splits().items():

@@ -25,7 +25,14 @@ from datasets import Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, hub_split, require_text
+from bert_repro.data.base import (
+    FineTuningDataModule,
+    cache_key,
+    cached_map,
+    fixed_subset,
+    hub_split,
+    require_text,
+)
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
@@ -280,14 +287,13 @@ class SquadDataModule(FineTuningDataModule):
         hp = self.hparams
         settings = (hp.max_seq_length, hp.doc_stride, hp.max_query_length)
         key = cache_key(CACHE_VERSION, rows._fingerprint, cache_key(self.vocab), self.lowercase, settings)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        windows = rows.map(
-            make_windows, batched=True, batch_size=500, with_indices=True,
-            num_proc=hp.num_proc if hp.num_proc > 1 else None, remove_columns=rows.column_names,
+        windows = cached_map(
+            rows, self.cache_dir / f"windows-v{self.version}-{split}-{key}.arrow", make_windows, batched=True,
+            batch_size=500, with_indices=True, num_proc=hp.num_proc if hp.num_proc > 1 else None,
+            remove_columns=rows.column_names,
             fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length,
                        "doc_stride": hp.doc_stride, "max_query_length": hp.max_query_length},
-            features=WINDOW_FEATURES, new_fingerprint=key,
-            cache_file_name=str(self.cache_dir / f"windows-v{self.version}-{split}-{key}.arrow"))
+            features=WINDOW_FEATURES, new_fingerprint=key)
         return windows.add_column("window", np.arange(len(windows)), new_fingerprint=cache_key(key, "window"))
 
     def build(self) -> None:
