@@ -113,8 +113,8 @@ class FineTuningDataModule(L.LightningDataModule):
         self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, self.task, PAD_ID)
         return self._tokenizer
 
-    def build(self) -> None:
-        """Fill ``datasets`` (split -> tokenized rows); the tokenizer is ready."""
+    def build(self, training: bool = True) -> None:
+        """Fill ``datasets`` (split -> tokenized rows), train only when ``training``; the tokenizer is set."""
         raise NotImplementedError
 
     def collator(self):
@@ -127,14 +127,17 @@ class FineTuningDataModule(L.LightningDataModule):
         data started side by side, tokenize once: the first to take it builds, the others read."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with FileLock(self.cache_dir / "prepare.lock"):
-            self.setup()
+            self.setup(self.trainer.state.fn.value if self.trainer is not None else None)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
+        """Every split, built once; a Dev or test pass alone (``stage`` validate, test or predict:
+        src/evaluate.py, the selection tool) builds no train split, and needs no train file."""
+        training = stage in (None, "fit")
+        if self.datasets and (not training or "train" in self.datasets):
             return
         if self._tokenizer is None:
             self.prepare_tokenizer()
-        self.build()
+        self.build(training)
         self.limit_eval()
 
     def limit_eval(self) -> None:

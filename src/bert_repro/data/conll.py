@@ -239,10 +239,10 @@ class ConllDataModule(FineTuningDataModule):
         return {"tokens": list(rows["tokens"]), "tags": tags, "document": list(range(len(tags))),
                 "line": list(range(1, len(tags) + 1))}
 
-    def raw_sentences(self) -> dict[str, tuple[dict[str, list], str]]:
-        """split -> (sentences, what they were read from)."""
+    def raw_sentences(self, training: bool = True) -> dict[str, tuple[dict[str, list], str]]:
+        """split -> (sentences, what they were read from); train only when ``training``."""
         splits = {}
-        for split in SPLIT_FILES:
+        for split in SPLIT_FILES if training else [s for s in SPLIT_FILES if s != "train"]:
             if self.hparams.conll_dir is None:
                 splits[split] = (self._hub_split(split), f"{(self.hparams.hub or {}).get('path')}:{split}")
             elif (path := self._split_file(split)) is not None:
@@ -267,8 +267,8 @@ class ConllDataModule(FineTuningDataModule):
                                      "document_context": hp.document_context, "labelled": labelled},
                           new_fingerprint=key)
 
-    def build(self) -> None:
-        for split, (sentences, source) in self.raw_sentences().items():
+    def build(self, training: bool = True) -> None:
+        for split, (sentences, source) in self.raw_sentences(training).items():
             self.sentences[split] = Dataset.from_dict({"tokens": sentences["tokens"],
                                                        "tags": sentences["tags"]})
             self.datasets[split] = self._encoded(split, sentences, source)

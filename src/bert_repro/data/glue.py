@@ -260,15 +260,17 @@ class GlueDataModule(FineTuningDataModule):
         rows = rows.rename_columns({a: "text_a", **({b: "text_b"} if b else {})})
         return rows.cast_column("idx", Value("string"))
 
-    def raw_splits(self) -> dict[str, Dataset]:
+    def raw_splits(self, training: bool = True) -> dict[str, Dataset]:
         """Every available split as text_a / text_b / label / idx rows, with the dev carve and train subset
-        applied."""
+        applied; train only when ``training`` or the dev split is carved from it."""
         hp, spec = self.hparams, self.spec
         splits: dict[str, Dataset] = {}
         use_hub = hp.glue_dir is None and not any((hp.files or {}).values())
         for split in spec.splits:
             if split in spec.dev and hp.dev_from_train is not None:
                 continue  # carved out of train below
+            if split == "train" and not training and hp.dev_from_train is None:
+                continue
             file = self._file_spec(split)
             if file is None and use_hub:
                 splits[split] = self._hub_split(split)
@@ -287,7 +289,7 @@ class GlueDataModule(FineTuningDataModule):
             splits["train"], splits[dev] = parts["train"], parts["test"]
             log.info("%s: dev carved out of train: %d rows (train keeps %d)", self.task, len(parts["test"]),
                      len(parts["train"]))
-        subset = fixed_subset(len(splits["train"]), hp.max_train_examples)
+        subset = fixed_subset(len(splits["train"]), hp.max_train_examples) if "train" in splits else None
         if subset is not None:
             splits["train"] = splits["train"].select(subset)
         return splits
@@ -307,10 +309,10 @@ class GlueDataModule(FineTuningDataModule):
             remove_columns=[c for c in rows.column_names if c not in ("label", "idx")], features=features,
             new_fingerprint=key)
 
-    def build(self) -> None:
-        for split, rows in self.raw_splits().items():
+    def build(self, training: bool = True) -> None:
+        for split, rows in self.raw_splits(training).items():
             self.datasets[split] = self._encoded(split, rows)
-        for split in ("train", *self.spec.dev):
+        for split in ("train", *self.spec.dev) if training else self.spec.dev:
             if split not in self.datasets:
                 raise FileNotFoundError(f"task={self.task}: no {split} split found")
         sizes = ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items())
@@ -325,6 +327,7 @@ class GlueDataModule(FineTuningDataModule):
         return [s for s in self.spec.server if s in self.datasets]
 
     def train_label_counts(self) -> np.ndarray:
+        self.setup("fit")  # a Dev pass alone (WNLI's majority class, §4.1) built no train split
         return np.bincount(np.asarray(self.datasets["train"]["label"]), minlength=self.spec.num_labels)
 
     # -- batches ---------------------------------------------------------------------------------

@@ -296,16 +296,17 @@ class SquadDataModule(FineTuningDataModule):
             features=WINDOW_FEATURES, new_fingerprint=key)
         return windows.add_column("window", np.arange(len(windows)), new_fingerprint=cache_key(key, "window"))
 
-    def build(self) -> None:
+    def build(self, training: bool = True) -> None:
         hp = self.hparams
-        for split, limit in (("train", hp.max_train_examples), ("dev", hp.max_dev_examples)):
+        for split, limit in (("train", hp.max_train_examples), ("dev", hp.max_dev_examples))[not training:]:
             self.examples[split] = self._subset(self._questions(split), limit)
             self.datasets[split] = self._windows(split, self.examples[split])
-        train = self.datasets["train"]
-        answered = sum(1 for s in train["start_positions"] if s > 0)
-        log.info("squad_v%d: train %d questions -> %d windows (%d hold the answer), dev %d questions -> %d "
-                 "windows",
-                 self.version, len(self.examples["train"]), len(train), answered, len(self.examples["dev"]),
+        if training:
+            train = self.datasets["train"]
+            answered = sum(1 for s in train["start_positions"] if s > 0)
+            log.info("squad_v%d: train %d questions -> %d windows (%d hold the answer)", self.version,
+                     len(self.examples["train"]), len(train), answered)
+        log.info("squad_v%d: dev %d questions -> %d windows", self.version, len(self.examples["dev"]),
                  len(self.datasets["dev"]))
 
     # -- batches -----------------------------------------------------------------------------------

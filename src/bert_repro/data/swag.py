@@ -159,8 +159,8 @@ class SwagDataModule(FineTuningDataModule):
                                              "token_type_ids": Sequence(Sequence(Value("int8")))}),
                           new_fingerprint=f"tokens-{key}")
 
-    def build(self) -> None:
-        for split in SPLIT_FILES:
+    def build(self, training: bool = True) -> None:
+        for split in SPLIT_FILES if training else [s for s in SPLIT_FILES if s != "train"]:
             found = self._rows(split)
             if found is None:
                 log.info("swag: no test.csv in %s; no test predictions", self.hparams.swag_dir)
