@@ -279,7 +279,7 @@ def _squad(path: Path, context: str, question: str, answer: str, start: int) -> 
 def good(tmp_path_factory):
     """An earlier, good pre-training run that every fault case runs into (each must leave it as it was), and
     the files the bad inputs are made of; one per test worker."""
-    from bert_repro.convert import load_checkpoint
+    from bert_repro.convert import build_model, export_hf, load_checkpoint
 
     tmp = tmp_path_factory.mktemp("bad_inputs")
     out, cache = tmp / "good", tmp / "cache"
@@ -292,7 +292,8 @@ def good(tmp_path_factory):
     # its log as it left it: the fault cases that run into its folder append to train.log
     (tmp / "good.log").write_bytes((out / "train.log").read_bytes())
     ckpt = out / "checkpoints" / "last.ckpt"
-    vocab = load_checkpoint(ckpt).vocab
+    loaded = load_checkpoint(ckpt)
+    vocab = loaded.vocab
     files = tmp / "files"
     files.mkdir()
     (files / "vocab.txt").write_text("".join(t + "\n" for t in vocab))
@@ -306,6 +307,7 @@ def good(tmp_path_factory):
                                                 "num_hidden_layers": 2, "num_attention_heads": 2,
                                                 "intermediate_size": 512, "max_position_embeddings": 512}))
     (hf / "vocab.txt").write_text("".join(t + "\n" for t in vocab[:500]))
+    export_hf(build_model(loaded), files / "hf_no_vocab", vocab=None)  # an export whose vocab.txt is missing
     (files / "wrong_columns.tsv").write_text("premise\thypothesis\tgold\na\tb\tentailment\n")
     rte_header = "index\tsentence1\tsentence2\tlabel\n"
     (files / "header_only.tsv").write_text(rte_header)

@@ -5,6 +5,7 @@ checkpoints as they were. A run into the good run's own folder with other settin
 (its result is other science); the others run in a folder of their own, as their command would."""
 
 import gzip
+import json
 
 import pytest
 
@@ -12,8 +13,8 @@ from .conftest import COMMON, FAST, fingerprint, run_py
 
 GLUE = ["task=rte", "optim.epochs=1", "data.max_train_examples=16"]
 
-# (id, arguments (FILES/ROOT/... substituted), module or None for src/train.py, parts the message must
-# contain)
+# (id, arguments (FILES/ROOT/... substituted), module, or a script under src/, or None for src/train.py, parts
+# the message must contain)
 CASES = [
     ("unknown-task", ["task=nope"], None, ["task/nope", "Available options"]),
     ("unknown-model", ["model=huge"], None, ["model/huge", "Available options"]),
@@ -105,6 +106,14 @@ CASES = [
     # nothing overwritten without being asked: an export into the good run's own folder
     ("export-into-a-folder-with-files", ["to-hf", "ROOT/good/checkpoints/last.ckpt", "ROOT/good"],
      "bert_repro.convert", ["ROOT/good is not empty", "--force"]),
+    # messages that point the right way (#44): evaluation reads the Dev file alone, init= is named as given
+    ("evaluate-without-the-dev-file", ["task=rte", "init=ROOT/good/checkpoints/last.ckpt",
+                                       "data.glue_dir=/nonexistent/glue"], "evaluate.py",
+     ["task=rte split dev: /nonexistent/glue/RTE/dev.tsv does not exist"]),
+    ("init-export-without-vocabulary", [*GLUE, "init=FILES/hf_no_vocab"], None,
+     ["init=FILES/hf_no_vocab has no vocabulary (no FILES/hf_no_vocab/vocab.txt)", "data.tokenizer="]),
+    ("network-deadline-not-positive", ["network.timeout_s=0"], None,
+     ["network.timeout_s=0: expected a positive number of seconds"]),
 ]
 
 
@@ -117,12 +126,13 @@ def test_bad_input_fails_clearly_and_leaves_earlier_results(good, args, module, 
         return text.replace("FILES", str(files)).replace("ROOT", str(tmp))
 
     args = [fill(a) for a in args]
+    module, script = (None, module) if module and module.endswith(".py") else (module, "train.py")
     if module is None:
         glue = any(a.startswith("task=") for a in args)
         args = [*(COMMON if glue else FAST), f"paths.cache_dir={cache}", *args]
         if not any(a.startswith("hydra.run.dir=") for a in args):
             args.append(f"hydra.run.dir={tmp / 'cases' / str(abs(hash(tuple(args))))}")  # a folder of its own
-    proc = run_py(*args, module=module)
+    proc = run_py(*args, module=module, script=script)
     output = proc.stdout + proc.stderr
     assert proc.returncode != 0, output[-3000:]
     for part in parts:
@@ -132,7 +142,19 @@ def test_bad_input_fails_clearly_and_leaves_earlier_results(good, args, module, 
 
 
 def test_the_catalogue_covers_the_required_inputs():
-    assert len(CASES) >= 37
+    assert len(CASES) >= 46
+
+
+def test_evaluate_reads_the_dev_file_alone(good):
+    """#44: an evaluation of a task whose train file is nowhere (data.glue_dir) needs its Dev file only."""
+    tmp, out, cache, files = good
+    run = tmp / "evaluate-dev-only"
+    init = out / "checkpoints" / "last.ckpt"
+    proc = run_py(*COMMON, f"paths.cache_dir={cache}", "task=rte", f"init={init}",
+                  "data.glue_dir=/nonexistent/glue", f"data.files.dev={files / 'rte.tsv'}",
+                  f"hydra.run.dir={run}", script="evaluate.py")
+    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    assert json.loads((run / "results.json").read_text())["data_sizes"] == {"dev": 2}
 
 
 # The task readers on bad bytes and malformed rows, in process (the catalogue runs two of them end to end).

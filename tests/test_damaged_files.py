@@ -66,6 +66,34 @@ def test_a_cache_cut_where_a_batch_ends_is_rebuilt(tmp_path, caplog):
     assert f"cache file {file} is damaged (it ends before Arrow's end-of-stream marker)" in caplog.text
 
 
+@pytest.mark.parametrize("cache_file", ["rows-rte-train-*.arrow", "tokens-rte-dev-*.arrow"])
+def test_a_damaged_fine_tuning_cache_is_rebuilt_and_said_so(tmp_path, caplog, minilm_dir, cache_file):
+    """The fine-tuning tasks' caches (data.base.cached_map) as pre-training's: a file cut in half is rebuilt
+    with a log line naming it, not read back as a raw Arrow error."""
+    from bert_repro.data.glue import GlueDataModule
+
+    labels = ("entailment", "not_entailment")
+    rows = [["index", "sentence1", "sentence2", "label"]] + [
+        [i, f"The cat number {i} sat on the mat.", "A cat is sitting.", labels[i % 2]] for i in range(64)]
+    files = {}
+    for split in ("train", "dev"):
+        (tmp_path / f"{split}.tsv").write_text("".join("\t".join(map(str, r)) + "\n" for r in rows))
+        files[split] = str(tmp_path / f"{split}.tsv")
+
+    def built() -> dict:
+        dm = GlueDataModule("rte", tokenizer=str(minilm_dir), cache_dir=str(tmp_path / "cache"), files=files)
+        dm.setup()
+        return {split: data.to_dict() for split, data in dm.datasets.items()}
+
+    expected = built()
+    (damaged,) = (tmp_path / "cache").glob(cache_file)
+    _cut(damaged)
+    with caplog.at_level(logging.WARNING):
+        assert built() == expected
+    assert f"cache file {damaged} is damaged" in caplog.text and "rebuilding it" in caplog.text
+    assert not list((tmp_path / "cache").glob("tmp*"))
+
+
 @pytest.mark.parametrize("streaming", [False, True])
 def test_a_truncated_parquet_shard_is_refused_by_name(tmp_path, streaming):
     (tmp_path / "data" / "data").mkdir(parents=True)

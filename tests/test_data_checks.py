@@ -65,11 +65,11 @@ def test_glue_json_file_without_records_names_the_file(tmp_path):
 
 
 def test_glue_hub_rows_with_a_blank_sentence_are_refused(monkeypatch, tmp_path):
-    def fake_load_dataset(path, name, split, cache_dir):
+    def fake_load_dataset(path, name, split, revision, cache_dir):
         return Dataset.from_dict({"sentence1": ["a", "b"], "sentence2": ["c", " "], "label": [0, 1],
                                   "idx": [0, 1]})
 
-    monkeypatch.setattr(glue, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("bert_repro.data.base.load_dataset", fake_load_dataset)
     with pytest.raises(ValueError, match=r"nyu-mll/glue rte \(train\) row 1: column 'sentence2' is ' '"):
         GlueDataModule("rte", glue_dir=None, cache_dir=str(tmp_path)).raw_splits()
 
@@ -124,7 +124,7 @@ def test_conll_hub_blank_word_or_empty_sentence_is_refused(monkeypatch, tmp_path
         return Dataset.from_dict({"tokens": tokens, "ner_tags": [[0] * len(t) for t in tokens]},
                                  features=features)
 
-    monkeypatch.setattr(conll, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("bert_repro.data.base.load_dataset", fake_load_dataset)
     data = conll.ConllDataModule(conll_dir=None, document_context=False, cache_dir=str(tmp_path))
     with pytest.raises(ValueError, match=re.escape(f"eriktks/conll2003 (train) {expected}; expected text")):
         data.raw_sentences()

@@ -11,7 +11,6 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bert_repro.data import glue
 from bert_repro.data.batching import LengthGroupedSampler, PadCollator
 from bert_repro.data.glue import GlueDataModule, truncated_lengths
 
@@ -219,12 +218,12 @@ def test_hub_path_maps_nyu_mll_glue_columns(monkeypatch, cache):
 
     calls = []
 
-    def fake_load_dataset(path, name, split, cache_dir):
+    def fake_load_dataset(path, name, split, revision, cache_dir):
         calls.append((path, name, split))
         return Dataset.from_dict({"premise": ["p"], "hypothesis": ["h"],
                                   "label": [2 if "test" not in split else -1], "idx": [7]})
 
-    monkeypatch.setattr(glue, "load_dataset", fake_load_dataset)
+    monkeypatch.setattr("bert_repro.data.base.load_dataset", fake_load_dataset)
     splits = datamodule("mnli", cache, glue_dir=None).raw_splits()
     assert (("nyu-mll/glue", "mnli", "validation_mismatched") in calls
             and ("nyu-mll/glue", "ax", "test") in calls)

@@ -22,11 +22,11 @@ SLOW_S, TIMEOUT_S = 30, 15  # tokenization, and the longest a rank may wait in a
 class SlowGlue(GlueDataModule):
     """GLUE whose tokenization takes SLOW_S longer on a cold cache; each time leaves a file to count."""
 
-    def build(self) -> None:
+    def build(self, training: bool = True) -> None:
         if not any(self.cache_dir.glob("tokens-*.arrow")):
             (self.cache_dir / f"slow-tokenization-{os.getpid()}").touch()
             time.sleep(SLOW_S)
-        super().build()
+        super().build(training)
 
 
 @pytest.mark.e2e

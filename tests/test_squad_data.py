@@ -187,11 +187,11 @@ def test_hub_rows_are_read_and_checked_like_the_files(tmp_path, shared_data, min
     rows = read_squad_json(shared_data / "squad_v2/dev-v2.0.json", 2)[:30]
     calls = []
 
-    def hub(path, name, split, cache_dir):
+    def hub(path, name, split, revision, cache_dir):
         calls.append((path, name, split))
         return Dataset.from_list(rows)
 
-    monkeypatch.setattr(squad, "load_dataset", hub)
+    monkeypatch.setattr("bert_repro.data.base.load_dataset", hub)
     data = SquadDataModule(2, squad_dir=None, tokenizer=str(minilm_dir), cache_dir=str(tmp_path))
     data.setup()
     assert calls == [("rajpurkar/squad_v2", None, "train"), ("rajpurkar/squad_v2", None, "validation")]

@@ -170,13 +170,17 @@ def push_to_hub(folder: str | Path, repo_id: str, private: bool = False, message
     creating the repository when it does not exist. Returns the commit's URL."""
     from huggingface_hub import HfApi
 
+    from bert_repro.lifecycle.network import reaching
+
     folder = Path(folder)
     missing = [name for name in ("config.json", "README.md") if not (folder / name).is_file()]
     if missing:
         raise FileNotFoundError(f"{folder}: no {', '.join(missing)}; expected a folder that `python -m "
                                 "bert_repro.convert to-hf` wrote (it writes the model card too)")
     api = HfApi()
-    api.create_repo(repo_id, private=private, exist_ok=True)
-    commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder),
-                               commit_message=message or f"bert-repro export of {folder.name}")
+    with reaching(f"the upload of {folder} to {repo_id}", f"{folder} is kept: push it again once the Hub "
+                  "answers", upload=True):
+        api.create_repo(repo_id, private=private, exist_ok=True)
+        commit = api.upload_folder(repo_id=repo_id, folder_path=str(folder),
+                                   commit_message=message or f"bert-repro export of {folder.name}")
     return str(getattr(commit, "commit_url", commit))

@@ -22,6 +22,7 @@ from bert_repro.convert.parity import (
 )
 from bert_repro.convert.safe import CheckpointError, safe_torch_load
 from bert_repro.lifecycle.folder import find_runs
+from bert_repro.lifecycle.network import DEFAULT_S, Unreachable, set_deadline
 
 
 def _check(src: str, tol: float) -> int:
@@ -151,6 +152,8 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("folder")
     push.add_argument("repo", help="owner/name on the Hub (created when missing; `hf auth login` first)")
     push.add_argument("--private", action="store_true", help="create the repository private")
+    push.add_argument("--timeout", type=float, default=DEFAULT_S, metavar="SECONDS",
+                      help="give up when the Hub has not answered for this long (default %(default)g)")
     args = parser.parse_args(argv)
     from huggingface_hub.errors import HfHubHTTPError
 
@@ -158,9 +161,15 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return _check(args.src, args.tol)
         if args.command == "push-to-hub":
+            if not args.timeout > 0:
+                parser.error(f"--timeout={args.timeout:g}: expected a positive number of seconds")
+            set_deadline(args.timeout, "--timeout=")
             print(f"pushed {args.folder} to {args.repo}: {push_to_hub(args.folder, args.repo, args.private)}")
             return 0
         return _to_hf(args.src, args.out_dir, args.encoder_only, args.force)
     except (ValueError, ImportError, OSError, HfHubHTTPError) as err:  # CheckpointError is a ValueError
         print(f"error: {err}", file=sys.stderr)
         return 2
+    except Unreachable as err:
+        print(f"error: {err}", file=sys.stderr)
+        return 69  # as a run (lifecycle/exits.py): sysexits' EX_UNAVAILABLE

@@ -32,6 +32,7 @@ class LoadedCheckpoint:
     identity: dict | None = None  # what it was trained as (identity.py): our .ckpt and exported folders
     # the task head's tensors under the task module's names (``classifier.weight``): ours and our exports'
     task_head: dict[str, Tensor] = field(default_factory=dict)
+    vocab_file: str | None = None  # the vocab.txt beside it that it is read from; None: the file holds it
 
 
 ENCODER_FIELDS = {f.name for f in fields(BertConfig)}
@@ -105,7 +106,7 @@ def _load_hf_dir(path: Path) -> LoadedCheckpoint:
         lowercase = _read_json(path / "tokenizer_config.json").get("do_lower_case")
     state, ignored = _mapped(weights, path)
     loaded = _checked(config, state, ignored, _read_vocab(path / "vocab.txt"), lowercase, path)
-    loaded.identity = identity
+    loaded.identity, loaded.vocab_file = identity, str(path / "vocab.txt")
     if identity is not None:  # our export: its head is under the task module's own names
         loaded.task_head = {k: weights[k].float() for k in ignored}
     return loaded
@@ -127,8 +128,10 @@ def _load_tf(prefix: Path) -> LoadedCheckpoint:
     # Google's release folders say it: uncased_L-12_H-768_A-12, cased_L-12_H-768_A-12.
     folder = prefix.parent.name.lower()
     lowercase = True if "uncased" in folder else False if "cased" in folder else None
-    return _checked(config, state, ignored_tf + ignored, _read_vocab(prefix.parent / "vocab.txt"),
-                    lowercase, prefix)
+    loaded = _checked(config, state, ignored_tf + ignored, _read_vocab(prefix.parent / "vocab.txt"),
+                      lowercase, prefix)
+    loaded.vocab_file = str(prefix.parent / "vocab.txt")
+    return loaded
 
 
 def _load_lightning(path: Path) -> LoadedCheckpoint:

@@ -13,14 +13,14 @@ from pathlib import Path
 
 import lightning as L
 import numpy as np
-from datasets import Dataset
+from datasets import Dataset, load_dataset
 from filelock import FileLock
 from lightning.fabric.utilities.data import AttributeDict
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from bert_repro.data.batching import PAD_ID, eval_loader, train_loader
-from bert_repro.data.corpus import default_cache_dir
+from bert_repro.data.corpus import default_cache_dir, drop_damaged, no_temporary_left
 from bert_repro.tokenization import fine_tuning_tokenizer
 
 # Carved dev splits, train subsets and pre-training's val split and masks do not move with the restart
@@ -48,6 +48,28 @@ def require_text(text, where: str, what: str) -> None:
     if text is None or not str(text).strip():
         raise ValueError(f"{where}: {what} is {'missing' if text is None else repr(text)}; expected text "
                          "(not empty or whitespace only)")
+
+
+def cached_map(rows: Dataset, cache_file: Path, function, **kwargs) -> Dataset:
+    """``rows.map(function, **kwargs)`` kept in ``cache_file`` (its name holds its key): one found damaged (a
+    crash, a full disk, a copy cut short) is rebuilt with a log line saying so, and a write that fails leaves
+    no temporary file (corpus.drop_damaged, corpus.no_temporary_left)."""
+    cache_file.parent.mkdir(parents=True, exist_ok=True)
+    drop_damaged(cache_file)
+    with no_temporary_left(cache_file.parent):
+        return rows.map(function, cache_file_name=str(cache_file), **kwargs)
+
+
+def hub_split(hub: dict, split: str, cache_dir: Path, local_key: str) -> Dataset:
+    """One split of a task's Hub data set (``task.hub``: path, name, revision), every request bounded by
+    network.timeout_s; a Hub that does not answer is named with ``local_key``, the key that reads the task's
+    files instead (lifecycle.network.reaching)."""
+    from bert_repro.lifecycle.network import reaching
+
+    with reaching(f"the Hub data set {hub['path']}" + (f" ({hub['name']})" if hub.get("name") else ""),
+                  f"give the task's files with {local_key}=<folder>"):
+        return load_dataset(hub["path"], hub.get("name"), split=split, revision=hub.get("revision"),
+                            cache_dir=str(cache_dir / "hub"))
 
 
 class FineTuningDataModule(L.LightningDataModule):
@@ -91,8 +113,8 @@ class FineTuningDataModule(L.LightningDataModule):
         self._tokenizer, self.vocab = fine_tuning_tokenizer(hp.tokenizer, hp.lowercase, self.task, PAD_ID)
         return self._tokenizer
 
-    def build(self) -> None:
-        """Fill ``datasets`` (split -> tokenized rows); the tokenizer is ready."""
+    def build(self, training: bool = True) -> None:
+        """Fill ``datasets`` (split -> tokenized rows), train only when ``training``; the tokenizer is set."""
         raise NotImplementedError
 
     def collator(self):
@@ -105,14 +127,17 @@ class FineTuningDataModule(L.LightningDataModule):
         data started side by side, tokenize once: the first to take it builds, the others read."""
         self.cache_dir.mkdir(parents=True, exist_ok=True)
         with FileLock(self.cache_dir / "prepare.lock"):
-            self.setup()
+            self.setup(self.trainer.state.fn.value if self.trainer is not None else None)
 
     def setup(self, stage: str | None = None) -> None:
-        if self.datasets:
+        """Every split, built once; a Dev or test pass alone (``stage`` validate, test or predict:
+        src/evaluate.py, the selection tool) builds no train split, and needs no train file."""
+        training = stage in (None, "fit")
+        if self.datasets and (not training or "train" in self.datasets):
             return
         if self._tokenizer is None:
             self.prepare_tokenizer()
-        self.build()
+        self.build(training)
         self.limit_eval()
 
     def limit_eval(self) -> None:

@@ -19,10 +19,17 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import ClassLabel, Dataset, Features, Sequence, Value, load_dataset
+from datasets import ClassLabel, Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import (
+    FineTuningDataModule,
+    cache_key,
+    cached_map,
+    fixed_subset,
+    hub_split,
+    require_text,
+)
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
@@ -222,8 +229,7 @@ class ConllDataModule(FineTuningDataModule):
 
     def _hub_split(self, split: str) -> dict[str, list]:
         hub = self.hparams.hub or {"path": "eriktks/conll2003", "revision": "refs/convert/parquet"}
-        rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
-                            revision=hub.get("revision"), cache_dir=str(self.cache_dir / "hub"))
+        rows = hub_split(hub, HUB_SPLITS[split], self.cache_dir, "data.conll_dir")
         for i, tokens in enumerate(rows["tokens"]):
             for w, token in enumerate(tokens or [None]):  # a sentence of no words: its first is missing
                 require_text(token, f"{hub['path']} ({split}) row {i}", f"word {w + 1}")
@@ -233,10 +239,10 @@ class ConllDataModule(FineTuningDataModule):
         return {"tokens": list(rows["tokens"]), "tags": tags, "document": list(range(len(tags))),
                 "line": list(range(1, len(tags) + 1))}
 
-    def raw_sentences(self) -> dict[str, tuple[dict[str, list], str]]:
-        """split -> (sentences, what they were read from)."""
+    def raw_sentences(self, training: bool = True) -> dict[str, tuple[dict[str, list], str]]:
+        """split -> (sentences, what they were read from); train only when ``training``."""
         splits = {}
-        for split in SPLIT_FILES:
+        for split in SPLIT_FILES if training else [s for s in SPLIT_FILES if s != "train"]:
             if self.hparams.conll_dir is None:
                 splits[split] = (self._hub_split(split), f"{(self.hparams.hub or {}).get('path')}:{split}")
             elif (path := self._split_file(split)) is not None:
@@ -255,16 +261,14 @@ class ConllDataModule(FineTuningDataModule):
         features = Features({"input_ids": Sequence(Value("int32")), "labels": Sequence(Value("int16")),
                              "word": Sequence(Value("int16")), "sentence": Value("int64"),
                              "length": Value("int32")})
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        return rows.map(_windows, batched=True, batch_size=None, remove_columns=rows.column_names,
-                        features=features,
-                        fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length,
-                                   "document_context": hp.document_context, "labelled": labelled},
-                        new_fingerprint=key,
-                        cache_file_name=str(self.cache_dir / f"windows-{split}-{key}.arrow"))
+        return cached_map(rows, self.cache_dir / f"windows-{split}-{key}.arrow", _windows, batched=True,
+                          batch_size=None, remove_columns=rows.column_names, features=features,
+                          fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length,
+                                     "document_context": hp.document_context, "labelled": labelled},
+                          new_fingerprint=key)
 
-    def build(self) -> None:
-        for split, (sentences, source) in self.raw_sentences().items():
+    def build(self, training: bool = True) -> None:
+        for split, (sentences, source) in self.raw_sentences(training).items():
             self.sentences[split] = Dataset.from_dict({"tokens": sentences["tokens"],
                                                        "tags": sentences["tags"]})
             self.datasets[split] = self._encoded(split, sentences, source)

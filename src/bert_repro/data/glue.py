@@ -18,10 +18,18 @@ from pathlib import Path
 
 import numpy as np
 import yaml
-from datasets import Dataset, Features, Value, load_dataset
+from datasets import Dataset, Features, Value
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import HELD_OUT_SEED, FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import (
+    HELD_OUT_SEED,
+    FineTuningDataModule,
+    cache_key,
+    cached_map,
+    fixed_subset,
+    hub_split,
+    require_text,
+)
 from bert_repro.data.batching import PadCollator
 from bert_repro.data.tabular import FileSpec, normalise_rows, read_rows
 
@@ -236,32 +244,33 @@ class GlueDataModule(FineTuningDataModule):
                     "idx": Value("string")}
         if file.columns["text_b"]:
             features["text_b"] = Value("string")
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        return rows.map(normalise_rows, batched=True, with_indices=True, remove_columns=rows.column_names,
-                        fn_kwargs=settings, features=Features(features), new_fingerprint=key,
-                        cache_file_name=str(self.cache_dir / f"rows-{self.task}-{split}-{key}.arrow"))
+        return cached_map(rows, self.cache_dir / f"rows-{self.task}-{split}-{key}.arrow", normalise_rows,
+                          batched=True, with_indices=True, remove_columns=rows.column_names,
+                          fn_kwargs=settings, features=Features(features), new_fingerprint=key)
 
     def _hub_split(self, split: str) -> Dataset:
         hub = self.hparams.hub or {"path": "nyu-mll/glue", "name": self.task}
-        name, hub_split = ("ax", "test") if split == "ax" else (hub["name"],
-                                                                split.replace("dev", "validation"))
-        rows = load_dataset(hub["path"], name, split=hub_split, cache_dir=str(self.cache_dir / "hub"))
+        name, hub_split_name = ("ax", "test") if split == "ax" else (hub["name"],
+                                                                     split.replace("dev", "validation"))
+        rows = hub_split({**hub, "name": name}, hub_split_name, self.cache_dir, "data.glue_dir")
         a, b = self.spec.hub_text
         for column in filter(None, (a, b)):
             for i, text in enumerate(rows[column]):
-                require_text(text, f"{hub['path']} {name} ({hub_split}) row {i}", f"column {column!r}")
+                require_text(text, f"{hub['path']} {name} ({hub_split_name}) row {i}", f"column {column!r}")
         rows = rows.rename_columns({a: "text_a", **({b: "text_b"} if b else {})})
         return rows.cast_column("idx", Value("string"))
 
-    def raw_splits(self) -> dict[str, Dataset]:
+    def raw_splits(self, training: bool = True) -> dict[str, Dataset]:
         """Every available split as text_a / text_b / label / idx rows, with the dev carve and train subset
-        applied."""
+        applied; train only when ``training`` or the dev split is carved from it."""
         hp, spec = self.hparams, self.spec
         splits: dict[str, Dataset] = {}
         use_hub = hp.glue_dir is None and not any((hp.files or {}).values())
         for split in spec.splits:
             if split in spec.dev and hp.dev_from_train is not None:
                 continue  # carved out of train below
+            if split == "train" and not training and hp.dev_from_train is None:
+                continue
             file = self._file_spec(split)
             if file is None and use_hub:
                 splits[split] = self._hub_split(split)
@@ -280,7 +289,7 @@ class GlueDataModule(FineTuningDataModule):
             splits["train"], splits[dev] = parts["train"], parts["test"]
             log.info("%s: dev carved out of train: %d rows (train keeps %d)", self.task, len(parts["test"]),
                      len(parts["train"]))
-        subset = fixed_subset(len(splits["train"]), hp.max_train_examples)
+        subset = fixed_subset(len(splits["train"]), hp.max_train_examples) if "train" in splits else None
         if subset is not None:
             splits["train"] = splits["train"].select(subset)
         return splits
@@ -293,18 +302,17 @@ class GlueDataModule(FineTuningDataModule):
         features = Features({"input_ids": [Value("int32")], "token_type_ids": [Value("int8")],
                              "length": Value("int32"), "label": rows.features["label"],
                              "idx": Value("string"), "row": Value("int64")})
-        return rows.map(
-            _tokenize, batched=True, batch_size=1000, with_indices=True,
-            num_proc=hp.num_proc if hp.num_proc > 1 else None,
+        return cached_map(
+            rows, self.cache_dir / f"tokens-{self.task}-{split}-{key}.arrow", _tokenize, batched=True,
+            batch_size=1000, with_indices=True, num_proc=hp.num_proc if hp.num_proc > 1 else None,
             fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
             remove_columns=[c for c in rows.column_names if c not in ("label", "idx")], features=features,
-            new_fingerprint=key,
-            cache_file_name=str(self.cache_dir / f"tokens-{self.task}-{split}-{key}.arrow"))
+            new_fingerprint=key)
 
-    def build(self) -> None:
-        for split, rows in self.raw_splits().items():
+    def build(self, training: bool = True) -> None:
+        for split, rows in self.raw_splits(training).items():
             self.datasets[split] = self._encoded(split, rows)
-        for split in ("train", *self.spec.dev):
+        for split in ("train", *self.spec.dev) if training else self.spec.dev:
             if split not in self.datasets:
                 raise FileNotFoundError(f"task={self.task}: no {split} split found")
         sizes = ", ".join(f"{s} {len(d)}" for s, d in self.datasets.items())
@@ -319,6 +327,7 @@ class GlueDataModule(FineTuningDataModule):
         return [s for s in self.spec.server if s in self.datasets]
 
     def train_label_counts(self) -> np.ndarray:
+        self.setup("fit")  # a Dev pass alone (WNLI's majority class, §4.1) built no train split
         return np.bincount(np.asarray(self.datasets["train"]["label"]), minlength=self.spec.num_labels)
 
     # -- batches ---------------------------------------------------------------------------------

@@ -43,6 +43,7 @@ from datasets import (
 from datasets.exceptions import DatasetGenerationError
 
 from bert_repro.data.corpus import pool_size, prose_sentences, wiki_passages
+from bert_repro.lifecycle.network import reaching
 
 FORMATS = ("wiki", "text", "sentences")
 DEFAULTS = {"name": None, "split": "train", "revision": None, "data_files": None, "text_column": "text",
@@ -53,6 +54,7 @@ PROCESS_BYTES = 8 << 20
 # `sentences` rows are grouped into documents in ranges of about this many rows (BookCorpus: ~8 MB of text,
 # some 570 ranges), each starting where a document does, so that any num_proc gives one reader's documents
 RANGE_ROWS = 1 << 17
+OFFLINE = "read a local copy of its files (path=<folder>) or text files (data.source=files data.corpus=...)"
 
 
 def hub_spec(entry: dict) -> dict:
@@ -204,35 +206,38 @@ def _generate(spec: dict, max_documents: int | None, cache_dir: str | None) -> I
 def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int | None = None,
                        max_documents: int | None = None) -> Dataset:
     """One row per document with a `sentences: list[str]` column: every entry's documents, in order
-    (the first `max_documents` of each when set)."""
-    cache_dir = Path(cache_dir)
-    hf_cache = cache_dir / "hf"
+    (the first `max_documents` of each when set). A Hub that does not answer within network.timeout_s is
+    named with the entry (lifecycle.network.reaching)."""
+    hf_cache = Path(cache_dir) / "hf"
     parts = []
     for spec in map(hub_spec, entries):
-        in_ranges = spec["format"] == "sentences" and not spec["streaming"] and max_documents is None
-        if in_ranges:  # an Arrow dataset on disk: ranges of rows grouped in parallel
-            rows = _load(spec, hf_cache, streaming=False, num_proc=num_proc)
-            starts = _document_starts(rows, spec)
-            documents = _from_generator(
-                _generate_ranges, hf_cache, pool_size(rows, num_proc, PROCESS_BYTES),
-                {"spec": spec, "ranges": list(zip(starts[:-1], starts[1:])), "cache_dir": str(hf_cache)})
-        elif spec["streaming"] or spec["format"] == "sentences":  # one reader, in order
-            documents = _from_generator(
-                _generate, hf_cache, None,
-                {"spec": spec, "max_documents": max_documents, "cache_dir": str(hf_cache)})
-        else:  # an Arrow dataset on disk: split articles into sentences in parallel
-            rows = _load(spec, hf_cache, streaming=False, num_proc=num_proc)
-            if max_documents is not None:
-                rows = rows.select(range(min(max_documents, len(rows))))
-            documents = rows.map(_rows_to_documents, batched=True, remove_columns=rows.column_names,
-                                 num_proc=pool_size(rows, num_proc, PROCESS_BYTES),
-                                 features=DOCUMENT_FEATURES,
-                                 fn_kwargs={"text_column": spec["text_column"], "fmt": spec["format"]})
+        with reaching(f"data.hub entry {spec['path']!r}", OFFLINE):
+            documents = _documents(spec, hf_cache, num_proc, max_documents)
         if len(documents) == 0:
             raise ValueError(f"data.hub entry {spec['path']!r} ({spec['format']} format, column "
                              f"{spec['text_column']!r}) gave no documents")
         parts.append(documents)
     return parts[0] if len(parts) == 1 else concatenate_datasets(parts)
+
+
+def _documents(spec: dict, hf_cache: Path, num_proc: int | None, max_documents: int | None) -> Dataset:
+    if spec["format"] == "sentences" and not spec["streaming"] and max_documents is None:
+        # an Arrow dataset on disk: ranges of rows grouped in parallel
+        rows = _load(spec, hf_cache, streaming=False, num_proc=num_proc)
+        starts = _document_starts(rows, spec)
+        return _from_generator(
+            _generate_ranges, hf_cache, pool_size(rows, num_proc, PROCESS_BYTES),
+            {"spec": spec, "ranges": list(zip(starts[:-1], starts[1:])), "cache_dir": str(hf_cache)})
+    if spec["streaming"] or spec["format"] == "sentences":  # one reader, in order
+        return _from_generator(_generate, hf_cache, None,
+                               {"spec": spec, "max_documents": max_documents, "cache_dir": str(hf_cache)})
+    # an Arrow dataset on disk: split articles into sentences in parallel
+    rows = _load(spec, hf_cache, streaming=False, num_proc=num_proc)
+    if max_documents is not None:
+        rows = rows.select(range(min(max_documents, len(rows))))
+    return rows.map(_rows_to_documents, batched=True, remove_columns=rows.column_names,
+                    num_proc=pool_size(rows, num_proc, PROCESS_BYTES), features=DOCUMENT_FEATURES,
+                    fn_kwargs={"text_column": spec["text_column"], "fmt": spec["format"]})
 
 
 def _from_generator(generator, hf_cache: Path, num_proc: int | None, gen_kwargs: dict) -> Dataset:

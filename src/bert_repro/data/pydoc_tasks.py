@@ -163,11 +163,11 @@ class PydocPunctDataModule(ConllDataModule):
     def prepare_tokenizer(self):
         return super(ConllDataModule, self).prepare_tokenizer()  # CoNLL's casing warning is not this task's
 
-    def raw_sentences(self) -> dict[str, tuple[dict[str, list], str]]:
+    def raw_sentences(self, training: bool = True) -> dict[str, tuple[dict[str, list], str]]:
         hp = self.hparams
         documents = list(pydoc_documents())
         splits = {"train": ([d for i, d in enumerate(documents) if i % DEV_EVERY], hp.train_examples, 0),
                   "dev": ([d for i, d in enumerate(documents) if i % DEV_EVERY == 0], hp.dev_examples, 1)}
         return {split: (punct_passages(docs, hp.max_words, n, np.random.default_rng(seed)),
                         f"builtin:pydoc:{self.task}:v{VERSION}:{split}")
-                for split, (docs, n, seed) in splits.items()}
+                for split, (docs, n, seed) in splits.items() if training or split != "train"}

@@ -21,11 +21,18 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from datasets import Dataset, Features, Sequence, Value, load_dataset
+from datasets import Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import (
+    FineTuningDataModule,
+    cache_key,
+    cached_map,
+    fixed_subset,
+    hub_split,
+    require_text,
+)
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.textfiles import require_utf8
 
@@ -265,8 +272,7 @@ class SquadDataModule(FineTuningDataModule):
             rows = read_squad_json(Path(hp.squad_dir) / FILES[self.version][split], self.version)
             return Dataset.from_list(rows, features=EXAMPLE_FEATURES)
         hub = hp.hub or HUB[self.version]
-        rows = load_dataset(hub["path"], hub.get("name"), split="train" if split == "train" else "validation",
-                            cache_dir=str(self.cache_dir / "hub"))
+        rows = hub_split(hub, "train" if split == "train" else "validation", self.cache_dir, "data.squad_dir")
         where = f"{hub['path']} ({split})"
         for row in rows:
             check_question(row, self.version, where)
@@ -281,26 +287,26 @@ class SquadDataModule(FineTuningDataModule):
         hp = self.hparams
         settings = (hp.max_seq_length, hp.doc_stride, hp.max_query_length)
         key = cache_key(CACHE_VERSION, rows._fingerprint, cache_key(self.vocab), self.lowercase, settings)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        windows = rows.map(
-            make_windows, batched=True, batch_size=500, with_indices=True,
-            num_proc=hp.num_proc if hp.num_proc > 1 else None, remove_columns=rows.column_names,
+        windows = cached_map(
+            rows, self.cache_dir / f"windows-v{self.version}-{split}-{key}.arrow", make_windows, batched=True,
+            batch_size=500, with_indices=True, num_proc=hp.num_proc if hp.num_proc > 1 else None,
+            remove_columns=rows.column_names,
             fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length,
                        "doc_stride": hp.doc_stride, "max_query_length": hp.max_query_length},
-            features=WINDOW_FEATURES, new_fingerprint=key,
-            cache_file_name=str(self.cache_dir / f"windows-v{self.version}-{split}-{key}.arrow"))
+            features=WINDOW_FEATURES, new_fingerprint=key)
         return windows.add_column("window", np.arange(len(windows)), new_fingerprint=cache_key(key, "window"))
 
-    def build(self) -> None:
+    def build(self, training: bool = True) -> None:
         hp = self.hparams
-        for split, limit in (("train", hp.max_train_examples), ("dev", hp.max_dev_examples)):
+        for split, limit in (("train", hp.max_train_examples), ("dev", hp.max_dev_examples))[not training:]:
             self.examples[split] = self._subset(self._questions(split), limit)
             self.datasets[split] = self._windows(split, self.examples[split])
-        train = self.datasets["train"]
-        answered = sum(1 for s in train["start_positions"] if s > 0)
-        log.info("squad_v%d: train %d questions -> %d windows (%d hold the answer), dev %d questions -> %d "
-                 "windows",
-                 self.version, len(self.examples["train"]), len(train), answered, len(self.examples["dev"]),
+        if training:
+            train = self.datasets["train"]
+            answered = sum(1 for s in train["start_positions"] if s > 0)
+            log.info("squad_v%d: train %d questions -> %d windows (%d hold the answer)", self.version,
+                     len(self.examples["train"]), len(train), answered)
+        log.info("squad_v%d: dev %d questions -> %d windows", self.version, len(self.examples["dev"]),
                  len(self.datasets["dev"]))
 
     # -- batches -----------------------------------------------------------------------------------

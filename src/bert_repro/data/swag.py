@@ -11,10 +11,17 @@ import logging
 from pathlib import Path
 
 import torch
-from datasets import Dataset, Features, Sequence, Value, load_dataset
+from datasets import Dataset, Features, Sequence, Value
 from tokenizers import Tokenizer
 
-from bert_repro.data.base import FineTuningDataModule, cache_key, fixed_subset, require_text
+from bert_repro.data.base import (
+    FineTuningDataModule,
+    cache_key,
+    cached_map,
+    fixed_subset,
+    hub_split,
+    require_text,
+)
 from bert_repro.data.batching import pad_inputs
 from bert_repro.data.glue import truncated_lengths
 from bert_repro.data.tabular import FileSpec, read_rows
@@ -110,8 +117,7 @@ class SwagDataModule(FineTuningDataModule):
         hp = self.hparams
         if hp.swag_dir is None:
             hub = hp.hub or {"path": "allenai/swag", "name": "regular"}
-            rows = load_dataset(hub["path"], hub.get("name"), split=HUB_SPLITS[split],
-                                cache_dir=str(self.cache_dir / "hub"))
+            rows = hub_split(hub, HUB_SPLITS[split], self.cache_dir, "data.swag_dir")
             return rows, f"{hub['path']}:{split}"
         folder = Path(hp.swag_dir)
         path = folder / SPLIT_FILES[split]
@@ -132,29 +138,29 @@ class SwagDataModule(FineTuningDataModule):
         hp = self.hparams
         labelled = split != "test" and "label" in rows.column_names
         key = cache_key(CACHE_VERSION, rows._fingerprint, labelled)
-        self.cache_dir.mkdir(parents=True, exist_ok=True)
-        examples = rows.map(_examples, batched=True, with_indices=True, remove_columns=rows.column_names,
-                            fn_kwargs={"where": where, "labelled": labelled},
-                            features=Features({"context": Value("string"),
-                                               "endings": Sequence(Value("string")), "label": Value("int64"),
-                                               "idx": Value("string"), "row": Value("int64")}),
-                            new_fingerprint=f"examples-{key}",
-                            cache_file_name=str(self.cache_dir / f"examples-{split}-{key}.arrow"))
+        examples = cached_map(rows, self.cache_dir / f"examples-{split}-{key}.arrow", _examples, batched=True,
+                              with_indices=True, remove_columns=rows.column_names,
+                              fn_kwargs={"where": where, "labelled": labelled},
+                              features=Features({"context": Value("string"),
+                                                 "endings": Sequence(Value("string")),
+                                                 "label": Value("int64"), "idx": Value("string"),
+                                                 "row": Value("int64")}),
+                              new_fingerprint=f"examples-{key}")
         subset = fixed_subset(len(examples), hp.max_train_examples) if split == "train" else None
         if subset is not None:
             examples = examples.select(subset)
         key = cache_key(key, cache_key(self.vocab), self.lowercase, hp.max_seq_length, subset)
-        return examples.map(_tokenize, batched=True, batch_size=1000, remove_columns=["context", "endings"],
-                            fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
-                            features=Features({"label": Value("int64"), "idx": Value("string"),
-                                               "row": Value("int64"),
-                                               "input_ids": Sequence(Sequence(Value("int32"))),
-                                               "token_type_ids": Sequence(Sequence(Value("int8")))}),
-                            new_fingerprint=f"tokens-{key}",
-                            cache_file_name=str(self.cache_dir / f"tokens-{split}-{key}.arrow"))
+        return cached_map(examples, self.cache_dir / f"tokens-{split}-{key}.arrow", _tokenize, batched=True,
+                          batch_size=1000, remove_columns=["context", "endings"],
+                          fn_kwargs={"tokenizer": self._tokenizer, "max_seq_length": hp.max_seq_length},
+                          features=Features({"label": Value("int64"), "idx": Value("string"),
+                                             "row": Value("int64"),
+                                             "input_ids": Sequence(Sequence(Value("int32"))),
+                                             "token_type_ids": Sequence(Sequence(Value("int8")))}),
+                          new_fingerprint=f"tokens-{key}")
 
-    def build(self) -> None:
-        for split in SPLIT_FILES:
+    def build(self, training: bool = True) -> None:
+        for split in SPLIT_FILES if training else [s for s in SPLIT_FILES if s != "train"]:
             found = self._rows(split)
             if found is None:
                 log.info("swag: no test.csv in %s; no test predictions", self.hparams.swag_dir)

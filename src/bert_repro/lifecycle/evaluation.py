@@ -24,6 +24,7 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bert_repro.lifecycle.checks import UsageError, check_writable, validate
 from bert_repro.lifecycle.exits import run_ends
+from bert_repro.lifecycle.network import set_deadline
 from bert_repro.lifecycle.results import RunResult, floats, print_results
 from bert_repro.scores import degenerate_reason
 
@@ -91,6 +92,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 def main(cfg: DictConfig) -> float | None:
     with run_ends(cfg, record=False):  # as a run: one process per folder, each failure named, no record
         validate(cfg)
+        set_deadline(cfg.network.timeout_s)
         check_writable(Path(cfg.paths.output_dir), Path(cfg.paths.cache_dir))
         results = evaluate(cfg)
     return results["metrics"]["final"].get(cfg.task.monitor)

@@ -1,7 +1,8 @@
 """How a run ends when it cannot finish: each way named once, with its exit code, torch-free (the checks
-before torch use it too). A wrong input exits 2 with a message naming it, a diverged run 3, a fault of the
-machine 74 (sysexits.h EX_IOERR), a pre-empted run 128 + the signal, as a shell says; a multirun's job
-records its failure in its folder and the sweep goes on. A folder that a live run holds is never touched."""
+before torch use it too). A wrong input exits 2 with a message naming it, a diverged run 3, a Hub that does
+not answer 69 (sysexits.h EX_UNAVAILABLE), a fault of the machine 74 (EX_IOERR), a pre-empted run 128 + the
+signal, as a shell says; a multirun's job records its failure in its folder and the sweep goes on. A folder
+that a live run holds is never touched."""
 
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, SweepUsageError, UsageError
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, is_launcher
+from bert_repro.lifecycle.network import Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -172,6 +174,8 @@ def run_ends(cfg: DictConfig, record: bool = True) -> Iterator[None]:
         fail(err, 3, str(err))
     except MachineFault as err:  # a full disk, a read-only folder: the last good checkpoint is kept
         fail(err, 74, str(err))
+    except Unreachable as err:  # the Hub silent or refusing within network.timeout_s
+        fail(err, 69, str(err))
     except Exception as err:
         if peer_stopped(err):  # another rank failed first and said why: one message, not a gloo traceback
             log.error("another rank stopped (its message is above); this one stops too (%s)",

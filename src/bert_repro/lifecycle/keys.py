@@ -13,7 +13,7 @@ from typing import Any
 
 # speed (how fast, how many processes, how padded) and places (where files go): never what a run computes
 NOT_SCIENCE = (
-    "trainer.", "speed.", "logger.", "callbacks.", "paths.", "checkpoint.", "ckpt_path", "test",
+    "trainer.", "speed.", "logger.", "callbacks.", "paths.", "checkpoint.", "network.", "ckpt_path", "test",
     "data.cache_dir",
     "data.num_workers", "data.num_proc", "data.padding",  # in results.json written before the speed node
     "force",  # +force=true: rerun a finished run from scratch (finished.py)

@@ -87,11 +87,14 @@ def fetch(hub_id: str) -> Path:
         RevisionNotFoundError,
     )
 
+    from bert_repro.lifecycle.network import reaching
+
     try:
-        for weights in HUB_WEIGHTS:
-            folder = Path(snapshot_download(hub_id, allow_patterns=HUB_FILES + weights, etag_timeout=5))
-            if any(folder.glob(weights[0].split(".")[0] + "*")):
-                return folder
+        with reaching(f"init={hub_id}", download_hint(hub_id)):  # network.timeout_s bounds every request
+            for weights in HUB_WEIGHTS:
+                folder = Path(snapshot_download(hub_id, allow_patterns=HUB_FILES + weights))
+                if any(folder.glob(weights[0].split(".")[0] + "*")):
+                    return folder
     except (RepositoryNotFoundError, GatedRepoError, RevisionNotFoundError) as err:
         raise InitError(f"init={hub_id}: no such Hugging Face Hub model, or it needs access rights "
                         f"({type(err).__name__}); give a Hub id, an HF directory, a TF checkpoint or our "

@@ -19,6 +19,7 @@ from bert_repro.lifecycle.checks import UsageError, validate
 from bert_repro.lifecycle.exits import run_ends
 from bert_repro.lifecycle.finished import config_summary, report_finished, scale_reads
 from bert_repro.lifecycle.locks import is_launcher
+from bert_repro.lifecycle.network import set_deadline
 
 log = logging.getLogger(__name__)
 
@@ -27,6 +28,7 @@ def main(cfg: DictConfig) -> float | None:
     """src/train.py's task function; returns the task's monitored metric (what a Hydra sweeper optimises)."""
     with run_ends(cfg):
         validate(cfg)  # every value, range and relation, in seconds: before torch and Lightning load
+        set_deadline(cfg.network.timeout_s)  # init= from the Hub, a task's Hub data
         if (done := report_finished(cfg)) is not None:  # its folder's result, same science: nothing rerun
             return done["metrics"]["final"].get(cfg.task.monitor)
         results = train(cfg)

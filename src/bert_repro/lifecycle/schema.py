@@ -176,7 +176,15 @@ class DataConfig:
     max_documents: int | None = whole_positive(None, "documents, or null (all)")
 
 
-SCHEMAS = {"optim": OptimConfig, "model": ModelConfig, "data": DataConfig, "speed": SpeedOptions}
+@dataclass
+class NetworkConfig:
+    """How long a Hub request waits for an answer (lifecycle/network.py): conf/train.yaml's network node."""
+
+    timeout_s: float = positive(60, "number of seconds")
+
+
+SCHEMAS = {"optim": OptimConfig, "model": ModelConfig, "data": DataConfig, "speed": SpeedOptions,
+           "network": NetworkConfig}
 
 
 def _shown(value: Any) -> str:

@@ -53,6 +53,11 @@ def resolve_vocab(cfg: DictConfig, loaded: Any = None) -> tuple[list[str] | None
     if tokenizer is None:
         if loaded is None and cfg.get("init"):
             loaded = load_checkpoint(cfg.init)
+        if loaded is not None and loaded.vocab is None and cfg.task.name != "pretrain":
+            where = f"no {loaded.vocab_file}" if loaded.vocab_file else "the checkpoint carries none"
+            raise ValueError(f"init={cfg.init or loaded.source} has no vocabulary ({where}); fine-tuning "
+                             "reads the one the model was pre-trained with: put its vocab.txt there, or give "
+                             "it with data.tokenizer=<vocab.txt | tokenizer.json | Hugging Face directory>")
         if loaded is None or loaded.vocab is None:
             return None, lowercase, None
         return list(loaded.vocab), bool(loaded.lowercase), f"init={loaded.source}"
