@@ -5,7 +5,6 @@ The work lives in `bert_repro.lifecycle.evaluation`; this file only hands Hydra'
 (conf/evaluate.yaml) over.
 """
 
-import sys
 from pathlib import Path
 
 import hydra
@@ -25,10 +24,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as exit_:
-        if exit_.code not in (0, None) and not hydra_hooks.composed:
-            for hint in hydra_hooks.unknown_key_hints(sys.argv[1:], CONFIG_DIR, "evaluate"):
-                print(hint, file=sys.stderr)
-        raise
+    hydra_hooks.entry(main, CONFIG_DIR, "evaluate")  # Hydra's compose errors with the hints it leaves out

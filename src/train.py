@@ -4,7 +4,6 @@ Sweeps: `python src/train.py -m task=mrpc optim.lr=5e-5,3e-5,2e-5 optim.epochs=3
 The work lives in `bert_repro.lifecycle.run`; this file only hands Hydra's composed config over.
 """
 
-import sys
 from pathlib import Path
 
 import hydra
@@ -23,11 +22,4 @@ def main(cfg: DictConfig) -> float | None:
 
 
 if __name__ == "__main__":
-    try:
-        main()
-    except SystemExit as exit_:
-        # Hydra printed its compose error: add the keys that do exist (not after a run started)
-        if exit_.code not in (0, None) and not hydra_hooks.composed:
-            for hint in hydra_hooks.unknown_key_hints(sys.argv[1:], CONFIG_DIR):
-                print(hint, file=sys.stderr)
-        raise
+    hydra_hooks.entry(main, CONFIG_DIR, "train")  # Hydra's compose errors with the hints it leaves out

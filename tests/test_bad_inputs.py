@@ -98,6 +98,7 @@ CASES = [
     ("unquoted-non-ascii-path", ["data.corpus=/tmp/café.txt"], None,
      ["the override grammar does not take é unquoted; quote the value", "'data.corpus=\"/tmp/café.txt\"'"]),
     ("negative-seed", ["seed=-1"], None, ["seed=-1: expected a whole number from 0 to 4294967295"]),
+    ("group-set-to-null", ["logger=null"], None, ["logger=null: a group is left out with '~logger'"]),
     # a checkpoint is what it is (identity.py): another task's is not resumed as this one's
     ("resume-another-tasks-checkpoint", [*GLUE, "data.tokenizer=FILES/vocab.txt", "hydra.run.dir=ROOT/rte",
                                          "ckpt_path=ROOT/good/checkpoints/last.ckpt"],

@@ -8,6 +8,7 @@ import hashlib
 import re
 import sys
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -166,6 +167,22 @@ def unwritable(folder: Path) -> str | None:
     except OSError as err:
         return err.strerror
     return None
+
+
+def entry(main: Callable[[], Any], config_dir: Path, config_name: str) -> None:
+    """src/train.py's and src/evaluate.py's ``__main__``: Hydra's ``main``, and where composition fails, the
+    hints its message leaves out."""
+    groups = {d.name for d in config_dir.iterdir() if d.is_dir()}
+    for arg in sys.argv[1:]:  # Hydra answers a group set to null with a raw ValueError traceback
+        if arg.partition("=")[0] in groups and arg.partition("=")[2] == "null":
+            sys.exit(f"{arg}: a group is left out with '~{arg.partition('=')[0]}', not set to null")
+    try:
+        main()
+    except SystemExit as exit_:
+        if exit_.code not in (0, None) and not composed:  # not after a run started
+            for hint in unknown_key_hints(sys.argv[1:], config_dir, config_name):
+                print(hint, file=sys.stderr)
+        raise
 
 
 def unknown_key_hints(overrides: list[str], config_dir: Path, config_name: str = "train") -> list[str]:
