@@ -150,14 +150,9 @@ def records(table: Table, collected: dict[str, list[Row]]) -> list[dict]:
 
 def results_json(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]]) -> dict:
     """Every cell (with its restarts by seed) and every comparison: experiments/results/<table>.json."""
-    def cell(c: Cell) -> dict:
-        return {**{k: v for k, v in asdict(c).items() if k not in ("restarts", "seeds")}, "diff": c.diff,
-                "restarts": asdict(c.restarts) if c.restarts else None,
-                "seeds": {str(k): v for k, v in (c.seeds or {}).items()}}
-
     parts = {part.name: {"title": part.title, "selection": part.selection, "rows": [
-        {"key": row.key, "label": row.label, "checkpoint": row.checkpoint,
-         "cells": {name: cell(c) for name, c in row.cells.items()}} for row in collected[part.name]]}
+        {**asdict(row), "cells": {name: {**asdict(c), "diff": c.diff, "seeds": c.seeds or {}}
+                                  for name, c in row.cells.items()}} for row in collected[part.name]]}
         for part in table.parts}
     return {"table": table.name, "scale": table.scale, "title": table.spec.get("title", table.name),
             "parts": parts, "comparisons": [c for part in table.parts for c in checked.get(part.name, [])]}

@@ -1,14 +1,10 @@
 """Runs a table's sweeps through ``src/train.py -m``, each after the pre-training it starts from.
 
-Every job is first composed as src/train.py composes it and checked as a run checks itself: one wrong job
-stops the table, naming it, before any work. A job is complete when its folder holds a result of the job's
-science as composed now (RunFolder.result_for): after an edit (spec, --set, a config file) exactly the jobs
-whose science changed run again, with every job after a pre-training that runs again; their earlier folders,
-and all that ``--force`` reruns, are moved to ``.stale/`` beside them, never deleted. The table's folder lock
-(and each store pre-training's) keeps a second runner out. A job's state is its result, which src/train.py
-writes for every run it started; the runner's failed.json records only a job its launch never reached. A
-launcher block's ``sweeps_at_once: N`` runs N sweeps side by side, the longest chain of work (the plan's
-FLOPs) first; ``threads: K`` gives each sweep's processes K torch threads.
+Every job is composed and checked first, as src/train.py would; one wrong job stops the table before any work.
+A job is complete when its folder holds a result of its science as composed now (RunFolder.result_for), so a
+relaunch after an edit reruns exactly the changed jobs and those after a pre-training that runs again; their
+earlier folders (and all that --force reruns) move to ``.stale/``, never deleted. Folder locks keep a second
+runner out. A launcher block's ``sweeps_at_once`` and ``threads`` set sweeps side by side and torch threads.
 """
 
 from __future__ import annotations
