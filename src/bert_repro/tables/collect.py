@@ -47,13 +47,6 @@ class Row:
     checkpoint: str
 
 
-def read_results(folder: Path) -> dict:
-    try:
-        return RunFolder(folder).read()
-    except ValueError as err:  # it names the file and what it lacks
-        raise TableError(str(err)) from None
-
-
 def load_reference(path: Path = REFERENCE) -> dict:
     if not path.is_file():
         raise TableError(f"{path} does not exist (the paper's numbers; a copy of "
@@ -112,7 +105,7 @@ def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
     state, reason = job_state(folder)
     if state != "complete":
         return Cell(status=state, reason=reason or f"not run yet ({sweep.name})")
-    results = read_results(folder)
+    results = RunFolder(folder).read()  # checked by job_state
     name = column.get("metric") or column["field"]
     value = results["metrics"]["final"].get(name) if "metric" in column else field(results, name)
     if value is None:
