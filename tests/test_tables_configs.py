@@ -91,7 +91,7 @@ def test_table_config_runs_one_cell_through_hydra_multirun_and_collects_every_ro
         for column in p.columns.values():
             assert f" {column.get('label', '')} |" in md or column.get("label") is None
         labels = [r.get("label", k) for k, r in p.rows.items()] + list(p.paper_rows.values())
-        for label in labels:  # a row, or the line of a row that runs nothing
+        for label in labels:  # a row that runs nothing at this scale is said in a line (render.skipped)
             assert f"| {label} |" in md or f"- Not run: {label}: " in md, (name, label)
         mine = [c for c in cells if c["part"] == p.name]
         assert len(mine) == len(labels) * len(p.columns), (name, p.name)

