@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
+from bert_repro.benchmarks.lengths import measure_lengths
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
-from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, measure_lengths, padded_length
+from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, padded_length
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import run_table
 from bert_repro.tables.spec import TableError, build, load_spec
@@ -331,7 +332,7 @@ def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tm
 def test_the_length_quantiles_in_table_tasks_are_what_the_tasks_data_path_measures(task, shared_data,
                                                                                    minilm_dir):
     """The stored quantiles are a measurement, not a guess: measured again through the task's DataModule and
-    collator (`python -m bert_repro.tables.plan --lengths TASK` prints table_tasks.yaml's line)."""
+    collator (`python -m bert_repro.benchmarks.lengths TASK` prints table_tasks.yaml's line)."""
     stored = load_spec("table1", "smoke")["token_lengths"][task]
     assert measure_lengths(task) == stored
 
