@@ -21,7 +21,7 @@ def rehearsed(tmp_path_factory, shared_data):
 def test_figure4_rehearses_at_budget_scale(rehearsed):
     folder, cells, record = rehearsed
     assert record["divisor"] == 50_000 and record["runs"] == 4 + 2 * 5 * 3
-    assert record["rehearsed_jobs"] == 4 + 2 * 5
+    assert record["rehearsed_jobs"] == 4 + 2 * 5 and record["planned_s"] > 0
     assert all(c["status"] == "ok" for c in cells if c["row"] in ("mlm", "ltr")) and len(cells) >= 10
     mnli = folder / "finetune" / "mlm" / "mnli_k200k"
     jobs = sorted(p.name for p in mnli.iterdir() if p.is_dir())

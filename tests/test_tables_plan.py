@@ -11,10 +11,11 @@ import time
 import numpy as np
 import pytest
 
+from bert_repro.benchmarks.lengths import measure_lengths
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
-from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, measure_lengths, padded_length
+from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, padded_length
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import composing_jobs, job_config, run_table
 from bert_repro.tables.spec import TableError, build, load_spec
@@ -334,6 +335,40 @@ def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tm
 def test_the_length_quantiles_in_table_tasks_are_what_the_tasks_data_path_measures(task, shared_data,
                                                                                    minilm_dir):
     """The stored quantiles are a measurement, not a guess: measured again through the task's DataModule and
-    collator (`python -m bert_repro.tables.plan --lengths TASK` prints table_tasks.yaml's line)."""
+    collator (`python -m bert_repro.benchmarks.lengths TASK` prints table_tasks.yaml's line)."""
     stored = load_spec("table1", "smoke")["token_lengths"][task]
     assert measure_lengths(task) == stored
+
+
+def test_a_rehearsal_states_its_planned_wall_time_before_it_runs(tmp_path, monkeypatch, capsys):
+    """The plan's cost model on this CPU: each job's FLOPs at the measured rate, and the start-up (a process a
+    sweep) and set-up (a job) an earlier rehearsal measured; printed before the first run starts."""
+    from bert_repro.tables import rehearse as rehearsal
+
+    earlier = tmp_path / "rehearsal" / "table5" / "paper"
+    earlier.mkdir(parents=True)
+    fixed = {"finetune: squad_v1": {"sweep": "finetune/x/squad_v1", "startup_s": 30.0, "setup_s": 5.0}}
+    (earlier / "rehearsal.json").write_text(json.dumps({"calibration": {"fixed": fixed}}))
+    monkeypatch.setattr(rehearsal, "cpu_speed", lambda: {"peak_flops": 1e10, "mfu": 0.1})
+    priced = []
+    monkeypatch.setattr(rehearsal, "compute_seconds",
+                        lambda small, rate: priced.append(planning_compute(small, rate)) or priced[-1])
+
+    def run_table(small, launcher, force):  # the statement is out before the runner starts
+        raise KeyboardInterrupt(capsys.readouterr().out)
+
+    monkeypatch.setattr(rehearsal, "run_table", run_table)
+    with pytest.raises(KeyboardInterrupt) as stopped:
+        rehearsal.rehearse(build("table2", "budget", tmp_path, {"*": "/ckpt/given"}), tmp_path, tmp_path)
+    compute = priced[0]
+    assert len(compute) == 2 and all(s > 0 for s in compute.values())  # 2 rows x the grid's first seed
+    planned = sum(compute.values()) + 2 * 30 + 2 * 5  # two sweeps of one job each
+    said = str(stopped.value)
+    assert f"2 of 6 planned runs (first grid), steps / 1; planned {planned:.0f} s on this CPU" in said
+    assert "at 1.0 GFLOP/s, start-up and set-up as last measured" in said
+
+
+def planning_compute(small, rate):
+    from bert_repro.tables.calibrate import compute_seconds
+
+    return compute_seconds(small, rate)

@@ -1,6 +1,5 @@
-"""Hydra's composition of conf/ for the tables, cached once a process: table specs (spec.load_spec) and the
-configs src/train.py composes for a table's runs (spec.build, schedule.schedule_of, plan). Below both spec and
-schedule, which each compose runs."""
+"""Hydra's composition of conf/ for the tables, cached: table specs (spec.load_spec) and the configs
+src/train.py composes for a table's runs (spec.build, schedule.schedule_of, plan, runner)."""
 
 from __future__ import annotations
 
@@ -27,10 +26,9 @@ CACHE = REPO / ".cache" / "compositions"
 
 
 def compose_once(config: str, args: list[str]):
-    """conf/<config>.yaml composed with ``args`` (Hydra initialised by the caller: ``composing``), once a
-    process, and kept on disk under .cache/compositions/ keyed by the config tree's files: build, plan and
-    rehearse compose the same runs again and again (a composition is ~0.5 s). Read-only, so no caller changes
-    what another reads."""
+    """conf/<config>.yaml composed with ``args`` (inside ``composing``), read-only, once a process and kept
+    under .cache/compositions/ keyed by conf/'s files: build, plan and rehearse compose the same runs again
+    and again, at ~0.5 s a composition."""
     key = (str(CONF_DIR), config, *args)
     if key not in _COMPOSED:
         digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
@@ -51,18 +49,23 @@ def compose_once(config: str, args: list[str]):
 
 @functools.cache
 def _tree() -> str:
-    """A digest of every file of conf/: a composition cached on disk is read back only for the same tree."""
+    """A digest of every file of conf/: a cached composition is read back only for the same tree."""
     digest = hashlib.sha256()
     for path in sorted(CONF_DIR.rglob("*.yaml")):
         digest.update(str(path.relative_to(CONF_DIR)).encode() + b"\0" + path.read_bytes())
     return digest.hexdigest()
 
 
+def _chooses(override) -> bool:
+    """Hydra's test (hydra._internal.defaults_list): an override of a config group chooses a config."""
+    repo = GlobalHydra.instance().config_loader().repository
+    return repo.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
+
+
 def compose_run(args: list[str]):
-    """conf/train.yaml composed with a run's ``args`` (Hydra initialised by the caller), read-only: Hydra's
-    own two steps, split where Hydra splits them, so runs that choose the same configs share the first. The
-    overrides that choose configs (Hydra's test: the key names a config group) build the defaults list,
-    once for all runs that share them; the rest are then set on it by Hydra's own function (as compose)."""
+    """conf/train.yaml composed with a run's ``args``, read-only, in Hydra's own two steps: the overrides that
+    choose configs build the defaults list (once for all runs that share them), then Hydra's own function sets
+    the rest on it, as compose does."""
     parsed = OverridesParser.create().parse_overrides(list(args))
     chooses = [o for o in parsed if _chooses(o)]
     base = compose_once("train", [o.input_line for o in chooses])
@@ -76,16 +79,10 @@ def compose_run(args: list[str]):
     return cfg
 
 
-def _chooses(override) -> bool:
-    """Hydra's test (hydra._internal.defaults_list): an override of a config group chooses a config."""
-    repo = GlobalHydra.instance().config_loader().repository
-    return repo.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
-
-
 def compose_job(fixed: list[str], swept: list[str], copies: dict):
-    """A sweep's job: compose_run(fixed + swept), but the jobs of one sweep set the same keys, so each
-    job's values are set over the last job's on one copy of the sweep's config (``copies``), read before the
-    next job's. A grid that chooses configs composes each job."""
+    """compose_run(fixed + swept), but a sweep's jobs set the same keys, so each job's values are set over
+    the last job's on one copy of the sweep's config (``copies``), read before the next job's. A grid that
+    chooses configs composes each job."""
     parsed = OverridesParser.create().parse_overrides(list(swept))
     if any(map(_chooses, parsed)):
         return compose_run(fixed + swept)
@@ -99,7 +96,7 @@ def compose_job(fixed: list[str], swept: list[str], copies: dict):
 
 @contextmanager
 def composing():
-    """Hydra over conf/, for compose(): table specs and the runs' configs (cleared after)."""
+    """Hydra over conf/ for compose(), cleared after."""
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

