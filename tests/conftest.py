@@ -51,10 +51,9 @@ if os.environ.get("PYTEST_XDIST_WORKER"):
     torch.set_num_threads(1)
 
 
-# The two rehearsals are the suite's longest files, one test each (Table 5's: 340 s alone on one AMD EPYC
-# core). xdist's default order (the files with the most tests first) handed them out last, and one ran alone
-# at the end for minutes; `make test` keeps the collection order (--no-loadscope-reorder): one starts on each
-# worker.
+# The two rehearsals are the suite's longest files, one test each (minutes on one core). xdist's default
+# order (the files with the most tests first) handed them out last, and one ran alone at the end for minutes;
+# `make test` keeps the collection order (--no-loadscope-reorder): one starts on each worker.
 # test_slurm.py next: minutes of SLURM jobs (tools/slurm) that must not start last
 LONGEST_FIRST = ("test_rehearse_table5.py", "test_rehearse_figure4.py", "test_slurm.py")
 
