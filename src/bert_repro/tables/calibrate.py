@@ -7,11 +7,11 @@ read). Those sweeps are left out of ``held_out``: the runs priced only from numb
 
 from __future__ import annotations
 
-import json
 import os
 import time
 from pathlib import Path
 
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.tables import TableError
 from bert_repro.tables.plan import plan_work
 from bert_repro.tables.spec import Sweep, Table
@@ -83,8 +83,7 @@ def calibrate(small: Table, summary: list[dict], speed: dict, compute: dict[str,
         line = walls.get(sweep.name)
         if not line or line["skipped"] or line["failed"] or not line["complete"]:
             continue  # only what ran here, whole
-        jobs = {f"{sweep.name}/{f.name}": json.loads((f / "results.json").read_text())["wall_time_s"]
-                for _, f in sweep.jobs()}
+        jobs = {f"{sweep.name}/{f.name}": RunFolder(f).read()["wall_time_s"] for _, f in sweep.jobs()}
         sweeps.append((sweep.name, sweep.stage, _kind(sweep), line["wall_s"] - sum(jobs.values()), jobs))
     fixed: dict[str, dict] = {}
     for kind in dict.fromkeys(s[2] for s in sweeps):
