@@ -12,7 +12,6 @@ as MosaicBERT and the MLPerf BERT reference report MFU).
 
 from __future__ import annotations
 
-import functools
 import time
 from collections.abc import Callable
 from typing import TYPE_CHECKING
@@ -107,15 +106,6 @@ def matmul_probe(device: str | torch.device = "cpu", n: int = 1024, reps: int = 
 def measured_peak_flops(device: str | torch.device = "cpu", n: int = 1024, reps: int = 4,
                         dtype: torch.dtype | None = None, trials: int = 3) -> float:
     """The best of ``trials`` matmul probes: a peak, so a trial that a noisy machine slowed does not lower
-    it. Once per process and torch thread count: a sweep's restarts share it (a probe is 13 GEMMs of 2
-    GFLOP: a third of a CPU-second, more than some smoke runs' steps)."""
-    import torch
-
-    return _measured_peak(str(device), n, reps, dtype, trials, torch.get_num_threads())
-
-
-@functools.cache
-def _measured_peak(device: str, n: int, reps: int, dtype: torch.dtype | None, trials: int,
-                   threads: int) -> float:
+    it."""
     probe = matmul_probe(device, n, reps, dtype)
     return max(probe() for _ in range(trials))
