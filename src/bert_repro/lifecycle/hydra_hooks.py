@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import atexit
 import difflib
+import functools
 import hashlib
 import re
 import sys
@@ -41,15 +42,21 @@ def _spelled(value: Any) -> str | None:
     return text if VALUE.fullmatch(text) and ".." not in text else None
 
 
+@functools.cache
+def parse_override(text: str):
+    """Hydra's parse of one override, once a process: a table's thousands of jobs repeat a few dozen values,
+    and Hydra's grammar takes milliseconds an override."""
+    return OverridesParser.create().parse_override(text)
+
+
 def run_name(overrides: list[str], exclude: list[str] | tuple[str, ...] = ()) -> str:
     """A run's folder name from its command alone (never the clock): its science overrides (``keys``) less
     ``exclude`` (hydra.job.config.override_dirname.exclude_keys: a table's fixed keys, which its sweep folder
     already says), as ``key-value`` joined by "+" in sorted order (``optim.epochs-3+optim.lr-5e-05``),
     "default" when there are none. Path-valued ones, and any the spelling cannot hold, go into a hash
     (``+hash-1a2b3c4d``), so init=A and init=B do not share a folder and no value nests or leaves it."""
-    parsed = OverridesParser.create().parse_overrides(list(overrides))
     named, hashed = [], []
-    for o in parsed:
+    for o in map(parse_override, overrides):
         key = o.key_or_group
         if not is_science(key) or key in exclude:
             continue
