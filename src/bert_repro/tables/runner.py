@@ -188,7 +188,7 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
     todo: dict[str, list] = {}
     moves: list[tuple[Path, str]] = []
     with composing_jobs():
-        configs = {f: job_config(s, swept, table_root(table)) for s in table.sweeps.values() if s.skip is None
+        configs = {f: job_config(s, swept, table.root) for s in table.sweeps.values() if s.skip is None
                    for swept, f in s.jobs()}
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
@@ -227,14 +227,7 @@ def sweep_costs(plan: dict) -> dict[str, float]:
 
 
 def failed_jobs(table: Table) -> list[str]:
-    return [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
-            if job_state(f)[0] == "failed"]
-
-
-def table_root(table: Table) -> Path:
-    """``<runs>/<table>/<scale>``: where its fine-tuning sweeps are (spec.build)."""
-    return next((s.folder.parents[2] for s in table.sweeps.values() if s.stage == "finetune"),
-                next(iter(table.sweeps.values())).folder)
+    return [name for name, folder in table.jobs().items() if job_state(folder)[0] == "failed"]
 
 
 def _hold(table: Table, todo: dict) -> ExitStack:
@@ -242,8 +235,8 @@ def _hold(table: Table, todo: dict) -> ExitStack:
     a --force among them, is refused), once no live process sweeps into or holds the folders to run."""
     stack = ExitStack()
     try:
-        for folder in sorted({table_root(table)} | {s.folder for s in table.sweeps.values()
-                                                    if s.stage == "pretrain" and s.phase != 1}):
+        for folder in sorted({table.root} | {s.folder for s in table.sweeps.values()
+                                             if s.stage == "pretrain" and s.phase != 1}):
             stack.enter_context(RunFolderLock(folder))
     except FolderInUse as err:
         stack.close()
@@ -315,8 +308,7 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         except Interrupted:
             if watchdog.said is None:
                 raise
-            left = [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
-                    if job_state(f)[0] != "complete"]
+            left = [name for name, folder in table.jobs().items() if job_state(folder)[0] != "complete"]
             raise TableError(f"the SLURM controller stopped answering for {SILENT_S:.0f} s (scontrol ping: "
                              f"{watchdog.said}); still queued or running: {', '.join(left)}. Jobs already "
                              "submitted stay with SLURM; when it answers again, the same command resumes the "
@@ -334,7 +326,7 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
             plan = make_plan(table)
         chain = critical_path(table, sweep_costs(plan))
         order.sort(key=lambda name: -chain[name])
-    jobs = {f"{s.name}/{folder.name}": folder for s in table.sweeps.values() for _, folder in s.jobs()}
+    jobs = table.jobs()
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
     progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
                              kinds={jobs[r["name"]]: r["kind"] for r in planned})
