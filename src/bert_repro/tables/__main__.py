@@ -68,12 +68,9 @@ def main(argv: list[str] | None = None) -> int:
 def guarded(work, *args) -> int:
     try:
         return work(*args)
-    except TableError as err:
+    except (TableError, Interrupted) as err:  # Interrupted: the runs were stopped first, each checkpointed
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    except Interrupted as err:  # the children were stopped first (runner.py), each saving a checkpoint
-        print(f"error: {err}", file=sys.stderr)
-        return 128 + err.signum  # as a shell reports a process the signal ended
+        return 128 + err.signum if isinstance(err, Interrupted) else 2  # as a shell reports a signal's end
 
 
 def table(args: argparse.Namespace, name: str):

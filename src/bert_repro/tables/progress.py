@@ -1,12 +1,12 @@
 """Progress over a table's jobs, read from their folders (done: a result or the runner's failure record), so
 it counts the jobs a multirun finishes one by one: one line each time the count or the running sweeps change,
-with an ETA, and the running runs' own progress lines (step, tokens/s, ETA, Dev) from their launch logs."""
+with an ETA, and the running runs' own progress lines (step, tokens/s, ETA, Dev) from their launch logs. The
+runner refreshes it every ``every_s``, and as sweeps start and end."""
 
 from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TextIO
@@ -33,8 +33,6 @@ class TableProgress:
         self.start = time.time()
         self.before = {f for f in folders if self._done(f)}  # done before this launch: not in the ETA
         self._last: tuple | None = None
-        self._stop, self._lock = threading.Event(), threading.RLock()  # sweeps start and end in threads
-        self._thread = threading.Thread(target=self._poll, daemon=True)
 
     @staticmethod
     def _done(folder: Path) -> bool:
@@ -84,38 +82,27 @@ class TableProgress:
                     print(f"  {line.split(PASSED, 1)[1]}", file=self.stream, flush=True)
 
     def refresh(self, current: str | None = None) -> None:
-        with self._lock:
-            current = current or ", ".join(self.running)
-            done, total, eta = self.line()
-            self._pass_on()
-            if (done, current) != self._last:
-                print(f"[{done}/{total} jobs] running {current or '-'}; ETA {eta}", file=self.stream,
-                      flush=True)
-            self._last = (done, current)
+        current = current or ", ".join(self.running)
+        done, total, eta = self.line()
+        self._pass_on()
+        if (done, current) != self._last:
+            print(f"[{done}/{total} jobs] running {current or '-'}; ETA {eta}", file=self.stream, flush=True)
+        self._last = (done, current)
 
     def started(self, name: str, log: Path | None = None) -> None:
-        with self._lock:
-            if log is not None:
-                self.logs[name] = (log, log.stat().st_size if log.is_file() else 0)
-            self.running.append(name)
-            self.refresh()
+        if log is not None:
+            self.logs[name] = (log, log.stat().st_size if log.is_file() else 0)
+        self.running.append(name)
+        self.refresh()
 
     def finished(self, name: str) -> None:
-        with self._lock:
-            self._pass_on()
-            self.logs.pop(name, None)
-            self.running.remove(name)
-            self.refresh()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.refresh()
+        self._pass_on()
+        self.logs.pop(name, None)
+        self.running.remove(name)
+        self.refresh()
 
     def __enter__(self) -> TableProgress:
-        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
         self.refresh("done" if exc[0] is None else "stopped")  # an interrupt or an error ended it

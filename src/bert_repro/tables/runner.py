@@ -140,16 +140,13 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         return code, out.read()
 
 
-def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] | None = None,
-              dry_run: bool = False) -> dict[str, int]:
+def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] | None = None
+              ) -> dict[str, int]:
     """Launch ``todo`` (default: the jobs without a complete result); counts of skipped, complete, failed."""
     jobs = sweep.jobs()
     todo = [(s, f) for s, f in jobs if job_state(f)[0] != "complete"] if todo is None else todo
     counts = {"skipped": len(jobs) - len(todo), "complete": 0, "failed": 0}
-    whole = len(todo) == len(jobs)  # the whole grid in one multirun (the launcher may spread it)
-    if not todo or dry_run:
-        if todo:
-            _launch(sweep, sweep.params_args() if whole else todo[0][0], launcher, True)
+    if not todo:
         return counts
     reason = sweep.skip
     if reason is None and sweep.needs is not None:
@@ -164,6 +161,7 @@ def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] |
             RunFolder(folder).fail(reason)
     if reason is not None:
         return {**counts, "failed": len(todo)}
+    whole = len(todo) == len(jobs)  # the whole grid in one multirun (the launcher may spread it)
     launches = [(sweep.params_args(), todo)] if whole else [(s, [(s, f)]) for s, f in todo]
     while launches:
         swept, members = launches.pop(0)
@@ -290,9 +288,10 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
     if at_once < 1:
         raise TableError(f"launcher sweeps_at_once={at_once}: expected 1 or more")
     todo, moves = plan_jobs(table, force)
-    if dry_run:
-        for name, sweep in table.sweeps.items():
-            run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[name], dry_run=True)
+    if dry_run:  # each sweep's multirun, or the first of its jobs left
+        for name, sweep in ((n, s) for n, s in table.sweeps.items() if todo[n]):
+            swept = sweep.params_args() if len(todo[name]) == len(sweep.jobs()) else todo[name][0][0]
+            _launch(sweep, swept, stage_launcher(launcher, sweep.stage), dry_run=True)
         return []
     watchdog = Watchdog()
     with _hold(table, todo):
@@ -330,37 +329,34 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
     progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
                              kinds={jobs[r["name"]]: r["kind"] for r in planned})
-    lines: dict[str, dict] = {}
+    lines: dict[str, dict] = {}  # by sweep, once it ended
 
-    def one(sweep: Sweep) -> None:
+    def one(sweep: Sweep) -> dict:
         start = time.time()
-        progress.started(sweep.name, sweep.folder / LOG)
-        try:
-            counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[sweep.name])
-        finally:
-            progress.finished(sweep.name)
-        lines[sweep.name] = {"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)}
+        counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[sweep.name])
         log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
                  counts["complete"], counts["failed"], time.time() - start)
+        return {"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)}
 
     if any(todo.values()):
         warm.prestart()  # the first sweep then starts as the others do (and a rehearsal measures that)
     # SIGTERM / SIGINT stop the children, each saving a checkpoint; the sweeps then end with Interrupted
     with CHILDREN.handling_signals(), progress, ThreadPoolExecutor(at_once) as pool:
         running: dict = {}
-        ended: set[str] = set()
         while order or running:
-            ready = [n for n in order if table.sweeps[n].needs is None or table.sweeps[n].needs.name in ended]
+            ready = [n for n in order if table.sweeps[n].needs is None or table.sweeps[n].needs.name in lines]
             for name in ready[:at_once - len(running)]:
                 order.remove(name)
+                progress.started(name, table.sweeps[name].folder / LOG)
                 running[pool.submit(one, table.sweeps[name])] = name
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, progress.every_s, FIRST_COMPLETED)
             for future in done:
-                ended.add(name := running.pop(future))
+                progress.finished(name := running.pop(future))
                 try:
-                    future.result()  # a TableError (a malformed result) stops the table
+                    lines[name] = future.result()  # a TableError (a malformed result) stops the table
                 except Interrupted as stop:  # leaving the pool waits for the other sweeps' children to stop
                     raise Interrupted(stop.signum, [name, *running.values()]) from None
+            progress.refresh()
         if CHILDREN.signum is not None:  # the signal came as the last sweep ended
             raise Interrupted(CHILDREN.signum)
     return [lines[name] for name in table.sweeps if name in lines]
