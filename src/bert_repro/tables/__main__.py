@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(make tables) are planned together, each shared pre-training once, and run in turn")
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
     parser.add_argument("--force", action="store_true",
-                        help="re-run complete runs too, moving earlier attempts' run folders aside first")
+                        help="re-run complete runs too, setting their earlier results aside first")
     parser.add_argument("--init", action="append", default=[],
                         help="external checkpoint(s): PATH or KEY=PATH,...")
     parser.add_argument("--launcher", default="local", choices=("local", "joblib", "slurm"),
