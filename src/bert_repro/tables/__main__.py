@@ -105,10 +105,9 @@ def one_table(args: argparse.Namespace, name: str) -> int:
         summary = run_table(spec, launcher, force=args.force, dry_run=args.dry_run, plan=plan)
         if args.dry_run:
             return 0
-        folder = args.runs_dir / name / args.scale
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
-                                                         "sweeps": summary}, indent=2) + "\n")
+        spec.root.mkdir(parents=True, exist_ok=True)
+        (spec.root / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
+                                                            "sweeps": summary}, indent=2) + "\n")
     collected = collect(spec, reference)
     written = write_all(spec, collected, reference, results_dir)
     if (args.logger or spec.spec.get("logger")) == "wandb":  # the table itself too, beside its runs
