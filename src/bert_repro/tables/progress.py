@@ -1,14 +1,12 @@
 """Progress over a table's jobs, read from their folders (done: a result or the runner's failure record), so
-it counts the jobs a multirun finishes one by one: done / total, the sweeps running, and an ETA that weighs
-each job by the plan's FLOPs at its kind's (pretrain, finetune) seconds per FLOP, read from its finished
-jobs' ``wall_time_s``. rich draws it on a terminal; elsewhere one line each time the count or the running
-sweeps change, with the running runs' own progress lines (step, tokens/s, ETA, Dev) from the launch logs."""
+it counts the jobs a multirun finishes one by one: one line each time the count or the running sweeps change,
+with an ETA, and the running runs' own progress lines (step, tokens/s, ETA, Dev) from their launch logs. The
+runner refreshes it every ``every_s``, and as sweeps start and end."""
 
 from __future__ import annotations
 
 import json
 import sys
-import threading
 import time
 from pathlib import Path
 from typing import TextIO
@@ -25,34 +23,20 @@ def _duration(seconds: float) -> str:
 
 class TableProgress:
     def __init__(self, folders: list[Path], stream: TextIO | None = None, every_s: float = 5.0,
-                 force: bool = False, weights: dict[Path, float] | None = None,
-                 kinds: dict[Path, str] | None = None):
+                 weights: dict[Path, float] | None = None, kinds: dict[Path, str] | None = None):
         self.folders, self.stream, self.every_s = folders, stream or sys.stderr, every_s
-        self.weights = {f: (weights or {}).get(f, 1.0) for f in folders}  # a job's share of the work
+        self.weights = {f: (weights or {}).get(f, 1.0) for f in folders}  # a job's share of the work: FLOPs
         self.kinds = {f: (kinds or {}).get(f, "") for f in folders}
         self._walls: dict[Path, float | None] = {}  # a finished job's own wall_time_s, read once
         self.running: list[str] = []  # the sweeps running now, in the order they started
         self.logs: dict[str, tuple[Path, int]] = {}  # a running sweep's launch log, and how far it was read
         self.start = time.time()
-        self.since = self.start if force else None  # with --force, only what this launch writes is done
         self.before = {f for f in folders if self._done(f)}  # done before this launch: not in the ETA
         self._last: tuple | None = None
-        self._stop, self._lock = threading.Event(), threading.RLock()  # sweeps start and end in threads
-        self._thread = threading.Thread(target=self._poll, daemon=True)
-        self._rich = None
-        if self.stream.isatty():
-            from rich.console import Console
-            from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 
-            self._rich = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(),
-                                  TimeElapsedColumn(), TextColumn("ETA {task.fields[eta]}"),
-                                  console=Console(file=self.stream))
-            self._task = self._rich.add_task("table", total=len(folders), eta="?")
-
-    def _done(self, folder: Path) -> bool:
-        run = RunFolder(folder)
-        return any(f.is_file() and (self.since is None or f.stat().st_mtime >= self.since)
-                   for f in (run.results, run.failed))
+    @staticmethod
+    def _done(folder: Path) -> bool:
+        return RunFolder(folder).results.is_file() or RunFolder(folder).failed.is_file()
 
     def _wall(self, folder: Path) -> float | None:
         if folder not in self._walls:
@@ -63,17 +47,17 @@ class TableProgress:
         return self._walls[folder]
 
     def line(self) -> tuple[int, int, str]:
-        """(done, total, ETA): the work left at the rate of the work finished in this launch. A job's work is
-        its weight in seconds of its kind (of all finished jobs while none of its kind has finished)."""
+        """(done, total, ETA): the work left at the rate of the work finished in this launch, a job's work its
+        weight at the seconds per weight of its kind's finished jobs (of all, while none of its kind is)."""
         done = {f for f in self.folders if self._done(f)}
-        timed = [(f, w) for f in done - self.before if (w := self._wall(f)) is not None and self.weights[f]]
+        timed = {f: w for f in done - self.before if (w := self._wall(f)) is not None and self.weights[f]}
         cost = self.weights
         if timed:
             def rate(kind: str | None) -> float:  # seconds per weight of a kind's finished jobs (None: all)
-                jobs = [(f, w) for f, w in timed if kind in (None, self.kinds[f])]
-                return sum(w for _, w in jobs) / sum(self.weights[f] for f, _ in jobs)
+                jobs = [f for f in timed if kind in (None, self.kinds[f])]
+                return sum(timed[f] for f in jobs) / sum(self.weights[f] for f in jobs)
 
-            kinds = {self.kinds[f] for f, _ in timed}
+            kinds = {self.kinds[f] for f in timed}
             cost = {f: self.weights[f] * rate(self.kinds[f] if self.kinds[f] in kinds else None)
                     for f in self.folders}
         ran = sum(cost[f] for f in done - self.before)
@@ -83,7 +67,7 @@ class TableProgress:
         return len(done), len(self.folders), eta
 
     def _pass_on(self) -> None:
-        """The running runs' progress lines written since the last look (plain output only)."""
+        """The running runs' progress lines written since the last look."""
         for name, (path, seen) in list(self.logs.items()):
             try:
                 with path.open("rb") as f:
@@ -98,45 +82,27 @@ class TableProgress:
                     print(f"  {line.split(PASSED, 1)[1]}", file=self.stream, flush=True)
 
     def refresh(self, current: str | None = None) -> None:
-        with self._lock:
-            current = current or ", ".join(self.running)
-            done, total, eta = self.line()
-            if self._rich is not None:
-                self._rich.update(self._task, completed=done, description=current, eta=eta)
-                return
-            self._pass_on()
-            if (done, current) != self._last:
-                print(f"[{done}/{total} jobs] running {current or '-'}; ETA {eta}", file=self.stream,
-                      flush=True)
-            self._last = (done, current)
+        current = current or ", ".join(self.running)
+        done, total, eta = self.line()
+        self._pass_on()
+        if (done, current) != self._last:
+            print(f"[{done}/{total} jobs] running {current or '-'}; ETA {eta}", file=self.stream, flush=True)
+        self._last = (done, current)
 
     def started(self, name: str, log: Path | None = None) -> None:
-        with self._lock:
-            if log is not None:
-                self.logs[name] = (log, log.stat().st_size if log.is_file() else 0)
-            self.running.append(name)
-            self.refresh()
+        if log is not None:
+            self.logs[name] = (log, log.stat().st_size if log.is_file() else 0)
+        self.running.append(name)
+        self.refresh()
 
     def finished(self, name: str) -> None:
-        with self._lock:
-            self._pass_on()
-            self.logs.pop(name, None)
-            self.running.remove(name)
-            self.refresh()
-
-    def _poll(self) -> None:
-        while not self._stop.wait(self.every_s):
-            self.refresh()
+        self._pass_on()
+        self.logs.pop(name, None)
+        self.running.remove(name)
+        self.refresh()
 
     def __enter__(self) -> TableProgress:
-        if self._rich is not None:
-            self._rich.start()
-        self._thread.start()
         return self
 
     def __exit__(self, *exc) -> None:
-        self._stop.set()
-        self._thread.join()
         self.refresh("done" if exc[0] is None else "stopped")  # an interrupt or an error ended it
-        if self._rich is not None:
-            self._rich.stop()

@@ -3,13 +3,13 @@
 Every job is composed and checked first, as src/train.py would; one wrong job stops the table before any work.
 A job is complete when its folder holds a result of its science as composed now (RunFolder.result_for), so a
 relaunch after an edit reruns exactly the changed jobs and those after a pre-training that runs again; their
-earlier folders (and all that --force reruns) move to ``.stale/``, never deleted. Folder locks keep a second
-runner out. A launcher block's ``sweeps_at_once`` and ``threads`` set sweeps side by side and torch threads.
+earlier results (and all that --force reruns) are set aside in their folders (RunFolder.set_aside), never
+deleted. Folder locks keep a second runner out. A launcher block's ``sweeps_at_once`` and ``threads`` set
+sweeps side by side and torch threads.
 """
 
 from __future__ import annotations
 
-import json
 import logging
 import os
 import re
@@ -18,11 +18,11 @@ import subprocess
 import sys
 import threading
 import time
+from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager
 from pathlib import Path
 
-import yaml
 from hydra import compose
 from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
@@ -31,7 +31,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.lifecycle import warm
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError, validate
-from bert_repro.lifecycle.folder import RunFolder, differences
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
@@ -50,23 +50,11 @@ PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is nam
 
 
 def job_state(folder: Path) -> tuple[str, str | None]:
-    """(complete | failed | missing, reason): its result, else the runner's failure record, else a folder of
-    a run that stopped before its record (a relaunch resumes it)."""
-    run = RunFolder(folder)
-    if run.results.is_file():
-        try:
-            record = run.read()
-        except ValueError as err:  # names the file and what it lacks
-            raise TableError(str(err)) from None
-        if record["status"] == "complete":
-            return "complete", None
-        return "failed", record.get("reason") or f"run ended with status {record['status']!r}"
-    if run.failed.is_file():
-        try:
-            return "failed", json.loads(run.failed.read_text())["reason"]
-        except (ValueError, KeyError, TypeError):
-            return "failed", f"{run.failed} is damaged (not the runner's record): a relaunch reruns the job"
-    return ("failed", "no result (the run stopped early)") if run.hydra.is_dir() else ("missing", None)
+    """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it."""
+    try:
+        return RunFolder(folder).state()
+    except ValueError as err:
+        raise TableError(str(err)) from None
 
 
 @contextmanager
@@ -104,63 +92,21 @@ def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
 
 def launch_error(output: str) -> str:
     """What a failed launch's output says went wrong: the error src/train.py logged before stopping the whole
-    sweep (checks.SweepUsageError), else Hydra's compose error or the exception."""
+    sweep (checks.SweepUsageError), else the exception, else Hydra's compose error."""
     logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
     if logged:
         return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
-    lines = [line.strip() for line in output.splitlines() if line.strip()
-             and not re.match(r"^\[\d{4}-\d\d-\d\d ", line.strip()) and not line.strip().startswith(NOISE)]
-    if "Error executing job" in output or "Traceback" in output:
-        return lines[-1] if lines else "the run failed"
-    return lines[0] if lines else "the run failed without output"
+    lines = [s for line in output.splitlines() if (s := line.strip())
+             and not re.match(r"^\[\d{4}-\d\d-\d\d ", s) and not s.startswith(NOISE)]
+    crashed = "Error executing job" in output or "Traceback" in output
+    return (lines[-1] if crashed else lines[0]) if lines else "the run failed without output"
 
 
 def unrecorded(code: int, output: str) -> str:
-    """Why a launch left a job without a result: it never reached the job, or a signal killed it first."""
+    """Why a launch left a job without a result: a signal killed it, it failed, or it never reached it."""
     if code < 0:
         return f"the run was killed by {signal.Signals(-code).name} before writing its result"
     return launch_error(output) if code else "the launcher ran no job here"
-
-
-def mark_failed(folder: Path, reason: str, output: str = "") -> None:
-    folder.mkdir(parents=True, exist_ok=True)
-    RunFolder(folder).failed.write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}) + "\n")
-
-
-def resumes_itself(folder: Path) -> bool:
-    """A rerun in ``folder`` continues from its own last checkpoint (its command has ckpt_path=last)."""
-    config = RunFolder(folder).hydra / "config.yaml"
-    return config.is_file() and (yaml.safe_load(config.read_text()) or {}).get("ckpt_path") == "last"
-
-
-def _in_the_way(folder: Path, config: dict, why: str | None) -> str | None:
-    """Why an earlier attempt's folder must make way for this job (``why``: --force, its pre-training runs
-    again), or None when the run resumes it (its own failed or stopped attempt)."""
-    run = RunFolder(folder)
-    if not folder.is_dir() or why is None and not run.results.is_file() and not run.hydra.is_dir():
-        return None
-    try:
-        record = run.read() if run.results.is_file() else {}
-    except ValueError as err:
-        return f"its result is damaged ({err})"
-    if changed := "; ".join(differences(record.get("config"), config)[:4]) if record else "":
-        return changed
-    held = run.checkpoints.is_dir() and any(run.checkpoints.iterdir())
-    if why is None and held and not resumes_itself(folder):
-        return "it holds checkpoints of an attempt that a rerun would not resume (ckpt_path is not last)"
-    return why
-
-
-def move_aside(folder: Path, why: str) -> Path:
-    """``folder`` out of the table's way, kept: ``<parent>/.stale/<name>.<n>``."""
-    n = 1
-    while (kept := folder.parent / ".stale" / f"{folder.name}.{n}").exists():
-        n += 1
-    kept.parent.mkdir(parents=True, exist_ok=True)
-    with RunFolderLock(folder):  # no run may start into it meanwhile
-        folder.rename(kept)
-    print(f"{folder}: {why}; moved to {kept} (kept), to run again", flush=True)
-    return kept
 
 
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
@@ -194,16 +140,13 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         return code, out.read()
 
 
-def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] | None = None,
-              dry_run: bool = False) -> dict[str, int]:
+def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] | None = None
+              ) -> dict[str, int]:
     """Launch ``todo`` (default: the jobs without a complete result); counts of skipped, complete, failed."""
     jobs = sweep.jobs()
     todo = [(s, f) for s, f in jobs if job_state(f)[0] != "complete"] if todo is None else todo
     counts = {"skipped": len(jobs) - len(todo), "complete": 0, "failed": 0}
-    whole = len(todo) == len(jobs)  # the whole grid in one multirun (the launcher may spread it)
-    if not todo or dry_run:
-        if todo:
-            _launch(sweep, sweep.params_args() if whole else todo[0][0], launcher, True)
+    if not todo:
         return counts
     reason = sweep.skip
     if reason is None and sweep.needs is not None:
@@ -215,40 +158,43 @@ def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] |
     for _, folder in todo:
         RunFolder(folder).failed.unlink(missing_ok=True)  # the verdict this launch replaces
         if reason is not None:
-            mark_failed(folder, reason)
+            RunFolder(folder).fail(reason)
     if reason is not None:
         return {**counts, "failed": len(todo)}
-    for swept, members in [(sweep.params_args(), todo)] if whole else [(s, [(s, f)]) for s, f in todo]:
+    whole = len(todo) == len(jobs)  # the whole grid in one multirun (the launcher may spread it)
+    launches = [(sweep.params_args(), todo)] if whole else [(s, [(s, f)]) for s, f in todo]
+    while launches:
+        swept, members = launches.pop(0)
         code, output = _launch(sweep, swept, launcher)
         unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
-        if code != 0 and len(members) > 1 and len(unreached) < len(members):  # stopped at a failed job
-            for s, f in unreached:
-                code_one, out_one = _launch(sweep, s, launcher)
-                if not RunFolder(f).results.is_file():
-                    mark_failed(f, unrecorded(code_one, out_one), out_one)
+        if code != 0 and 0 < len(unreached) < len(members):  # stopped at a failed job: the rest one by one
+            launches += [(s, [(s, f)]) for s, f in unreached]
+            members = [m for m in members if m not in unreached]
         for _, folder in members:  # src/train.py recorded every job it ran; the launch says why one is not
-            if not RunFolder(folder).results.is_file() and not RunFolder(folder).failed.is_file():
-                mark_failed(folder, unrecorded(code, output), output)
+            run = RunFolder(folder)
+            if not run.results.is_file() and not run.failed.is_file():
+                run.fail(unrecorded(code, output), output)
             counts["complete" if job_state(folder)[0] == "complete" else "failed"] += 1
     return counts
 
 
 def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[tuple[Path, str]]]:
-    """Every sweep's jobs to run, and the earlier folders that make way for them with why, every job composed
-    and checked first: a job with a complete result of its science now is not run, unless ``force`` or its
-    pre-training runs again."""
+    """Every sweep's jobs to run, and the folders whose earlier results make way for them with why, every job
+    composed and checked first: a complete result of its science now is not run again, unless ``force`` or
+    its pre-training runs again."""
     rerun: set[str] = set()  # pre-training sweeps that run again in this launch
     todo: dict[str, list] = {}
     moves: list[tuple[Path, str]] = []
     with composing_jobs():
-        configs = {f: job_config(s, swept, table_root(table)) for s in table.sweeps.values() if s.skip is None
+        configs = {f: job_config(s, swept, table.root) for s in table.sweeps.values() if s.skip is None
                    for swept, f in s.jobs()}
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
         why = "--force" if force else "its pre-training runs again" if upstream else None
         todo[name] = [(swept, f) for swept, f in sweep.jobs()
                       if why or f not in configs or RunFolder(f).result_for(configs[f]) is None]
-        moves += [(f, way) for _, f in todo[name] if (way := _in_the_way(f, configs.get(f, {}), why))]
+        moves += [(f, way) for _, f in todo[name]
+                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {})) or why)]
         if todo[name] and sweep.stage == "pretrain":
             rerun.add(name)
     return todo, moves
@@ -272,22 +218,14 @@ def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
 
 def sweep_costs(plan: dict) -> dict[str, float]:
     """The plan's FLOPs of each sweep (tables.plan.make_plan), summed over its jobs."""
-    costs: dict[str, float] = {}
+    costs: Counter[str] = Counter()
     for run in plan["runs"]:
-        sweep = run["name"].rsplit("/", 1)[0]
-        costs[sweep] = costs.get(sweep, 0.0) + run["flops"]
+        costs[run["name"].rsplit("/", 1)[0]] += run["flops"]
     return costs
 
 
 def failed_jobs(table: Table) -> list[str]:
-    return [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
-            if job_state(f)[0] == "failed"]
-
-
-def table_root(table: Table) -> Path:
-    """``<runs>/<table>/<scale>``: where its fine-tuning sweeps are (spec.build)."""
-    return next((s.folder.parents[2] for s in table.sweeps.values() if s.stage == "finetune"),
-                next(iter(table.sweeps.values())).folder)
+    return [name for name, folder in table.jobs().items() if job_state(folder)[0] == "failed"]
 
 
 def _hold(table: Table, todo: dict) -> ExitStack:
@@ -295,8 +233,8 @@ def _hold(table: Table, todo: dict) -> ExitStack:
     a --force among them, is refused), once no live process sweeps into or holds the folders to run."""
     stack = ExitStack()
     try:
-        for folder in sorted({table_root(table)} | {s.folder for s in table.sweeps.values()
-                                                    if s.stage == "pretrain" and s.phase != 1}):
+        for folder in sorted({table.root} | {s.folder for s in table.sweeps.values()
+                                             if s.stage == "pretrain" and s.phase != 1}):
             stack.enter_context(RunFolderLock(folder))
     except FolderInUse as err:
         stack.close()
@@ -350,14 +288,18 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
     if at_once < 1:
         raise TableError(f"launcher sweeps_at_once={at_once}: expected 1 or more")
     todo, moves = plan_jobs(table, force)
-    if dry_run:
-        for name, sweep in table.sweeps.items():
-            run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[name], dry_run=True)
+    if dry_run:  # each sweep's multirun, or the first of its jobs left
+        for name, sweep in ((n, s) for n, s in table.sweeps.items() if todo[n]):
+            swept = sweep.params_args() if len(todo[name]) == len(sweep.jobs()) else todo[name][0][0]
+            _launch(sweep, swept, stage_launcher(launcher, sweep.stage), dry_run=True)
         return []
     watchdog = Watchdog()
     with _hold(table, todo):
         for folder, why in moves:
-            move_aside(folder, why)
+            with RunFolderLock(folder):  # no run may start into it meanwhile
+                aside = RunFolder(folder).set_aside()
+            if aside is not None:
+                print(f"{folder}: {why}; moved to {aside} (kept), to run again", flush=True)
         if any("submitit_slurm" in str(v) for v in flatten(launcher).values()):
             watchdog.start()
         try:
@@ -365,8 +307,7 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         except Interrupted:
             if watchdog.said is None:
                 raise
-            left = [f"{s.name}/{f.name}" for s in table.sweeps.values() for _, f in s.jobs()
-                    if job_state(f)[0] != "complete"]
+            left = [name for name, folder in table.jobs().items() if job_state(folder)[0] != "complete"]
             raise TableError(f"the SLURM controller stopped answering for {SILENT_S:.0f} s (scontrol ping: "
                              f"{watchdog.said}); still queued or running: {', '.join(left)}. Jobs already "
                              "submitted stay with SLURM; when it answers again, the same command resumes the "
@@ -384,41 +325,38 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
             plan = make_plan(table)
         chain = critical_path(table, sweep_costs(plan))
         order.sort(key=lambda name: -chain[name])
-    jobs = {f"{s.name}/{folder.name}": folder for s in table.sweeps.values() for _, folder in s.jobs()}
+    jobs = table.jobs()
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
     progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
                              kinds={jobs[r["name"]]: r["kind"] for r in planned})
-    lines: dict[str, dict] = {}
+    lines: dict[str, dict] = {}  # by sweep, once it ended
 
-    def one(sweep: Sweep) -> None:
+    def one(sweep: Sweep) -> dict:
         start = time.time()
-        progress.started(sweep.name, sweep.folder / LOG)
-        try:
-            counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[sweep.name])
-        finally:
-            progress.finished(sweep.name)
-        lines[sweep.name] = {"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)}
+        counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[sweep.name])
         log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
                  counts["complete"], counts["failed"], time.time() - start)
+        return {"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)}
 
     if any(todo.values()):
         warm.prestart()  # the first sweep then starts as the others do (and a rehearsal measures that)
     # SIGTERM / SIGINT stop the children, each saving a checkpoint; the sweeps then end with Interrupted
     with CHILDREN.handling_signals(), progress, ThreadPoolExecutor(at_once) as pool:
         running: dict = {}
-        ended: set[str] = set()
         while order or running:
-            ready = [n for n in order if table.sweeps[n].needs is None or table.sweeps[n].needs.name in ended]
+            ready = [n for n in order if table.sweeps[n].needs is None or table.sweeps[n].needs.name in lines]
             for name in ready[:at_once - len(running)]:
                 order.remove(name)
+                progress.started(name, table.sweeps[name].folder / LOG)
                 running[pool.submit(one, table.sweeps[name])] = name
-            done, _ = wait(running, return_when=FIRST_COMPLETED)
+            done, _ = wait(running, progress.every_s, FIRST_COMPLETED)
             for future in done:
-                ended.add(name := running.pop(future))
+                progress.finished(name := running.pop(future))
                 try:
-                    future.result()  # a TableError (a malformed result) stops the table
+                    lines[name] = future.result()  # a TableError (a malformed result) stops the table
                 except Interrupted as stop:  # leaving the pool waits for the other sweeps' children to stop
                     raise Interrupted(stop.signum, [name, *running.values()]) from None
+            progress.refresh()
         if CHILDREN.signum is not None:  # the signal came as the last sweep ended
             raise Interrupted(CHILDREN.signum)
     return [lines[name] for name in table.sweeps if name in lines]

