@@ -1,9 +1,5 @@
-"""A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures (plots.py).
-
-A cell reads ``ours ± std (paper; ours - paper)``, then, over several restarts, ``· mean 71.5, CI [65.1,
-77.9], n=5, 1 collapsed`` (the mean where the selection rule did not take it); ``failed [n]``, ``not run
-[n]`` or ``skipped [n]`` where there is no number, ``**collapsed**`` on a number whose selected run predicted
-one class, note [n] giving the reason. The paper's comparisons follow with their verdicts."""
+"""A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures (plots.py): each
+part's cells, then the paper's comparisons with their verdicts."""
 
 from __future__ import annotations
 
@@ -33,7 +29,8 @@ def _num(value: float | None, signed: bool = False) -> str:
 
 
 def cell_text(cell: Cell, notes: list[str]) -> str:
-    """The cell; a reason it refers to is numbered in ``notes`` (one number a distinct reason)."""
+    """``ours ± std (paper; ours - paper) · mean, CI, n, collapsed`` (the mean where the rule took another),
+    or ``failed [n]``, ``not run [n]``, ``skipped [n]``: the reason numbered in ``notes``, once each."""
     def ref(reason: str) -> str:
         notes.extend([reason] if reason not in notes else [])
         return f"[{notes.index(reason) + 1}]"
@@ -174,18 +171,13 @@ def log_wandb(table: Table, collected: dict[str, list[Row]], written: list[Path]
     import wandb
 
     folder.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project="bert-repro", group=table.name, job_type="table", dir=str(folder),
-                     name=f"{table.name}-{table.scale}", tags=[table.name, table.scale],
-                     mode=os.environ.get("WANDB_MODE", "offline"),
-                     config={"table": table.name, "scale": table.scale})
-    try:
-        cells = wandb.Table(dataframe=records(table, collected)[WANDB])
-        run.log({table.name: cells})
+    with wandb.init(project="bert-repro", group=table.name, job_type="table", dir=str(folder),
+                    name=f"{table.name}-{table.scale}", tags=[table.name, table.scale],
+                    mode=os.environ.get("WANDB_MODE", "offline"),
+                    config={"table": table.name, "scale": table.scale}) as run:  # finished on any exit
+        run.log({table.name: wandb.Table(dataframe=records(table, collected)[WANDB])})
         artifact = wandb.Artifact(f"{table.name}-{table.scale}", type="table")
-        artifact.add(cells, table.name)
         for path in written:
             artifact.add_file(str(path))
         run.log_artifact(artifact)
         return Path(run.dir).parent
-    finally:
-        run.finish()
