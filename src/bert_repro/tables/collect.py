@@ -94,8 +94,8 @@ def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
         return Cell(status=state, reason=reason or f"not run yet ({sweep.name})")
     results = RunFolder(folder).read()  # checked by job_state
     name = column.get("metric") or column["field"]  # a field is a dotted path: config.data.mask_shares.0
-    value = results["metrics"]["final"].get(name) if "metric" in column else \
-        OmegaConf.select(OmegaConf.create(results), name)
+    value = (results["metrics"]["final"].get(name) if "metric" in column
+             else OmegaConf.select(OmegaConf.create(results), name))
     if value is None:
         return Cell(status="failed", reason=f"{name} absent from {folder}")
     return Cell(value=float(column.get("scale", 1)) * value, run=str(folder), n=1)
@@ -105,8 +105,8 @@ def average_cell(cells: dict[str, Cell], of: list[str]) -> Cell:
     """Table 1's GLUE average: only over numbers."""
     absent = [c for c in of if c not in cells or cells[c].status != "ok"]
     if absent:
-        return Cell(status="missing", reason=f"the average needs every one of its columns; no number for "
-                                             f"{', '.join(absent)}")
+        return Cell(status="missing",
+                    reason=f"the average needs every one of its columns; no number for {', '.join(absent)}")
     return Cell(value=sum(cells[c].value for c in of) / len(of), n=len(of))
 
 
@@ -165,7 +165,8 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
         own = (table.spec.get("parts") or {}).get(part.name) or {}
         removed = {k for node in (table.spec, own) for group in ("rows", "columns")
                    for k, v in (node.get(group) or {}).items() if v is None}
-        rows, found = {row.key: row for row in tables[part.name]}, []
+        rows = {row.key: row for row in tables[part.name]}
+        found = []
         for spec in part.comparisons:
             a, b, along = spec.get("a"), spec.get("b"), spec.get("rows")
             pairs = [((r, a), (r, b)) for r in along] if along else \
