@@ -11,7 +11,7 @@ from pathlib import Path
 import pandas as pd
 
 from bert_repro.tables.collect import Cell, Row, comparisons
-from bert_repro.tables.spec import SELECTIONS, Part, Table, flatten
+from bert_repro.tables.spec import SELECTIONS, Part, Table
 
 MARKS = {"failed": "failed", "missing": "not run", "skipped": "skipped"}
 COLUMNS = ["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "mean",
@@ -78,7 +78,7 @@ def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
     ours = [row for row in rows if row.checkpoint != "—" and skipped(row) is None]
     lines = [f"Checkpoint, {row.label}: {row.checkpoint}" for row in ours]
     if ours:
-        grid = ", ".join(f"{k} in {{{v}}}" for k, v in flatten(table.spec.get("grid")).items()) or "no grid"
+        grid = ", ".join(f"{k} in {{{v}}}" for k, v in table.spec["grid"].items()) or "no grid"
         lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
         lines += [f"Data: {table.spec['data_note']}"] if table.spec.get("data_note") else []
     paper = f"experiments/reference.yaml `{part.reference}`" if part.reference else "none for these tasks"
