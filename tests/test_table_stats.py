@@ -38,8 +38,8 @@ def test_verdict_reads_the_interval_against_the_papers_sign(low, high, paper, ex
 
 
 def test_paired_difference_uses_only_seeds_both_rows_ran():
-    diff, seeds = stats.paired({1: 0.8, 2: 0.9, 3: 0.7}, {2: 0.6, 3: 0.5, 4: 0.1})
-    assert seeds == [2, 3] and diff.mean == pytest.approx(0.25) and diff.n == 2
+    found = stats.compare({1: 0.8, 2: 0.9, 3: 0.7}, {2: 0.6, 3: 0.5, 4: 0.1}, None)
+    assert found["seeds"] == [2, 3] and found["ours_diff"] == pytest.approx(0.25) and found["n"] == 2
 
 
 def write_results(folder: Path, task: str, metrics: dict, monitor: str, seed: int) -> None:

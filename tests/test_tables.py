@@ -153,8 +153,8 @@ def test_md_csv_tex_state_scale_checkpoint_and_selection(table5, tmp_path):
     assert cell == ("bert_base", "mnli_m_acc", 72.0, 84.4)
     assert float(first["diff"]) == pytest.approx(72.0 - 84.4) and first["selection"] == "best_on_dev"
     latex = tex.read_text()
-    assert r"\begin{tabular}{lrrrrr}" in latex and r"72.0 $\pm$ 0.71 (84.4; -12.4)" in latex
-    assert "SQuAD (F1)" in latex and r"\end{tabular}" in latex
+    assert r"\begin{tabular}{lrrrrr}" in latex and "72.0 ± 0.71 (84.4; -12.4)" in latex
+    assert "SQuAD (F1)" in latex and r"LTR \& No NSP &" in latex and r"\end{tabular}" in latex
 
 
 def test_paper_only_rows_skipped_rows_and_columns(tmp_path):

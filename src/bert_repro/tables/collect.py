@@ -5,10 +5,9 @@ never a number; then the paper's comparisons, checked on same-seed differences (
 from __future__ import annotations
 
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
 
 import yaml
+from omegaconf import OmegaConf
 
 from bert_repro import selection
 from bert_repro.lifecycle.folder import LAST, RunFolder
@@ -47,37 +46,26 @@ class Row:
     checkpoint: str
 
 
-def load_reference(path: Path = REFERENCE) -> dict:
-    if not path.is_file():
-        raise TableError(f"{path} does not exist (the paper's numbers; a copy of "
+def load_reference() -> dict:
+    if not REFERENCE.is_file():
+        raise TableError(f"{REFERENCE} does not exist (the paper's numbers; a copy of "
                          "../shared/paper/reference.yaml)")
-    return yaml.safe_load(path.read_text())
+    return yaml.safe_load(REFERENCE.read_text())
 
 
 def paper_value(reference: dict, reference_name: str | None, row: str, column: str) -> float | None:
-    block = reference.get(reference_name or "") or {}
-    columns, values = block.get("columns") or [], (block.get("rows") or {}).get(row)
-    return None if column not in columns or values is None else values[columns.index(column)]
-
-
-def field(results: dict, path: str) -> Any:
-    """``model_config.num_layers`` or ``config.data.mask_shares.0`` in a run's result."""
-    node: Any = results
-    for key in path.split("."):
-        node = node[int(key)] if isinstance(node, list) else (node or {}).get(key)
-    return node
+    block = reference.get(reference_name) or {}
+    return dict(zip(block.get("columns") or [], (block.get("rows") or {}).get(row) or [])).get(column)
 
 
 def finetune_cell(sweep: Sweep, metric: str, scale: float) -> Cell:
-    jobs = sweep.jobs()
-    states = [(folder, *job_state(folder)) for _, folder in jobs]
-    complete = [f for f, state, _ in states if state == "complete"]  # read and checked by job_state
-    runs, skipped = selection.load_runs(complete) if complete else ([], [])
-    failed = [why or "failed" for _, state, why in states if state == "failed"] + skipped
+    states = {folder: job_state(folder) for _, folder in sweep.jobs()}  # reads and checks each result
+    runs, skipped = selection.load_runs([f for f, (state, _) in states.items() if state == "complete"])
+    failed = [why or "failed" for state, why in states.values() if state == "failed"] + skipped
     if not runs:
-        missing = sum(state == "missing" for _, state, _ in states)
+        missing = sum(state == "missing" for state, _ in states.values())
         return (Cell(status="failed", reason="; ".join(sorted(set(failed)))) if failed else
-                Cell(status="missing", reason=f"not run yet ({sweep.name}: {missing} of {len(jobs)} jobs)"))
+                Cell(status="missing", reason=f"not run yet ({sweep.name}: {missing} of {len(states)} jobs)"))
     restarts = sweep.selection == "mean_over_restarts"
     entries = selection.select(runs, restarts=restarts, metric=metric)  # selected on what it reports
     if len(entries) != 1:
@@ -89,13 +77,12 @@ def finetune_cell(sweep: Sweep, metric: str, scale: float) -> Cell:
     group = [r for r in runs if r["science"] == selected["science"] and r["final"].get(metric) is not None]
     seeds = {int(r["seed"]): scale * r["final"][metric] for r in group}  # the restarts of the chosen setting
     spread = stats.spread(list(seeds.values()))
-    degenerate = next((d["reason"] for d in entry["degenerate"] if d["dir"] == entry["selected"]), None)
-    notes = [f"collapsed: {degenerate}" if degenerate else None,
-             f"{len(failed)} of {len(jobs)} runs failed" if failed else None]
+    notes = [f"collapsed: {entry['collapsed']}" if entry["collapsed"] else None,
+             f"{len(failed)} of {len(states)} runs failed" if failed else None]
     return Cell(value=scale * entry["metrics"][metric], run=entry["selected"], spread=spread.std,
                 n=spread.n if restarts else len(runs), note="; ".join(filter(None, notes)) or None,
                 seeds=seeds, restarts=spread, collapsed=sum(bool(r["degenerate"]) for r in group),
-                degenerate=degenerate)
+                degenerate=entry["collapsed"])
 
 
 def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
@@ -106,11 +93,21 @@ def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
     if state != "complete":
         return Cell(status=state, reason=reason or f"not run yet ({sweep.name})")
     results = RunFolder(folder).read()  # checked by job_state
-    name = column.get("metric") or column["field"]
-    value = results["metrics"]["final"].get(name) if "metric" in column else field(results, name)
+    name = column.get("metric") or column["field"]  # a field is a dotted path: config.data.mask_shares.0
+    value = (results["metrics"]["final"].get(name) if "metric" in column
+             else OmegaConf.select(OmegaConf.create(results), name))
     if value is None:
         return Cell(status="failed", reason=f"{name} absent from {folder}")
     return Cell(value=float(column.get("scale", 1)) * value, run=str(folder), n=1)
+
+
+def average_cell(cells: dict[str, Cell], of: list[str]) -> Cell:
+    """Table 1's GLUE average: only over numbers."""
+    absent = [c for c in of if c not in cells or cells[c].status != "ok"]
+    if absent:
+        return Cell(status="missing",
+                    reason=f"the average needs every one of its columns; no number for {', '.join(absent)}")
+    return Cell(value=sum(cells[c].value for c in of) / len(of), n=len(of))
 
 
 def checkpoint_of(table: Table, part: Part, key: str) -> str:
@@ -139,12 +136,8 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
                 found = column_run(name, column)
                 if row.get("skip") or column.get("skip"):
                     cell = Cell(status="skipped", reason=row.get("skip") or column["skip"])
-                elif column.get("source") == "average":  # Table 1's GLUE average: only over numbers
-                    of = [cells.get(c) for c in column["of"]]
-                    absent = [c for c, cell in zip(column["of"], of) if cell is None or cell.status != "ok"]
-                    cell = Cell(status="missing", reason="the average needs every one of its columns; no "
-                                f"number for {', '.join(absent)}") if absent else \
-                        Cell(value=sum(c.value for c in of) / len(of), n=len(of))
+                elif column.get("source") == "average":
+                    cell = average_cell(cells, column["of"])
                 elif found is None:
                     cell = pretrain_cell(table.pretrain_sweep(key, part), column)
                 else:
@@ -180,10 +173,10 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
                 [((a, c), (b, c)) for c in spec.get("columns") or [spec.get("column")]]
             pairs = [p for p in pairs if not {*p[0], *p[1]} & removed]
             unknown = {str(k) for pair in pairs for r, c in pair
-                       for k, ok in ((r, r in rows), (c, c in part.columns)) if not ok}
+                       for k, ok in ((r, r in part.rows), (c, c in part.columns)) if not ok}
             if unknown:
                 raise TableError(f"part {part.name}: comparison {spec} names {', '.join(sorted(unknown))}; "
-                                 f"expected rows among {', '.join(rows)} and columns among "
+                                 f"expected rows among {', '.join(part.rows)} and columns among "
                                  f"{', '.join(part.columns)}")
             for (ra, ca), (rb, cb) in pairs:
                 paper = [paper_value(reference, part.reference or table.spec.get("reference"),

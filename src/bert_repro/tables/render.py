@@ -1,20 +1,17 @@
-"""A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures (plots.py).
-
-A cell reads ``ours ± std (paper; ours - paper)``, then, over several restarts, ``· mean 71.5, CI [65.1,
-77.9], n=5, 1 collapsed`` (the mean where the selection rule did not take it); ``failed [n]``, ``not run
-[n]`` or ``skipped [n]`` where there is no number, ``**collapsed**`` on a number whose selected run predicted
-one class, note [n] giving the reason. The paper's comparisons follow with their verdicts."""
+"""A collected table as experiments/results/<table>.md, .csv, .tex and .json, and its figures (plots.py): each
+part's cells, then the paper's comparisons with their verdicts."""
 
 from __future__ import annotations
 
-import csv
 import json
 import os
 from dataclasses import asdict
 from pathlib import Path
 
+import pandas as pd
+
 from bert_repro.tables.collect import Cell, Row, comparisons
-from bert_repro.tables.spec import SELECTIONS, Part, Table, flatten
+from bert_repro.tables.spec import SELECTIONS, Part, Table
 
 MARKS = {"failed": "failed", "missing": "not run", "skipped": "skipped"}
 COLUMNS = ["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "mean",
@@ -31,28 +28,27 @@ def _num(value: float | None, signed: bool = False) -> str:
     return f"{value:.2f}" if abs(value) < 10 and value != int(value) else f"{value:.1f}"
 
 
-def cell_text(cell: Cell, notes: list[str], tex: bool = False) -> str:
-    """The cell; a reason it refers to is numbered in ``notes`` (one number a distinct reason)."""
+def cell_text(cell: Cell, notes: list[str]) -> str:
+    """``ours ± std (paper; ours - paper) · mean, CI, n, collapsed`` (the mean where the rule took another),
+    or ``failed [n]``, ``not run [n]``, ``skipped [n]``: the reason numbered in ``notes``, once each."""
     def ref(reason: str) -> str:
         notes.extend([reason] if reason not in notes else [])
         return f"[{notes.index(reason) + 1}]"
 
-    pm, dash, dot = (r"$\pm$", "--", r"$\cdot$") if tex else ("±", "—", "·")
     if cell.status == "paper":
-        return f"{dash} ({_num(cell.paper)})"
+        return f"— ({_num(cell.paper)})"
     if cell.status != "ok":
         return f"{MARKS[cell.status]} {ref(cell.reason or cell.status)}"
-    text = _num(cell.value) + (f" {pm} {_num(cell.spread)}" if cell.spread is not None else "")
+    text = _num(cell.value) + (f" ± {_num(cell.spread)}" if cell.spread is not None else "")
     if cell.paper is not None:
         text += f" ({_num(cell.paper)}; {_num(cell.diff, signed=True)})"
     spread = cell.restarts
     if spread is not None and spread.n > 1:
         mean = "" if abs(spread.mean - cell.value) < 1e-9 else f"mean {_num(spread.mean)}, "
         collapsed = f", {cell.collapsed} collapsed" if cell.collapsed else ""
-        text += (f" {dot} {mean}CI [{_num(spread.ci_low)}, {_num(spread.ci_high)}], "
-                 f"n={spread.n}{collapsed}")
+        text += f" · {mean}CI [{_num(spread.ci_low)}, {_num(spread.ci_high)}], n={spread.n}{collapsed}"
     if cell.degenerate:  # in the cell itself: the number is not a fine-tuned model's
-        text += r" \textbf{collapsed}" if tex else " **collapsed**"
+        text += " **collapsed**"
     return text + (f" {ref(cell.note)}" if cell.note else "")
 
 
@@ -82,7 +78,7 @@ def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
     ours = [row for row in rows if row.checkpoint != "—" and skipped(row) is None]
     lines = [f"Checkpoint, {row.label}: {row.checkpoint}" for row in ours]
     if ours:
-        grid = ", ".join(f"{k} in {{{v}}}" for k, v in flatten(table.spec.get("grid")).items()) or "no grid"
+        grid = ", ".join(f"{k} in {{{v}}}" for k, v in table.spec["grid"].items()) or "no grid"
         lines.append(f"Selection: {SELECTIONS[part.selection]}; grid: {grid}")
         lines += [f"Data: {table.spec['data_note']}"] if table.spec.get("data_note") else []
     paper = f"experiments/reference.yaml `{part.reference}`" if part.reference else "none for these tasks"
@@ -91,61 +87,57 @@ def header(table: Table, part: Part, rows: list[Row]) -> list[str]:
     return lines + [f"Not run: {row.label}: {skipped(row)}" for row in rows if skipped(row)] + part.notes
 
 
-def scale_line(table: Table) -> str:
+def page(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]]) -> list:
+    """The table's page in reading order: lines of text, and each part's cells as a DataFrame of their text
+    (row labels by column labels), which the .md writes as a pipe table and the .tex as a tabular."""
     note = table.spec.get("scale_note")
-    return f"Scale: {table.scale}" + (f" ({note})" if note else "")
+    out = [f"# {table.spec.get('title', table.name)} — scale={table.scale}", ""]
+    if table.scale == "smoke":
+        out += ["A smoke-scale demonstration of the whole path on a CPU, not the paper's numbers.", ""]
+    out += [f"Scale: {table.scale}" + (f" ({note})" if note else ""), ""]
+    for part in table.parts:
+        rows, notes = [row for row in collected[part.name] if not skipped(row)], []
+        out += [f"## {part.title}", ""] if len(table.parts) > 1 else []
+        out += [f"- {line}" for line in header(table, part, collected[part.name])] + [""]
+        out.append(pd.DataFrame([[cell_text(row.cells[c], notes) for c in part.columns] for row in rows],
+                                index=[row.label for row in rows],
+                                columns=[part.columns[c].get("label", c) for c in part.columns]))
+        out += ["", *(f"[{i}] {reason}" for i, reason in enumerate(notes, 1)), ""]
+        out += comparison_lines(checked.get(part.name, []))
+    return out
 
 
 def markdown(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None
              ) -> str:
-    out = [f"# {table.spec.get('title', table.name)} — scale={table.scale}", ""]
-    if table.scale == "smoke":
-        out += ["A smoke-scale demonstration of the whole path on a CPU, not the paper's numbers.", ""]
-    out += [scale_line(table), ""]
-    for part in table.parts:
-        rows, notes = collected[part.name], []
-        out += [f"## {part.title}", ""] if len(table.parts) > 1 else []
-        out += [f"- {line}" for line in header(table, part, rows)] + [""]
-        out += ["| | " + " | ".join(part.columns[c].get("label", c) for c in part.columns) + " |",
-                "|---" * (len(part.columns) + 1) + "|"]
-        out += [f"| {row.label} | " + " | ".join(cell_text(row.cells[c], notes) for c in part.columns) + " |"
-                for row in rows if not skipped(row)]
-        out += ["", *(f"[{i}] {reason}" for i, reason in enumerate(notes, 1)), ""]
-        out += comparison_lines((checked or {}).get(part.name, []))
-    return "\n".join(out).rstrip() + "\n"
-
-
-def _tex(text: str) -> str:
-    for char, escaped in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("_", r"\_"),
-                          ("#", r"\#"), ("{", r"\{"), ("}", r"\}"), ("$", r"\$"), ("~", r"\textasciitilde{}"),
-                          ("^", r"\^{}")):
-        text = text.replace(char, escaped)
-    return text
+    lines = []
+    for block in page(table, collected, checked or {}):
+        if isinstance(block, str):
+            lines.append(block)
+            continue
+        lines += ["| | " + " | ".join(block.columns) + " |", "|---" * (len(block.columns) + 1) + "|"]
+        lines += [f"| {label} | " + " | ".join(texts) + " |" for label, texts in block.iterrows()]
+    return "\n".join(lines).rstrip() + "\n"
 
 
 def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None) -> str:
-    out = [f"% {table.spec.get('title', table.name)}; generated by `make {table.name}`",
-           f"% {_tex(scale_line(table))}"]
-    for part in table.parts:
-        rows, notes = collected[part.name], []
-        out += [f"% {_tex(line)}" for line in header(table, part, rows)]
-        out += [r"\begin{tabular}{l" + "r" * len(part.columns) + "}", r"\toprule",
-                " & ".join(["", *(_tex(part.columns[c].get("label", c)) for c in part.columns)]) + r" \\",
-                r"\midrule"]
-        out += [" & ".join([_tex(row.label), *(cell_text(row.cells[c], notes, True) for c in part.columns)])
-                + r" \\" for row in rows if not skipped(row)]
-        out += [r"\bottomrule", r"\end{tabular}", *(rf"% [{i}] {_tex(r)}" for i, r in enumerate(notes, 1))]
-        out += [f"% {_tex(line)}" for line in comparison_lines((checked or {}).get(part.name, [])) if line]
-    return "\n".join(out) + "\n"
+    """The .md's tables as booktabs tabulars (pandas escapes the text), its other lines as comments."""
+    out = []
+    for block in page(table, collected, checked or {}):
+        if isinstance(block, pd.DataFrame):
+            out.append(block.to_latex(escape=True, column_format="l" + "r" * len(block.columns)))
+        elif block:
+            out.append(f"% {block}\n")
+    return "".join(out)
 
 
-def records(table: Table, collected: dict[str, list[Row]]) -> list[dict]:
-    """One flat record a cell, with COLUMNS' keys: the .csv's lines and the W&B table's."""
-    return [dict(zip(COLUMNS, [
+def records(table: Table, collected: dict[str, list[Row]]) -> pd.DataFrame:
+    """One record a cell, in COLUMNS: the .csv's lines and the W&B table's."""
+    return pd.DataFrame([[
         table.name, table.scale, part.name, row.key, name, c.value, c.paper, c.diff, c.spread, c.n,
         *((r.mean, r.ci_low, r.ci_high, r.n) if (r := c.restarts) else [None] * 4),
-        c.collapsed, c.status, c.reason, c.note, row.checkpoint, part.selection, c.run]))
-        for part in table.parts for row in collected[part.name] for name, c in row.cells.items()]
+        c.collapsed, c.status, c.reason, c.note, row.checkpoint, part.selection, c.run]
+        for part in table.parts for row in collected[part.name] for name, c in row.cells.items()],
+        columns=COLUMNS, dtype=object)
 
 
 def results_json(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]]) -> dict:
@@ -163,10 +155,7 @@ def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, ou
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / f"{table.name}.{ext}" for ext in ("md", "csv", "tex", "json")]
     written[0].write_text(markdown(table, collected, checked))
-    with written[1].open("w", newline="") as f:
-        writer = csv.DictWriter(f, COLUMNS)
-        writer.writeheader()
-        writer.writerows(records(table, collected))
+    records(table, collected).to_csv(written[1], index=False)
     written[2].write_text(latex(table, collected, checked))
     written[3].write_text(json.dumps(results_json(table, collected, checked), indent=2) + "\n")
     for part in (p for p in table.parts if p.plot):
@@ -182,18 +171,13 @@ def log_wandb(table: Table, collected: dict[str, list[Row]], written: list[Path]
     import wandb
 
     folder.mkdir(parents=True, exist_ok=True)
-    run = wandb.init(project="bert-repro", group=table.name, job_type="table", dir=str(folder),
-                     name=f"{table.name}-{table.scale}", tags=[table.name, table.scale],
-                     mode=os.environ.get("WANDB_MODE", "offline"),
-                     config={"table": table.name, "scale": table.scale})
-    try:
-        cells = wandb.Table(columns=WANDB, data=[[r[k] for k in WANDB] for r in records(table, collected)])
-        run.log({table.name: cells})
+    with wandb.init(project="bert-repro", group=table.name, job_type="table", dir=str(folder),
+                    name=f"{table.name}-{table.scale}", tags=[table.name, table.scale],
+                    mode=os.environ.get("WANDB_MODE", "offline"),
+                    config={"table": table.name, "scale": table.scale}) as run:  # finished on any exit
+        run.log({table.name: wandb.Table(dataframe=records(table, collected)[WANDB])})
         artifact = wandb.Artifact(f"{table.name}-{table.scale}", type="table")
-        artifact.add(cells, table.name)
         for path in written:
             artifact.add_file(str(path))
         run.log_artifact(artifact)
         return Path(run.dir).parent
-    finally:
-        run.finish()

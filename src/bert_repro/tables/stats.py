@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import math
 import statistics
-import warnings
 from dataclasses import dataclass
 
 from scipy import stats
@@ -25,21 +24,12 @@ class Spread:
 
 
 def spread(values: list[float]) -> Spread:
-    if not values:
-        raise ValueError("spread of no values")
-    std = statistics.stdev(values) if len(values) > 1 else None
-    low = high = values[0] if std == 0 else None  # identical runs: scipy's interval is NaN, the mean exact
+    mean, n = statistics.fmean(values), len(values)
+    std = statistics.stdev(values) if n > 1 else None
+    low = high = mean if std == 0 else None  # identical runs: scipy's interval is NaN, the mean exact
     if std:
-        with warnings.catch_warnings():  # nearly equal values: scipy warns of precision loss
-            warnings.simplefilter("ignore", RuntimeWarning)
-            low, high = map(float, stats.ttest_1samp(values, 0.0).confidence_interval(LEVEL))
-    return Spread(statistics.fmean(values), std, len(values), low, high)
-
-
-def paired(a: dict[int, float], b: dict[int, float]) -> tuple[Spread | None, list[int]]:
-    """The spread of a[seed] - b[seed] over the seeds both ran, and those seeds."""
-    seeds = sorted(set(a) & set(b))
-    return (spread([a[s] - b[s] for s in seeds]) if seeds else None), seeds
+        low, high = map(float, stats.t.interval(LEVEL, n - 1, loc=mean, scale=std / math.sqrt(n)))
+    return Spread(mean, std, n, low, high)
 
 
 def verdict(paper_diff: float | None, low: float | None, high: float | None) -> str:
@@ -49,7 +39,9 @@ def verdict(paper_diff: float | None, low: float | None, high: float | None) -> 
 
 
 def compare(a: dict[int, float], b: dict[int, float], paper_diff: float | None) -> dict:
-    diff, seeds = paired(a, b)
+    """a[seed] - b[seed] over the seeds both ran: its mean, 95% interval and verdict."""
+    seeds = sorted(set(a) & set(b))
+    diff = spread([a[s] - b[s] for s in seeds]) if seeds else None
     low, high = (diff.ci_low, diff.ci_high) if diff else (None, None)
     return {"paper_diff": paper_diff, "ours_diff": diff.mean if diff else None, "ci_low": low,
             "ci_high": high, "n": len(seeds), "seeds": seeds, "verdict": verdict(paper_diff, low, high)}
