@@ -18,9 +18,7 @@ from pathlib import Path
 
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
 from bert_repro.tables.children import Interrupted
-from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
-from bert_repro.tables.render import log_wandb, write_all
 from bert_repro.tables.runner import failed_jobs, run_table
 from bert_repro.tables.spec import build
 
@@ -85,6 +83,9 @@ def plan_all(args: argparse.Namespace) -> int:
 
 
 def one_table(args: argparse.Namespace, name: str) -> int:
+    from bert_repro.tables.collect import collect, load_reference  # scipy and pandas: not for a plan
+    from bert_repro.tables.render import log_wandb, write_all
+
     start, spec, results_dir = time.time(), table(args, name), args.results_dir
     reference = load_reference()
     os.environ.setdefault("BERT_REPRO_WANDB_GROUP", spec.name)  # the child runs join the table's group
