@@ -214,6 +214,11 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         written = list(range(start + every, int(optim.max_steps) + 1, every)) if every else []
         caches = _data_caches(cfg, sweep, seq, facts)
     else:
+        if sweep.needs is not None and seq > (trained := sweep.needs.schedule.trained_length(sweep.phase)):
+            raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={seq} from "
+                             f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} "
+                             f"tokens only (phase {sweep.phase} of the pre-training schedule); lower the "
+                             "length or start from a later checkpoint")
         sizes, dev_sizes = facts.get("train_sizes") or {}, facts.get("dev_sizes") or {}
         task = cfg.task.name
         # data.train_examples: the rows the demonstration tasks (data/pydoc_tasks.py) write
@@ -291,17 +296,6 @@ def charge_data_once(runs: list[Run]) -> list[Run]:
     return out
 
 
-def check_lengths(sweep: Sweep, run: Run) -> None:
-    """A fine-tuning run longer than the positions its checkpoint was trained at is refused."""
-    if sweep.stage == "finetune" and sweep.needs is not None:
-        trained = sweep.needs.schedule.trained_length(sweep.phase)
-        if run.seq_length > trained:
-            raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={run.seq_length} from "
-                             f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} "
-                             f"tokens only (phase {sweep.phase} of the pre-training schedule); lower the "
-                             "length or start from a later checkpoint")
-
-
 def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[Run]]:
     """Every job's run, unpriced: each run folder once, and every table's runs as asked (a shared
     pre-training as often as tables ask for it). More than MAX_RUNS jobs only with ``yes``."""
@@ -315,7 +309,6 @@ def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[R
         for one, sweep, (swept, folder) in jobs:
             facts = {**{k: one.spec.get(k) for k in FACTS}, "rates": rates}
             run = plan_job(sweep, swept, folder, facts, cache)
-            check_lengths(sweep, run)
             asked.append(run)
             planned.setdefault(run.folder, run)
     return charge_data_once(list(planned.values())), asked
@@ -352,13 +345,13 @@ def print_plan(plan: dict) -> None:
     print(f"{plan['table']} at scale={plan['scale']}: {len(plan['runs'])} runs on {plan['accelerator']} "
           f"({plan['peak_tflops']:.0f} TFLOP/s bf16 peak); MFU by width and length: "
           + ", ".join(f"{k} {v[0]:.0%} ({v[1]})" for k, v in plan["mfu"].items()))
-    print(f"{'run':58} {'kind':8} {'ph':>2} {'steps':>9} {'len':>4} {'dev':>3} {'link':>10} {'FLOPs':>9} "
-          f"{'compute':>8} {'comm':>7} {'eval':>6} {'GPU-h':>8} {'disk GB':>8}")
+    line = "{:58} {:8} {:>2} {:>9} {:>4} {:>3} {:>10} {:>9} {:>8} {:>7} {:>6} {:>8} {:>8}".format
+    print(line("run", "kind", "ph", "steps", "len", "dev", "link", "FLOPs", "compute", "comm", "eval",
+               "GPU-h", "disk GB"))
     for r in plan["runs"]:
-        print(f"{r['name'][-58:]:58} {r['kind']:8} {r['phase'] or '':>2} {r['steps']:>9,} "
-              f"{r['seq_length']:>4} {r['devices']:>3} {r['interconnect']:>10} {r['flops']:>9.2e} "
-              f"{r['compute_hours']:>8.2f} {r['comm_hours']:>7.2f} {r['eval_hours']:>6.2f} "
-              f"{r['gpu_hours']:>8.2f} {r['disk_gb']:>8.2f}")
+        hours = (f"{r[k]:.2f}" for k in ("compute_hours", "comm_hours", "eval_hours", "gpu_hours", "disk_gb"))
+        print(line(r["name"][-58:], r["kind"], r["phase"] or "", f"{r['steps']:,}", r["seq_length"],
+                   r["devices"], r["interconnect"], f"{r['flops']:.2e}", *hours))
     for acc, t in plan["totals"].items():
         print(f"total on {acc}: {t['gpu_hours']:,.1f} GPU-hours (compute {t['compute_hours']:,.1f}, comm "
               f"{t['comm_hours']:,.1f}, eval {t['eval_hours']:,.1f})")

@@ -3,11 +3,8 @@ conf/table_scale/rehearsal.yaml composes it over the table at its real scale, ru
 
 Kept: every sweep, each pre-training phase and its length, the checkpoint cadence (step-<N>.ckpt becomes
 step-<N/D>.ckpt, D dividing every step count), the checkpoint each fine-tuning starts from, the selection;
-``grid="first"`` runs each grid's first point only, ``"full"`` every point. Before it runs, the rehearsal
-states its wall time on the plan's own model (tables.plan's FLOPs at this CPU's measured rate; no all-reduce
-in one process) plus what no FLOP count sees, a process's start-up and a job's set-up, as the newest earlier
-rehearsal measured them. Afterwards it checks each fine-tuning's checkpoint holds the step and length the plan
-says, and records planned against measured seconds in rehearsal.json.
+``grid="first"`` runs each grid's first point only, ``"full"`` every point. It states its planned wall time
+before it runs, and afterwards checks each fine-tuning's checkpoint holds the step and length the plan says.
 """
 
 from __future__ import annotations
@@ -30,7 +27,6 @@ from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec
 
 OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d, replace=True)
 OmegaConf.register_new_resolver("gcd", math.gcd, replace=True)
-PROBE = "BERT-tiny, batch 8 x 128, median of 5 steps"
 
 
 def _composed(table: Table, *args: str):
@@ -106,7 +102,7 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
 
 def cpu_speed() -> dict:
     """FLOP/s of a training step of BERT-tiny (the rehearsal's model) on this CPU with the runs' threads: the
-    benchmarks/train_step.py step, PROBE."""
+    benchmarks/train_step.py step, median of 5."""
     import torch
 
     from bert_repro.benchmarks import train_step as bench
@@ -124,7 +120,7 @@ def cpu_speed() -> dict:
         flops = training_flops(config, int(batch["attention_mask"].sum()), 128, 8 * masked)
         # the first step: a warm-up's allocations
         return {"flops_per_s": flops / statistics.median(seconds[1:]), "threads": torch.get_num_threads(),
-                "probe": PROBE}
+                "probe": "BERT-tiny, batch 8 x 128"}
     finally:
         torch.set_num_threads(threads)
 
