@@ -389,3 +389,28 @@ def test_the_plan_prices_at_the_mfu_that_gpu_check_measured(tmp_path, monkeypatc
     ratios = sorted(m["compute_hours"] / a["compute_hours"]
                     for m, a in zip(measured["runs"], assumed["runs"]))
     assert ratios == pytest.approx([0.5] * 3 + [1.0] * 3)
+
+
+def test_the_cpu_plan_is_calibrated_on_each_kinds_second_sweep_and_checked_on_the_others(tmp_path):
+    """Each job computes 2 s, spends 3 s more (set-up) and its sweep's process 10 s before and after them
+    (start-up): measured on a kind's second sweep, those price the other sweeps exactly."""
+    from bert_repro.tables.rehearse import calibrate
+
+    table = build("table2", "budget", tmp_path, {"*": "/ckpt/given"})
+    summary, compute = [], {}
+    for sweep in table.sweeps.values():
+        for _, folder in sweep.jobs():
+            write_results(folder, "squad_v1", {"val/f1": 80.0})
+            results = json.loads((folder / "results.json").read_text())
+            (folder / "results.json").write_text(json.dumps({**results, "wall_time_s": 5.0}))
+            compute[f"{sweep.name}/{folder.name}"] = 2.0
+        summary.append({"sweep": sweep.name, "skipped": 0, "complete": len(sweep.jobs()), "failed": 0,
+                        "wall_s": 10.0 + 5.0 * len(sweep.jobs())})
+    calibration = calibrate(table, summary, compute)
+    kinds = {sweep.overrides["task"] for sweep in table.sweeps.values()}
+    assert {k: (f["startup_s"], f["setup_s"]) for k, f in calibration["fixed"].items()} == {
+        f"finetune: {task}": (10.0, 3.0) for task in kinds}
+    jobs = sum(len(s.jobs()) for s in table.sweeps.values())
+    assert calibration["total"] == {"runs": jobs, "planned_s": 5.0 * jobs + 10.0 * len(table.sweeps),
+                                    "measured_s": 5.0 * jobs + 10.0 * len(table.sweeps), "ratio": 1.0}
+    assert 0 < calibration["held_out"]["runs"] < jobs and calibration["held_out"]["ratio"] == 1.0

@@ -163,23 +163,21 @@ def calibrate(small: Table, summary: list[dict], compute: dict[str, float]) -> d
     each kind's start-up (a sweep's wall time less its jobs' results.json wall_time_s) and set-up measured on
     its second sweep (the first also builds the caches the others read); ``held_out``: the other sweeps'."""
     walls = {line["sweep"]: line for line in summary}
-    ran = {}  # sweep -> (start-up, each job's wall time)
+    ran = []  # (sweep, its process's start-up, each job's wall time)
     for sweep in small.sweeps.values():
         line = walls.get(sweep.name)
         if line and line["complete"] and not (line["skipped"] or line["failed"]):
             jobs = {f"{sweep.name}/{f.name}": RunFolder(f).read()["wall_time_s"] for _, f in sweep.jobs()}
-            ran[sweep] = (max(0.0, line["wall_s"] - sum(jobs.values())), jobs)
+            ran.append((sweep, max(0.0, line["wall_s"] - sum(jobs.values())), jobs))
     fixed = {}
-    for kind in dict.fromkeys(map(_kind, ran)):
-        same = [s for s in ran if _kind(s) == kind]
-        sweep = same[min(1, len(same) - 1)]
-        startup, jobs = ran[sweep]
+    for kind in dict.fromkeys(_kind(sweep) for sweep, _, _ in ran):
+        same = [one for one in ran if _kind(one[0]) == kind]
+        sweep, startup, jobs = same[min(1, len(same) - 1)]
         fixed[kind] = {"sweep": sweep.name, "startup_s": startup,
                        "setup_s": max(0.0, sum(wall - compute[j] for j, wall in jobs.items()) / len(jobs))}
     runs = [{"name": job, "calibration": sweep.name == fixed[_kind(sweep)]["sweep"],
              "planned_s": round(planned, 2), "measured_s": round(jobs[job] + startup / len(jobs), 2)}
-            for sweep, (startup, jobs) in ran.items()
-            for job, planned in planned_s(sweep, compute, fixed).items()]
+            for sweep, startup, jobs in ran for job, planned in planned_s(sweep, compute, fixed).items()]
 
     def total(rows: list[dict]) -> dict:
         planned, measured = sum(r["planned_s"] for r in rows), sum(r["measured_s"] for r in rows)
