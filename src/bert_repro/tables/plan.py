@@ -84,8 +84,8 @@ def measured_mfu() -> dict[tuple[int, int], tuple[float, str]]:
                              "report") from None
         rows += [(row, path.name) for step in steps for row in (step.get("results") or {}).get("lines", [])
                  if row.get("device") == "cuda" and row.get("ours_mfu")]
-    width = {name: model_config(name, conf_dir=CONF_DIR).hidden_size 
-             for name in {r["model"] for r, _ in rows}}
+    names = {row["model"] for row, _ in rows}
+    width = {name: model_config(name, conf_dir=CONF_DIR).hidden_size for name in names}
     found: dict[tuple[int, int], tuple[float, str]] = {}
     for row, source in rows:
         key = (width[row["model"]], int(row["seq"]))
@@ -335,8 +335,7 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
             "mfu": {f"H{h}/T{t}": mfu_for(h, t, mfu["measured"], mfu["assumed"])
                     for h, t in sorted({(r.hidden, r.seq_length) for r in unique})},
             "runs": runs, "totals": totals, "total_gpu_hours": total,
-            "shared": {"runs_asked": len(asked), "runs_unique": len(unique),
-                       "gpu_hours_saved": saved},
+            "shared": {"runs_asked": len(asked), "runs_unique": len(unique), "gpu_hours_saved": saved},
             "total_flops": sum(r["flops"] for r in runs), "total_disk_gb": sum(r["disk_gb"] for r in runs),
             "total_prep_hours": sum(r["prep_hours"] for r in runs)}
 
