@@ -14,7 +14,7 @@ from bert_repro.benchmarks.lengths import measure_lengths
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
-from bert_repro.tables.plan import FIELDS, LENGTH_PROBS, make_plan, padded_length
+from bert_repro.tables.plan import LENGTH_PROBS, make_plan, padded_length
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import composing_jobs, job_config, run_table
 from bert_repro.tables.spec import TableError, build, load_spec
@@ -72,7 +72,9 @@ def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(
     assert "assumed 30% for H<=768" in out and "total on a100" in out and "total on h200" in out
     plan = json.loads((tmp_path / "table5" / "paper" / "plan.json").read_text())
     assert {"runs", "total_gpu_hours", "accelerator", "totals"} <= set(plan) and plan["accelerator"] == "a100"
-    assert all(tuple(r) == FIELDS for r in plan["runs"]) and set(plan["totals"]) == {"h100", "h200", "a100"}
+    fields = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours", "compute_hours",
+              "comm_hours", "eval_hours", "prep_hours", "disk_gb", "devices", "interconnect", "folder")
+    assert all(tuple(r) == fields for r in plan["runs"]) and set(plan["totals"]) == {"h100", "h200", "a100"}
     for r in plan["runs"]:
         assert r["gpu_hours"] == pytest.approx(r["compute_hours"] + r["comm_hours"] + r["eval_hours"])
         assert r["eval_hours"] > 0 and r["disk_gb"] > 0
@@ -330,10 +332,10 @@ def test_a_rehearsal_states_its_planned_wall_time_before_it_runs(tmp_path, monke
     earlier.mkdir(parents=True)
     fixed = {"finetune: squad_v1": {"sweep": "finetune/x/squad_v1", "startup_s": 30.0, "setup_s": 5.0}}
     (earlier / "rehearsal.json").write_text(json.dumps({"calibration": {"fixed": fixed}}))
-    monkeypatch.setattr(rehearsal, "cpu_speed", lambda: {"peak_flops": 1e10, "mfu": 0.1})
-    priced = []
+    monkeypatch.setattr(rehearsal, "cpu_speed", lambda: {"flops_per_s": 1e9})
+    priced, compute_seconds = [], rehearsal.compute_seconds
     monkeypatch.setattr(rehearsal, "compute_seconds",
-                        lambda small, rate: priced.append(planning_compute(small, rate)) or priced[-1])
+                        lambda small, rate: priced.append(compute_seconds(small, rate)) or priced[-1])
 
     def run_table(small, launcher, force):  # the statement is out before the runner starts
         raise KeyboardInterrupt(capsys.readouterr().out)
@@ -349,7 +351,47 @@ def test_a_rehearsal_states_its_planned_wall_time_before_it_runs(tmp_path, monke
     assert "at 1.0 GFLOP/s, start-up and set-up as last measured" in said
 
 
-def planning_compute(small, rate):
-    from bert_repro.tables.calibrate import compute_seconds
+def test_the_plan_prices_at_the_mfu_that_gpu_check_measured(tmp_path, monkeypatch):
+    """A train-step row of benchmarks/gpu_check.py's report (BERT-base at 384 tokens, MFU 60%) replaces the
+    assumed 30% of Table 2's runs of that width and length, halving their compute; BERT-large's stay."""
+    import sys
 
-    return compute_seconds(small, rate)
+    from bert_repro.benchmarks.gpu_check import Step, check
+
+    table = build("table2", "budget", tmp_path, inits={"*": "/ckpt/given"})
+    assumed = make_plan(table)
+    row = json.dumps({"model": "base", "seq": 384, "device": "cuda", "ours_mfu": 0.6})
+    bench = Step("bench", 60, lambda folder: [sys.executable, "-c", f"print({row!r})"])
+    report = check(tmp_path / "gpu", 60, [bench], "NVIDIA H100 80GB HBM3")
+    monkeypatch.setattr(planning, "BENCH_DIR", report.parent)
+    measured = make_plan(table)
+    assert measured["mfu"]["H768/T384"] == (0.6, f"bench ({report.name})")
+    assert measured["mfu"]["H1024/T384"] == assumed["mfu"]["H1024/T384"]
+    ratios = sorted(m["compute_hours"] / a["compute_hours"]
+                    for m, a in zip(measured["runs"], assumed["runs"]))
+    assert ratios == pytest.approx([0.5] * 3 + [1.0] * 3)
+
+
+def test_the_cpu_plan_is_calibrated_on_each_kinds_second_sweep_and_checked_on_the_others(tmp_path):
+    """Each job computes 2 s, spends 3 s more (set-up) and its sweep's process 10 s before and after them
+    (start-up): measured on a kind's second sweep, those price the other sweeps exactly."""
+    from bert_repro.tables.rehearse import calibrate
+
+    table = build("table2", "budget", tmp_path, {"*": "/ckpt/given"})
+    summary, compute = [], {}
+    for sweep in table.sweeps.values():
+        for _, folder in sweep.jobs():
+            write_results(folder, "squad_v1", {"val/f1": 80.0})
+            results = json.loads((folder / "results.json").read_text())
+            (folder / "results.json").write_text(json.dumps({**results, "wall_time_s": 5.0}))
+            compute[f"{sweep.name}/{folder.name}"] = 2.0
+        summary.append({"sweep": sweep.name, "skipped": 0, "complete": len(sweep.jobs()), "failed": 0,
+                        "wall_s": 10.0 + 5.0 * len(sweep.jobs())})
+    calibration = calibrate(table, summary, compute)
+    kinds = {sweep.overrides["task"] for sweep in table.sweeps.values()}
+    assert {k: (f["startup_s"], f["setup_s"]) for k, f in calibration["fixed"].items()} == {
+        f"finetune: {task}": (10.0, 3.0) for task in kinds}
+    jobs = sum(len(s.jobs()) for s in table.sweeps.values())
+    assert calibration["total"] == {"runs": jobs, "planned_s": 5.0 * jobs + 10.0 * len(table.sweeps),
+                                    "measured_s": 5.0 * jobs + 10.0 * len(table.sweeps), "ratio": 1.0}
+    assert 0 < calibration["held_out"]["runs"] < jobs and calibration["held_out"]["ratio"] == 1.0

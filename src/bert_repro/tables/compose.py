@@ -17,7 +17,7 @@ from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, read_write
 
 from bert_repro.tables import CONF_DIR, REPO
 
@@ -73,9 +73,8 @@ def compose_run(args: list[str]):
     if not values:
         return base
     cfg = copy.deepcopy(base)
-    OmegaConf.set_readonly(cfg, False)
-    ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # typed nodes refuse a wrong value here
-    OmegaConf.set_readonly(cfg, True)
+    with read_write(cfg):
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # typed nodes refuse a wrong value here
     return cfg
 
 
@@ -96,10 +95,7 @@ def compose_job(fixed: list[str], swept: list[str], copies: dict):
 
 @contextmanager
 def composing():
-    """Hydra over conf/ for compose(), cleared after."""
+    """Hydra over conf/ for compose(); Hydra restores the state before it (here: cleared) after."""
     GlobalHydra.instance().clear()
-    try:
-        with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-            yield
-    finally:
-        GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield

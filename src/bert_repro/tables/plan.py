@@ -1,15 +1,10 @@
 """``ACTION=plan``: every run a table will launch, and what it costs, before anything runs.
 
-Each job is composed as src/train.py composes it and checked as a run checks it: a wrong value, a
-checkpoint the schedule never writes or a length beyond a checkpoint's positions fails here, naming the job.
-Each fact is asked of its owner on that config: FLOPs of bert_repro.flops, parameters of model.py, the data
-caches' settings of data/pretraining.cache_settings, the padded length of data/batching.PadCollator, the kept
-checkpoints of lifecycle/callbacks.retain_checkpoints. A run's GPU-hours: compute (FLOPs at the bf16 peak x
-the MFU ``python -m bert_repro.bench --device cuda`` measured, else the table's ``assumed_mfu``; Table 7's
-BiLSTM at ``lstm_mfu``), comm (DDP's ring all-reduce, 2 (n-1)/n x gradient bytes a step over the slowest
-link, not overlapped: an upper bound) and eval (the Dev forward passes). Beside them: CPU-core-hours of data
-preparation and disk, at the rates benchmarks/instances.py --rates measured (RATES), each data cache charged
-to the first run that builds it. Tables planned together count a shared pre-training once.
+Each job is composed as src/train.py composes it and checked as a run checks it; each fact is asked of its
+owner on that config. A run's GPU-hours: compute (FLOPs at the bf16 peak x the measured MFU, else the table's
+``assumed_mfu``), comm (DDP's ring all-reduce, 2 (n-1)/n x gradient bytes a step over the slowest link, not
+overlapped: an upper bound) and eval (the Dev forward passes); beside them CPU-core-hours of data preparation
+and disk, each data cache charged to the first run that builds it (docs/tables.md).
 """
 
 from __future__ import annotations
@@ -17,13 +12,14 @@ from __future__ import annotations
 import json
 import math
 import tempfile
-from dataclasses import asdict, dataclass, field, fields, replace
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 import numpy as np
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from bert_repro.flops import PEAK_TFLOPS, training_flops
 from bert_repro.tables import CONF_DIR, REPO, TableError
 from bert_repro.tables.compose import compose_job, composing
 from bert_repro.tables.spec import Sweep, Table
@@ -33,7 +29,7 @@ from bert_repro.tables.spec import Sweep, Table
 ACCELERATORS = {"h100": ("h100-sxm/bf16", 450, 50), "h200": ("h200/bf16", 450, 50),
                 "a100": ("a100/bf16", 300, 25)}
 GPUS_PER_NODE = 8  # trainer.devices=auto on an HGX/DGX node
-BENCH_DIR = REPO / "experiments" / "results" / "gpu"
+BENCH_DIR = REPO / "experiments" / "results" / "gpu"  # benchmarks/gpu_check.py's reports
 RATES = REPO / "experiments" / "results" / "cpu" / "rates.json"  # benchmarks/instances.py --rates writes it
 MAX_RUNS = 10_000  # a grid beyond this is planned only with --yes
 FACTS = ("train_sizes", "dev_sizes", "token_lengths", "corpus_tokens")  # conf/table/table_tasks.yaml's
@@ -43,22 +39,8 @@ LENGTH_PROBS = (0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, .975, .99, .995, .99
 
 
 @dataclass
-class Work:
-    """A run's work, whatever the accelerator."""
-
-    flops: float  # training
-    eval_flops: float
-    lstm_flops: float  # Table 7's BiLSTM, at lstm_mfu
-    allreduce_bytes: float  # per device, over all steps
-    devices: int
-    nodes: int
-    hidden: int
-    data: dict = field(default_factory=dict)  # pre-training data caches: key -> (CPU-core-hours, bytes)
-
-
-@dataclass
 class Run:
-    """A run as plan.json lists it."""
+    """A run's work, whatever the accelerator; ``row`` prices it as plan.json lists it."""
 
     name: str
     kind: str  # pretrain | finetune
@@ -66,19 +48,17 @@ class Run:
     steps: int
     seq_length: int
     tokens: int
-    flops: float
-    gpu_hours: float  # compute + comm + eval
-    compute_hours: float
-    comm_hours: float
-    eval_hours: float
-    prep_hours: float  # CPU-core-hours
-    disk_gb: float
+    flops: float  # training
+    lstm_flops: float  # Table 7's BiLSTM, at lstm_mfu
+    eval_flops: float
+    allreduce_bytes: float  # per device, over all steps
     devices: int
-    interconnect: str
+    nodes: int
+    hidden: int
+    disk_gb: float  # the checkpoints it keeps; with charge_data_once, the data caches it builds
     folder: str  # the run folder: the same pre-training in two tables is one folder
-
-
-FIELDS = tuple(f.name for f in fields(Run))
+    data: dict  # pre-training data caches: key -> (CPU-core-hours, bytes)
+    prep_hours: float = 0.0  # CPU-core-hours, set by charge_data_once
 
 
 def cpu_rates() -> dict:
@@ -91,20 +71,25 @@ def cpu_rates() -> dict:
 
 
 def measured_mfu() -> dict[tuple[int, int], tuple[float, str]]:
-    """(hidden size, sequence length) -> (the best MFU, source) of bench --device cuda's JSON lines."""
+    """(hidden size, sequence length) -> (the best MFU, source) of the ``bench --device cuda`` rows of
+    benchmarks/gpu_check.py's reports; a model's width is its config's (train_step.model_config)."""
+    from bert_repro.benchmarks.train_step import model_config
+
+    rows = []
+    for path in sorted(BENCH_DIR.glob("*.json")):
+        try:
+            steps = json.loads(path.read_text()).get("steps", [])
+        except (OSError, json.JSONDecodeError) as err:
+            raise TableError(f"{path}: {err}; expected `python -m bert_repro.benchmarks.gpu_check`'s "
+                             "report") from None
+        rows += [(row, path.name) for step in steps for row in (step.get("results") or {}).get("lines", [])
+                 if row.get("device") == "cuda" and row.get("ours_mfu")]
+    names = {row["model"] for row, _ in rows}
+    width = {name: model_config(name, conf_dir=CONF_DIR).hidden_size for name in names}
     found: dict[tuple[int, int], tuple[float, str]] = {}
-    for path in sorted(BENCH_DIR.glob("*.json*")):
-        for line in path.read_text(errors="replace").splitlines():
-            try:
-                record = json.loads(line)
-            except json.JSONDecodeError:
-                continue
-            if isinstance(record, dict) and record.get("device") == "cuda" and record.get("ours_mfu"):
-                model = CONF_DIR / "model" / f"{record.get('model')}.yaml"
-                hidden = OmegaConf.load(model).get("hidden_size") if model.is_file() else None
-                key = (hidden or 768, int(record.get("seq") or 128))  # base.yaml takes base/model's 768
-                mine = (float(record["ours_mfu"]), f"bench ({path.name})")
-                found[key] = max(found.get(key, (0.0, "")), mine)
+    for row, source in rows:
+        key = (width[row["model"]], int(row["seq"]))
+        found[key] = max(found.get(key, (0.0, "")), (float(row["ours_mfu"]), f"bench ({source})"))
     return found
 
 
@@ -115,23 +100,21 @@ def mfu_for(hidden: int, seq: int, measured: dict, assumed: dict) -> tuple[float
     return assumed[size], f"assumed {assumed[size]:.0%} for H<={size}"
 
 
-def priced(runs: list[tuple[Run, Work]], accelerator: str, mfu: dict) -> list[Run]:
-    """The runs with their hours on ``accelerator``; ``mfu``: measured, assumed, lstm."""
-    from bert_repro.flops import PEAK_TFLOPS
-
+def row(run: Run, accelerator: str, mfu: dict) -> dict:
+    """``run`` as plan.json lists it, with its hours on ``accelerator``; ``mfu``: measured, assumed, lstm."""
     peak_name, nvlink, infiniband = ACCELERATORS[accelerator]
     peak = PEAK_TFLOPS[peak_name] * 1e12
-    out = []
-    for run, work in runs:
-        share = mfu_for(work.hidden, run.seq_length, mfu["measured"], mfu["assumed"])[0]
-        n = work.devices * work.nodes
-        link, gbs = ("none", math.inf) if n == 1 else ("infiniband", infiniband) if work.nodes > 1 \
-            else ("nvlink", nvlink)
-        parts = {"compute_hours": (work.flops / share + work.lstm_flops / mfu["lstm"]) / peak / 3600,
-                 "comm_hours": work.allreduce_bytes / (gbs * 1e9) * n / 3600,
-                 "eval_hours": work.eval_flops / (peak * share) / 3600}
-        out.append(replace(run, **parts, gpu_hours=sum(parts.values()), interconnect=link))
-    return out
+    share = mfu_for(run.hidden, run.seq_length, mfu["measured"], mfu["assumed"])[0]
+    n = run.devices * run.nodes
+    link, gbs = ("none", math.inf) if n == 1 else ("infiniband", infiniband) if run.nodes > 1 \
+        else ("nvlink", nvlink)
+    hours = {"compute_hours": (run.flops / share + run.lstm_flops / mfu["lstm"]) / peak / 3600,
+             "comm_hours": run.allreduce_bytes / (gbs * 1e9) * n / 3600,
+             "eval_hours": run.eval_flops / (peak * share) / 3600}
+    return {"name": run.name, "kind": run.kind, "phase": run.phase, "steps": run.steps,
+            "seq_length": run.seq_length, "tokens": run.tokens, "flops": run.flops + run.lstm_flops,
+            "gpu_hours": sum(hours.values()), **hours, "prep_hours": run.prep_hours, "disk_gb": run.disk_gb,
+            "devices": n, "interconnect": link, "folder": run.folder}
 
 
 def _composed(sweep: Sweep, swept: list[str], copies: dict):
@@ -147,11 +130,6 @@ def _composed(sweep: Sweep, swept: list[str], copies: dict):
     except ValueError as err:
         raise TableError(f"{where}: {err}") from None
     return cfg
-
-
-def _value(cfg, key: str):
-    node = OmegaConf.select(cfg, key, throw_on_resolution_failure=False)
-    return OmegaConf.to_container(node, resolve=True) if OmegaConf.is_config(node) else node
 
 
 def parameters(model: dict, pretraining: bool, vocab: int | None) -> tuple[object, int]:
@@ -206,81 +184,82 @@ def _val_sequences(limit, batch: int, available: int) -> int:
     return int(available * float(limit if limit is not None else 1.0))
 
 
-def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> tuple[Run, Work]:
-    """One job's run and work; ``facts``: the table's FACTS and the CPU's data rates."""
-    from bert_repro.flops import training_flops
-
+def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> Run:
+    """One job's run; ``facts``: the table's FACTS and the CPU's data rates."""
     cfg = _composed(sweep, swept, cache.setdefault("copies", {}))
-    optim, pretraining = _value(cfg, "optim"), sweep.stage == "pretrain"
-    seq, batch = int(_value(cfg, "data.max_seq_length")), int(_value(cfg, "data.batch_size"))
+    optim, data, pretraining = cfg.optim, cfg.data, sweep.stage == "pretrain"
+    seq, batch = int(data.max_seq_length), int(data.batch_size)
     # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
-    shape = (json.dumps(_value(cfg, "model"), sort_keys=True), pretraining,
-             pretraining and _value(cfg, "data.vocab_size"))
-    if shape not in cache:
-        cache[shape] = parameters(_value(cfg, "model"), pretraining, shape[2])
-    model, params = cache[shape]
-    devices = _value(cfg, "trainer.devices")
+    shape = (OmegaConf.to_container(cfg.model, resolve=True), pretraining, pretraining and data.vocab_size)
+    key = (json.dumps(shape[0], sort_keys=True), *shape[1:])
+    if key not in cache:
+        cache[key] = parameters(*shape)
+    model, params = cache[key]
+    devices = cfg.trainer.devices
     devices = GPUS_PER_NODE if devices in (None, "auto", -1) else int(devices)
-    nodes = int(_value(cfg, "trainer.num_nodes") or 1)
+    nodes = int(cfg.trainer.get("num_nodes") or 1)
     n = devices * nodes
-    lstm_flops, data, written = 0.0, {}, []
+    lstm_flops, caches, written = 0.0, {}, []
     if pretraining:
-        start = int(optim.get("resume_step") or 0)
-        steps = int(optim["max_steps"]) - start
+        start = int(optim.resume_step or 0)
+        steps = int(optim.max_steps) - start
         tokens = steps * batch * seq
         # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
-        per_seq = seq - 1 if _value(cfg, "ablation.ltr") else int(_value(cfg, "data.max_predictions_per_seq"))
+        per_seq = seq - 1 if cfg.ablation.ltr else int(data.max_predictions_per_seq)
         flops = training_flops(model, tokens, seq, steps * batch * per_seq)
-        val = steps // int(optim["val_check_interval"]) * _val_sequences(optim["limit_val_batches"], batch,
-                                                                             batch * 10**6)
-        eval_flops = training_flops(model, val * seq, seq, val * per_seq) / 3  # forward only
+        length = seq
+        val = steps // int(optim.val_check_interval) * _val_sequences(optim.limit_val_batches, batch,
+                                                                        batch * 10**6)
         every = sweep.schedule.every
-        written = list(range(start + every, int(optim["max_steps"]) + 1, every)) if every else []
-        data = _data_caches(cfg, sweep, seq, facts)
+        written = list(range(start + every, int(optim.max_steps) + 1, every)) if every else []
+        caches = _data_caches(cfg, sweep, seq, facts)
     else:
+        if sweep.needs is not None and seq > (trained := sweep.needs.schedule.trained_length(sweep.phase)):
+            raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={seq} from "
+                             f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} "
+                             f"tokens only (phase {sweep.phase} of the pre-training schedule); lower the "
+                             "length or start from a later checkpoint")
         sizes, dev_sizes = facts.get("train_sizes") or {}, facts.get("dev_sizes") or {}
-        task = _value(cfg, "task.name")
+        task = cfg.task.name
         # data.train_examples: the rows the demonstration tasks (data/pydoc_tasks.py) write
-        cap = _value(cfg, "data.max_train_examples") or _value(cfg, "data.train_examples")
+        cap = data.get("max_train_examples") or data.get("train_examples")
         if task not in sizes and not cap:
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
                              "train_sizes, and no data.max_train_examples (or data.train_examples)")
         examples = min(sizes.get(task, cap), cap or sizes[task])
         choices = 4 if task == "swag" else 1  # SWAG: four [CLS] A [SEP] B_i sequences
         per_epoch = math.ceil(examples / batch)
-        fixed = (optim.get("max_steps") or -1) > 0
-        steps = int(optim["max_steps"]) if fixed else per_epoch * int(optim["epochs"])
+        steps = int(optim.max_steps) if (optim.max_steps or -1) > 0 else per_epoch * int(optim.epochs)
         # each device pads its own share of the batch; the released code's fixed 128: speed.padding=max_length
-        pad_to = seq if _value(cfg, "speed.padding") == "max_length" else None
+        pad_to = seq if cfg.speed.padding == "max_length" else None
         quantiles = (facts.get("token_lengths") or {}).get(task)
         key = ("padded", json.dumps(quantiles), max(1, batch // n), seq, pad_to)
         if key not in cache:
-            cache[key] = padded_length(quantiles, max(1, batch // n), seq, pad_to)
-        padded = cache[key]
-        tokens = round(steps * min(batch, examples) * padded * choices)
-        flops = training_flops(model, tokens, padded)  # padded tokens: an upper bound on the real ones
+            cache[key] = padded_length(quantiles, *key[2:])
+        length = cache[key]
+        tokens = round(steps * min(batch, examples) * length * choices)
+        flops = training_flops(model, tokens, length)  # padded tokens: an upper bound on the real ones
         dev = dev_sizes.get(task, examples)
-        dev = min(dev, _value(cfg, "data.max_dev_examples") or dev)
-        val = math.ceil(steps / per_epoch) * _val_sequences(optim["limit_val_batches"], batch, dev) * choices
-        eval_flops = training_flops(model, round(val * padded), padded) / 3  # each epoch's end, forward only
-        if features := _value(cfg, "module.features"):  # Table 7: the encoder frozen, its BiLSTM trained
+        dev = min(dev, data.get("max_dev_examples") or dev)
+        val = math.ceil(steps / per_epoch) * _val_sequences(optim.limit_val_batches, batch, dev) * choices
+        per_seq = 0
+        if features := cfg.module.get("features"):  # Table 7: the encoder frozen, its BiLSTM trained
             # heads.FeatureTagger's 2-layer BiLSTM: a direction, a layer: 4 gates of (input + hidden) x hidden
             concat = features.get("combine") == "concat"
             width = model.hidden_size * (len(features["layers"]) if concat else 1)
             h = int(features.get("lstm_hidden") or model.hidden_size)
             lstm_flops = 6.0 * tokens * 2 * 4 * h * ((width + h) + (2 * h + h))
             flops /= 3
-    keep = _value(cfg, "checkpoint") or {}
+    # forward only, at each evaluation (pre-training: every val_check_interval; fine-tuning: each epoch's end)
+    eval_flops = training_flops(model, round(val * length), length, val * per_seq) / 3
+    keep = OmegaConf.to_container(cfg.checkpoint, resolve=True) if cfg.get("checkpoint") else {}
     key = ("kept", json.dumps(keep, sort_keys=True), tuple(written))
     if key not in cache:
         cache[key] = kept_checkpoints(keep, written)
-    grad_bytes = params * (2 if _value(cfg, "speed.grad_allreduce") == "bf16" else 4)
-    work = Work(flops, eval_flops, lstm_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
-                model.hidden_size, data)
-    run = Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps, seq,
-              tokens, flops + lstm_flops, 0.0, 0.0, 0.0, 0.0, 0.0, cache[key] * params / 1e9, n, "",
-              str(folder))
-    return run, work
+    grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
+    return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps, seq,
+               tokens, flops, lstm_flops, eval_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
+               model.hidden_size, cache[key] * params / 1e9, str(folder), caches)
 
 
 def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[float, float]]:
@@ -289,10 +268,10 @@ def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[fl
     from bert_repro.data.pretraining import cache_settings
 
     rates, data = facts["rates"], cfg.data
-    corpus = float((facts.get("corpus_tokens") or {}).get(_value(cfg, "data.source"), 0))
-    static = data.masking == "static"
+    corpus = float((facts.get("corpus_tokens") or {}).get(data.source, 0))
+    settings = cache_settings(data, static=data.masking == "static")
     tokens, round_ = ({k: OmegaConf.to_container(v, resolve=True) if OmegaConf.is_config(v) else v
-                       for k, v in part.items()} for part in cache_settings(data, static=static))
+                       for k, v in part.items()} for part in settings)
     if sweep.needs is not None:
         tokens["tokenizer"] = None  # phase 2: the vocabulary phase 1 trained on this corpus (its checkpoint)
     sizes = rates["instance_bytes_per_token"]
@@ -305,58 +284,39 @@ def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[fl
     return caches
 
 
-def charge_data_once(runs: list[tuple[Run, Work]]) -> list[tuple[Run, Work]]:
+def charge_data_once(runs: list[Run]) -> list[Run]:
     """Each data cache's hours and disk on the first run that builds it; the runs after it read it."""
     built: set[str] = set()
     out = []
-    for run, work in runs:
-        fresh = [cost for key, cost in work.data.items() if key not in built]
-        built.update(work.data)
-        out.append((replace(run, prep_hours=sum(hours for hours, _ in fresh),
-                            disk_gb=run.disk_gb + sum(size for _, size in fresh) / 1e9), work))
+    for run in runs:
+        fresh = [cost for key, cost in run.data.items() if key not in built]
+        built.update(run.data)
+        out.append(replace(run, prep_hours=sum(hours for hours, _ in fresh),
+                           disk_gb=run.disk_gb + sum(size for _, size in fresh) / 1e9))
     return out
 
 
-def check_lengths(sweep: Sweep, run: Run) -> None:
-    """A fine-tuning run longer than the positions its checkpoint was trained at is refused."""
-    if sweep.stage == "finetune" and sweep.needs is not None:
-        trained = sweep.needs.schedule.trained_length(sweep.phase)
-        if run.seq_length > trained:
-            raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={run.seq_length} from "
-                             f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} "
-                             f"tokens only (phase {sweep.phase} of the pre-training schedule); lower the "
-                             "length or start from a later checkpoint")
-
-
-def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[tuple[Run, Work]], list]:
-    """Every job's run and work, unpriced: each run folder once, and every table's runs as asked (a shared
+def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[Run]]:
+    """Every job's run, unpriced: each run folder once, and every table's runs as asked (a shared
     pre-training as often as tables ask for it). More than MAX_RUNS jobs only with ``yes``."""
     jobs = [(one, sweep, job) for one in tables for sweep in one.sweeps.values() for job in sweep.jobs()]
     if len(jobs) > MAX_RUNS and not yes:
         raise TableError(f"{'+'.join(t.name for t in tables)}: {len(jobs):,} runs, more than {MAX_RUNS:,}; "
                          "check the grid (--set grid....), or pass --yes to plan them all")
-    planned: dict[str, tuple[Run, Work]] = {}
+    planned: dict[str, Run] = {}
     asked, cache, rates = [], {}, cpu_rates()
     with composing():
         for one, sweep, (swept, folder) in jobs:
             facts = {**{k: one.spec.get(k) for k in FACTS}, "rates": rates}
-            found = plan_job(sweep, swept, folder, facts, cache)
-            check_lengths(sweep, found[0])
-            asked.append(found)
-            planned.setdefault(found[0].folder, found)
+            run = plan_job(sweep, swept, folder, facts, cache)
+            asked.append(run)
+            planned.setdefault(run.folder, run)
     return charge_data_once(list(planned.values())), asked
-
-
-def _totals(runs: list[Run]) -> dict:
-    return {k: sum(getattr(r, k) for r in runs) for k in ("gpu_hours", "compute_hours", "comm_hours",
-                                                          "eval_hours")}
 
 
 def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False) -> dict:
     """One table's plan, or several tables' together: a run folder two tables share (the pre-training store)
     is counted once, and ``shared`` says what that saved."""
-    from bert_repro.flops import PEAK_TFLOPS
-
     tables = table if isinstance(table, list) else [table]
     if accelerator not in ACCELERATORS:
         raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
@@ -364,32 +324,33 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
     mfu = {"measured": measured_mfu(), "lstm": float(spec["lstm_mfu"]),
            "assumed": {int(k): float(v) for k, v in spec["assumed_mfu"].items()}}
     unique, asked = plan_work(tables, yes)
-    runs = priced(unique, accelerator, mfu)
-    totals = {acc: _totals(priced(unique, acc, mfu)) for acc in ACCELERATORS}
-    sizes = sorted({(w.hidden, r.seq_length) for r, w in unique})
-    saved = _totals(priced(asked, accelerator, mfu))["gpu_hours"] - totals[accelerator]["gpu_hours"]
+    rows = {acc: [row(run, acc, mfu) for run in unique] for acc in ACCELERATORS}
+    totals = {acc: {k: sum(r[k] for r in runs) for k in ("gpu_hours", "compute_hours", "comm_hours",
+                                                          "eval_hours")} for acc, runs in rows.items()}
+    runs, total = rows[accelerator], totals[accelerator]["gpu_hours"]
+    saved = sum(row(run, accelerator, mfu)["gpu_hours"] for run in asked) - total
     return {"table": "+".join(t.name for t in tables), "tables": [t.name for t in tables],
             "scale": tables[0].scale, "accelerator": accelerator,
             "peak_tflops": PEAK_TFLOPS[ACCELERATORS[accelerator][0]],
-            "mfu": {f"H{h}/T{t}": mfu_for(h, t, mfu["measured"], mfu["assumed"]) for h, t in sizes},
-            "runs": [asdict(r) for r in runs], "totals": totals,
+            "mfu": {f"H{h}/T{t}": mfu_for(h, t, mfu["measured"], mfu["assumed"])
+                    for h, t in sorted({(r.hidden, r.seq_length) for r in unique})},
+            "runs": runs, "totals": totals, "total_gpu_hours": total,
             "shared": {"runs_asked": len(asked), "runs_unique": len(unique), "gpu_hours_saved": saved},
-            "total_gpu_hours": totals[accelerator]["gpu_hours"], "total_flops": sum(r.flops for r in runs),
-            "total_disk_gb": sum(r.disk_gb for r in runs),
-            "total_prep_hours": sum(r.prep_hours for r in runs)}
+            "total_flops": sum(r["flops"] for r in runs), "total_disk_gb": sum(r["disk_gb"] for r in runs),
+            "total_prep_hours": sum(r["prep_hours"] for r in runs)}
 
 
 def print_plan(plan: dict) -> None:
     print(f"{plan['table']} at scale={plan['scale']}: {len(plan['runs'])} runs on {plan['accelerator']} "
           f"({plan['peak_tflops']:.0f} TFLOP/s bf16 peak); MFU by width and length: "
           + ", ".join(f"{k} {v[0]:.0%} ({v[1]})" for k, v in plan["mfu"].items()))
-    print(f"{'run':58} {'kind':8} {'ph':>2} {'steps':>9} {'len':>4} {'dev':>3} {'link':>10} {'FLOPs':>9} "
-          f"{'compute':>8} {'comm':>7} {'eval':>6} {'GPU-h':>8} {'disk GB':>8}")
+    line = "{:58} {:8} {:>2} {:>9} {:>4} {:>3} {:>10} {:>9} {:>8} {:>7} {:>6} {:>8} {:>8}".format
+    print(line("run", "kind", "ph", "steps", "len", "dev", "link", "FLOPs", "compute", "comm", "eval",
+               "GPU-h", "disk GB"))
     for r in plan["runs"]:
-        print(f"{r['name'][-58:]:58} {r['kind']:8} {r['phase'] or '':>2} {r['steps']:>9,} "
-              f"{r['seq_length']:>4} {r['devices']:>3} {r['interconnect']:>10} {r['flops']:>9.2e} "
-              f"{r['compute_hours']:>8.2f} {r['comm_hours']:>7.2f} {r['eval_hours']:>6.2f} "
-              f"{r['gpu_hours']:>8.2f} {r['disk_gb']:>8.2f}")
+        hours = (f"{r[k]:.2f}" for k in ("compute_hours", "comm_hours", "eval_hours", "gpu_hours", "disk_gb"))
+        print(line(r["name"][-58:], r["kind"], r["phase"] or "", f"{r['steps']:,}", r["seq_length"],
+                   r["devices"], r["interconnect"], f"{r['flops']:.2e}", *hours))
     for acc, t in plan["totals"].items():
         print(f"total on {acc}: {t['gpu_hours']:,.1f} GPU-hours (compute {t['compute_hours']:,.1f}, comm "
               f"{t['comm_hours']:,.1f}, eval {t['eval_hours']:,.1f})")
@@ -402,8 +363,8 @@ def print_plan(plan: dict) -> None:
 
 
 def write_plan(plan: dict, runs_dir: Path) -> Path:
-    """plan.json: the runs (FIELDS), ``total_gpu_hours``, ``accelerator``, ``totals`` per accelerator,
-    ``shared`` and ``tables``; several tables' at <runs>/tables/<scale>."""
+    """plan.json: the runs, ``total_gpu_hours``, ``accelerator``, ``totals`` per accelerator, ``shared`` and
+    ``tables``; several tables' at <runs>/tables/<scale>."""
     path = runs_dir / ("tables" if len(plan["tables"]) > 1 else plan["table"]) / plan["scale"] / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     keys = ("runs", "total_gpu_hours", "accelerator", "totals", "shared", "tables")

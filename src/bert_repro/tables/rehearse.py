@@ -3,27 +3,27 @@ conf/table_scale/rehearsal.yaml composes it over the table at its real scale, ru
 
 Kept: every sweep, each pre-training phase and its length, the checkpoint cadence (step-<N>.ckpt becomes
 step-<N/D>.ckpt, D dividing every step count), the checkpoint each fine-tuning starts from, the selection;
-``grid="first"`` runs each grid's first point only, ``"full"`` every point. Runs go to
-<runs>/rehearsal/<table>/<scale>/, the table to <results>/rehearsal/; afterwards each fine-tuning's checkpoint
-is checked to hold the step and length the plan says, and the plan is priced against the measured seconds.
+``grid="first"`` runs each grid's first point only, ``"full"`` every point. It states its planned wall time
+before it runs, and afterwards checks each fine-tuning's checkpoint holds the step and length the plan says.
 """
 
 from __future__ import annotations
 
 import json
 import math
+import os
+import statistics
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bert_repro.tables import TableError
-from bert_repro.tables.calibrate import calibrate, compute_seconds, cpu_speed, planned_s, write_report
+from bert_repro.lifecycle.folder import RunFolder, step_checkpoint_name, step_of
+from bert_repro.tables import CONF_DIR, TableError
 from bert_repro.tables.compose import compose_once, composing
-from bert_repro.tables.plan import make_plan
+from bert_repro.tables.plan import make_plan, plan_work
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.schedule import STEP_CKPT
-from bert_repro.tables.spec import Table, build, flatten, load_spec
+from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec
 
 OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d, replace=True)
 OmegaConf.register_new_resolver("gcd", math.gcd, replace=True)
@@ -43,7 +43,7 @@ def divisor(table: Table) -> int:
     if not schedules:
         return 1
     counts = {n for s in schedules for n in (s.max_steps, s.phase1_steps, s.every) if n}
-    counts |= {int(m.group(1)) for s in table.sweeps.values() if (m := STEP_CKPT.match(s.checkpoint))}
+    counts |= {step_of(s.checkpoint) for s in table.sweeps.values() if step_of(s.checkpoint or "")}
     want = max(1, max(s.max_steps for s in schedules) // _composed(table).rehearsal.longest)
     common = math.gcd(*counts)
     return max(d for d in range(1, min(common, want) + 1) if common % d == 0)
@@ -52,8 +52,7 @@ def divisor(table: Table) -> int:
 def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[str] | None = None) -> Table:
     """The rehearsal's table: the same sweeps (``sets``: the table's --set) over <runs>/rehearsal, each run's
     overrides followed by the rehearsal's."""
-    cfg = _composed(table, f"rehearsal.divisor={d}")
-    rehearsal = OmegaConf.to_container(cfg.rehearsal, resolve=True)
+    rehearsal = OmegaConf.to_container(_composed(table, f"rehearsal.divisor={d}").rehearsal, resolve=True)
     task_data = load_spec(table.name, "smoke")["task_data"]  # the local files
     # a store of its own per divisor: a shrunk pre-training depends on D beside the real one's science
     small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, sets, logger="csv",
@@ -70,8 +69,8 @@ def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[
                 sweep.overrides.pop(key, None)
             layers = [task_data.get(task), rehearsal["finetune"], rehearsal["tasks"].get(task),
                       rehearsal["from_init" if sweep.needs is None else "from_pretraining"]]
-            if sweep.needs is not None and (found := STEP_CKPT.match(sweep.checkpoint)):
-                sweep.checkpoint = f"step-{int(found.group(1)) // d}.ckpt"
+            if sweep.needs is not None and (step := step_of(sweep.checkpoint)):
+                sweep.checkpoint = step_checkpoint_name(step // d)
                 sweep.overrides["init"] = str(sweep.init_path())
         for layer in (*layers, rehearsal["every_run"]):
             sweep.overrides |= flatten(layer)
@@ -90,9 +89,8 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
         if sweep.stage != "finetune" or sweep.needs is None or not sweep.init_path().is_file():
             continue
         real = table.sweeps[name]
-        schedule = real.needs.schedule
-        planned = schedule.checkpoint_step(real.checkpoint, name)
-        trained = schedule.trained_length(real.phase)
+        planned = real.needs.schedule.checkpoint_step(real.checkpoint, name)
+        trained = real.needs.schedule.trained_length(real.phase)
         ckpt = safe_torch_load(sweep.init_path(), what="a Lightning checkpoint")
         held, length = ckpt["global_step"], ckpt["datamodule_hyper_parameters"]["max_seq_length"]
         if held * d != planned:
@@ -100,6 +98,54 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
         if length != trained:
             problems.append(f"{name}: {sweep.checkpoint} trained at length {length}, the plan says {trained}")
     return problems
+
+
+def cpu_speed() -> dict:
+    """FLOP/s of a training step of BERT-tiny (the rehearsal's model) on this CPU with the runs' threads: the
+    benchmarks/train_step.py step, median of 5."""
+    import torch
+
+    from bert_repro.benchmarks import train_step as bench
+    from bert_repro.flops import training_flops
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or threads))
+    try:
+        config = bench.model_config("tiny", conf_dir=CONF_DIR)
+        masked = bench.default_predictions(128)
+        batch = bench.make_batch(config, 8, 128, masked, "cpu")
+        model = bench.build_ours(config, "mlm_nsp", "cpu")
+        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+        seconds = [bench.timed(lambda: bench.our_step(model, batch), optimizer, "cpu") for _ in range(6)]
+        flops = training_flops(config, int(batch["attention_mask"].sum()), 128, 8 * masked)
+        # the first step: a warm-up's allocations
+        return {"flops_per_s": flops / statistics.median(seconds[1:]), "threads": torch.get_num_threads(),
+                "probe": "BERT-tiny, batch 8 x 128"}
+    finally:
+        torch.set_num_threads(threads)
+
+
+def compute_seconds(small: Table, flops_per_s: float) -> dict[str, float]:
+    """Each rehearsed job's seconds of compute at ``flops_per_s``, by run name."""
+    seconds = {}
+    for run in plan_work([small])[0]:
+        if run.allreduce_bytes:
+            raise TableError(f"{run.name}: all-reduces over several processes: no gloo bandwidth measured")
+        seconds[run.name] = (run.flops + run.lstm_flops + run.eval_flops) / flops_per_s
+    return seconds
+
+
+def _kind(sweep: Sweep) -> str:
+    """A kind of run, which shares its fixed costs: pre-training, or fine-tuning one task (SQuAD's set-up is
+    twice GLUE's)."""
+    return sweep.stage if sweep.stage == "pretrain" else f"{sweep.stage}: {sweep.overrides.get('task')}"
+
+
+def planned_s(sweep: Sweep, compute: dict[str, float], fixed: dict) -> dict[str, float]:
+    """Each job's seconds on this model: its compute and set-up, and its share of its sweep's process
+    start-up; a kind of run ``fixed`` has not measured costs its compute only."""
+    cost, names = fixed.get(_kind(sweep), {}), [f"{sweep.name}/{f.name}" for _, f in sweep.jobs()]
+    return {n: compute[n] + cost.get("setup_s", 0.0) + cost.get("startup_s", 0.0) / len(names) for n in names}
 
 
 def measured_fixed(rehearsals: Path) -> dict:
@@ -112,6 +158,36 @@ def measured_fixed(rehearsals: Path) -> dict:
     return {}
 
 
+def calibrate(small: Table, summary: list[dict], compute: dict[str, float]) -> dict:
+    """Planned vs measured seconds of each job of the sweeps that ran whole here (``summary``: run_table's),
+    each kind's start-up (a sweep's wall time less its jobs' results.json wall_time_s) and set-up measured on
+    its second sweep (the first also builds the caches the others read); ``held_out``: the other sweeps'."""
+    walls = {line["sweep"]: line for line in summary}
+    ran = []  # (sweep, its process's start-up, each job's wall time)
+    for sweep in small.sweeps.values():
+        line = walls.get(sweep.name)
+        if line and line["complete"] and not (line["skipped"] or line["failed"]):
+            jobs = {f"{sweep.name}/{f.name}": RunFolder(f).read()["wall_time_s"] for _, f in sweep.jobs()}
+            ran.append((sweep, max(0.0, line["wall_s"] - sum(jobs.values())), jobs))
+    fixed = {}
+    for kind in dict.fromkeys(_kind(sweep) for sweep, _, _ in ran):
+        same = [one for one in ran if _kind(one[0]) == kind]
+        sweep, startup, jobs = same[min(1, len(same) - 1)]
+        fixed[kind] = {"sweep": sweep.name, "startup_s": startup,
+                       "setup_s": max(0.0, sum(wall - compute[j] for j, wall in jobs.items()) / len(jobs))}
+    runs = [{"name": job, "calibration": sweep.name == fixed[_kind(sweep)]["sweep"],
+             "planned_s": round(planned, 2), "measured_s": round(jobs[job] + startup / len(jobs), 2)}
+            for sweep, startup, jobs in ran for job, planned in planned_s(sweep, compute, fixed).items()]
+
+    def total(rows: list[dict]) -> dict:
+        planned, measured = sum(r["planned_s"] for r in rows), sum(r["measured_s"] for r in rows)
+        return {"runs": len(rows), "planned_s": round(planned, 1), "measured_s": round(measured, 1),
+                "ratio": round(planned / measured, 3) if measured else None}
+
+    return {"fixed": fixed, "runs": runs, "total": total(runs),
+            "held_out": total([r for r in runs if not r["calibration"]])}
+
+
 def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False, grid: str = "first",
              sets: list[str] | None = None) -> tuple[Table, Path]:
     """Plan (the spec checked at its real scale), shrink, state the planned wall time, run, check; returns the
@@ -122,27 +198,26 @@ def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = Fals
     plan = make_plan(table)
     d = divisor(table)
     small = shrink(table, runs_dir, d, grid, sets)
-    speed = cpu_speed()  # once, before the runs: the CPU plan's rate
-    compute = compute_seconds(small, speed["peak_flops"] * speed["mfu"])
+    cpu = cpu_speed()  # once, before the runs: the CPU plan's rate
+    compute = compute_seconds(small, cpu["flops_per_s"])
     fixed = measured_fixed(runs_dir / "rehearsal")
-    planned, rate = planned_s(small, compute, fixed), speed["peak_flops"] * speed["mfu"] / 1e9
+    planned = sum(sum(planned_s(sweep, compute, fixed).values()) for sweep in small.sweeps.values())
     jobs = sum(len(s.jobs()) for s in small.sweeps.values())
-    fixed_note = "as last measured" if fixed else "not measured yet"
     print(f"rehearsal of {table.name} at scale={table.scale}: {jobs} of {len(plan['runs'])} planned runs "
           f"({grid} grid), steps / {d}; planned {planned:.0f} s on this CPU ({sum(compute.values()):.0f} s "
-          f"of compute at {rate:.1f} GFLOP/s, start-up and set-up {fixed_note})", flush=True)
+          f"of compute at {cpu['flops_per_s'] / 1e9:.1f} GFLOP/s, start-up and set-up "
+          f"{'as last measured' if fixed else 'not measured yet'})", flush=True)
     summary = run_table(small, {}, force=force)
     problems = check_steps(table, small, d)
-    folder = runs_dir / "rehearsal" / table.name / table.scale
-    calibration = calibrate(small, summary, speed, compute)
+    calibration = {"cpu": cpu, **calibrate(small, summary, compute)}
     record = {"divisor": d, "runs": len(plan["runs"]), "grid": grid, "rehearsed_jobs": jobs,
               "planned_s": round(planned, 1), "wall_s": round(time.time() - start, 1), "sweeps": summary,
               "step_problems": problems, "calibration": calibration}
-    (folder / "rehearsal.json").write_text(json.dumps(record, indent=2) + "\n")
-    report = write_report(calibration, folder)
+    path = runs_dir / "rehearsal" / table.name / table.scale / "rehearsal.json"
+    path.write_text(json.dumps(record, indent=2) + "\n")
     if problems:
         raise TableError("rehearsal: " + "; ".join(problems))
     t = calibration["held_out"]
     print(f"rehearsal of {table.name}: {time.time() - start:.0f} s ({planned:.0f} s planned); CPU plan vs "
-          f"measured of the {t['runs']} runs not calibrated on: ratio {t['ratio']} ({report})")
+          f"measured of the {t['runs']} runs not calibrated on: ratio {t['ratio']} ({path})")
     return small, results_dir / "rehearsal"

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import re
 from dataclasses import asdict, dataclass
 
 from hydra.errors import HydraException
@@ -20,7 +19,6 @@ from bert_repro.tables import TableError
 from bert_repro.tables.compose import compose_run
 
 STEP_N = step_checkpoint_name(0).replace("0", "<N>")  # the folder's name for a step checkpoint, in words
-STEP_CKPT = re.compile(re.escape(step_checkpoint_name(0)).replace("0", r"(\d+)") + "$")
 
 
 @dataclass(frozen=True)
