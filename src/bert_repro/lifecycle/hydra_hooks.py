@@ -46,7 +46,7 @@ def _spelled(value: Any) -> str | None:
 def parse_override(text: str):
     """Hydra's parse of one override, once a process: a table's thousands of jobs repeat a few dozen values,
     and Hydra's grammar takes milliseconds an override."""
-    return OverridesParser.create().parse_override(text)
+    return OverridesParser.create().parse_overrides([text])[0]  # with Hydra's message on a bad one
 
 
 def run_name(overrides: list[str], exclude: list[str] | tuple[str, ...] = ()) -> str:

@@ -16,9 +16,9 @@ import hydra
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
 from hydra.core.global_hydra import GlobalHydra
-from hydra.core.override_parser.overrides_parser import OverridesParser
 from omegaconf import OmegaConf, read_write
 
+from bert_repro.lifecycle.hydra_hooks import parse_override
 from bert_repro.tables import CONF_DIR, REPO
 
 _COMPOSED: dict[tuple[str, ...], Any] = {}
@@ -32,15 +32,15 @@ def compose_once(config: str, args: list[str]):
     key = (str(CONF_DIR), config, *args)
     if key not in _COMPOSED:
         digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
-        path = CACHE / f"{digest[:32]}.yaml"
-        try:  # YAML keeps interpolations as written, and loading it runs no code (unlike a pickle)
-            cfg = OmegaConf.load(path)
+        path = CACHE / f"{digest[:32]}.json"
+        try:  # JSON keeps interpolations as written, runs no code (unlike a pickle), parses faster than YAML
+            cfg = OmegaConf.create(json.loads(path.read_text()))
             OmegaConf.set_struct(cfg, True)
         except Exception:  # none yet, or a damaged one: composed again
             cfg = compose(config, overrides=list(args))
             CACHE.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=CACHE, suffix=".yaml", delete=False) as tmp:
-                tmp.write(OmegaConf.to_yaml(cfg))
+            with tempfile.NamedTemporaryFile("w", dir=CACHE, suffix=".json", delete=False) as tmp:
+                json.dump(OmegaConf.to_container(cfg, resolve=False), tmp)
             os.replace(tmp.name, path)
         OmegaConf.set_readonly(cfg, True)
         _COMPOSED[key] = cfg
@@ -66,7 +66,7 @@ def compose_run(args: list[str]):
     """conf/train.yaml composed with a run's ``args``, read-only, in Hydra's own two steps: the overrides that
     choose configs build the defaults list (once for all runs that share them), then Hydra's own function sets
     the rest on it, as compose does."""
-    parsed = OverridesParser.create().parse_overrides(list(args))
+    parsed = [parse_override(arg) for arg in args]
     chooses = [o for o in parsed if _chooses(o)]
     base = compose_once("train", [o.input_line for o in chooses])
     values = [o for o in parsed if o not in chooses]
@@ -82,7 +82,7 @@ def compose_job(fixed: list[str], swept: list[str], copies: dict):
     """compose_run(fixed + swept), but a sweep's jobs set the same keys, so each job's values are set over
     the last job's on one copy of the sweep's config (``copies``), read before the next job's. A grid that
     chooses configs composes each job."""
-    parsed = OverridesParser.create().parse_overrides(list(swept))
+    parsed = [parse_override(arg) for arg in swept]
     if any(map(_chooses, parsed)):
         return compose_run(fixed + swept)
     if tuple(fixed) not in copies:
