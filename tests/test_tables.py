@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.tables import DEMOS, SCALES, TABLES, runner
 from bert_repro.tables import __main__ as cli
-from bert_repro.tables.collect import collect, load_reference
+from bert_repro.tables.collect import checkpoint_of, collect, load_reference
 from bert_repro.tables.render import write_all
 from bert_repro.tables.spec import TableError, build, load_spec
 
@@ -248,6 +248,10 @@ def test_every_table_config_builds_its_sweeps(scale, tmp_path):
         for sweep in table.sweeps.values():  # pre-training in the shared store, fine-tuning in the table's
             root = tmp_path / "pretrain" / scale if sweep.stage == "pretrain" else tmp_path / name / scale
             assert all(folder.is_relative_to(root) for _, folder in sweep.jobs()), sweep.name
+        for part in table.parts:  # a row's header names every checkpoint its fine-tunings start from
+            for key in part.rows:
+                used = {s.checkpoint for s in finetune if s.name.startswith(f"finetune/{key}/") and s.needs}
+                assert all(c in checkpoint_of(table, part, key) for c in used), (name, key, used)
 
 
 def _leaves(node: dict, path: tuple = ()) -> dict:

@@ -116,7 +116,9 @@ def checkpoint_of(table: Table, part: Part, key: str) -> str:
         return f"none ({row['skip']})"
     if row.get("pretrain"):
         sweep = table.sweeps[f"pretrain/{row['pretrain']}"]
-        names = sorted({s.checkpoint for s in table.sweeps.values() if s.needs is sweep}) or [LAST]
+        ours = {sweep.name, f"{sweep.name}/phase1"}  # two phases: a step checkpoint may be phase 1's
+        names = sorted({s.checkpoint for s in table.sweeps.values() if s.needs and s.needs.name in ours})
+        names = names or [LAST]
         return f"our pre-training run {sweep.name} ({sweep.overrides.get('model')}), {', '.join(names)}"
     if row.get("init"):
         inits = [s.overrides["init"] for s in table.sweeps.values()
