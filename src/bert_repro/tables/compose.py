@@ -32,15 +32,15 @@ def compose_once(config: str, args: list[str]):
     key = (str(CONF_DIR), config, *args)
     if key not in _COMPOSED:
         digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
-        path = CACHE / f"{digest[:32]}.json"
-        try:  # JSON keeps interpolations as written, runs no code (unlike a pickle), parses faster than YAML
-            cfg = OmegaConf.create(json.loads(path.read_text()))
+        path = CACHE / f"{digest[:32]}.yaml"
+        try:  # YAML keeps interpolations and integer keys (JSON would not); loading it runs no code
+            cfg = OmegaConf.load(path)
             OmegaConf.set_struct(cfg, True)
         except Exception:  # none yet, or a damaged one: composed again
             cfg = compose(config, overrides=list(args))
             CACHE.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=CACHE, suffix=".json", delete=False) as tmp:
-                json.dump(OmegaConf.to_container(cfg, resolve=False), tmp)
+            with tempfile.NamedTemporaryFile("w", dir=CACHE, suffix=".yaml", delete=False) as tmp:
+                tmp.write(OmegaConf.to_yaml(cfg))
             os.replace(tmp.name, path)
         OmegaConf.set_readonly(cfg, True)
         _COMPOSED[key] = cfg
