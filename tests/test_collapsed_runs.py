@@ -10,7 +10,7 @@ from rich.console import Console
 from bert_repro.lifecycle.results import print_results
 from bert_repro.scores import degenerate_reason
 from bert_repro.tables.collect import collect, load_reference
-from bert_repro.tables.render import markdown
+from bert_repro.tables.render import latex, markdown
 from bert_repro.tables.spec import build
 
 COLLAPSED = {"val/acc": 0.684, "val/f1": 0.812, "val/top_class_share": 1.0}  # MRPC's majority class
@@ -53,6 +53,8 @@ def test_a_table_cell_whose_selected_run_collapsed_is_marked_in_the_cell(tmp_pat
     line = next(row for row in markdown(table, collect(table, load_reference())).splitlines()
                 if row.startswith("| BERT"))
     assert "68.4 (86.7; -18.3) **collapsed** [" in line  # the mark, then the note with the reason
+    tex = latex(table, collect(table, load_reference()))
+    assert r"\textbf{collapsed}" in tex and "**" not in tex  # LaTeX's bold, not Markdown's
 
 
 def test_selection_marks_a_collapsed_choice_breaks_ties_by_dev_loss_and_submit_refuses_it(tmp_path, capsys):

@@ -33,9 +33,6 @@ def retain_checkpoints(folder: RunFolder, keep_last: bool, keep_steps: Iterable[
     deleted = [p for p in doomed if p.is_file()]
     for path in deleted:
         path.unlink()
-    if deleted:
-        log.info("run complete: deleted %s (checkpoint.keep_last / checkpoint.keep_steps)",
-                 ", ".join(p.name for p in deleted))
     return deleted
 
 

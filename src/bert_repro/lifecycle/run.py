@@ -139,7 +139,10 @@ def finish(spec: Any, trainer: Any, module: Any, datamodule: Any, final: dict[st
     if trainer.is_global_zero:
         spec.folder.write(asdict(results))
         if status == "complete":  # the resumable state and unread step checkpoints served an unfinished run
-            retain_checkpoints(spec.folder, cfg.checkpoint.keep_last, cfg.checkpoint.keep_steps)
+            keep = cfg.checkpoint
+            if deleted := retain_checkpoints(spec.folder, keep.keep_last, keep.keep_steps):
+                log.info("run complete: deleted %s (checkpoint.keep_last / checkpoint.keep_steps)",
+                         ", ".join(p.name for p in deleted))
         print_results(asdict(results), scaled=scale_reads(cfg))
     close_loggers(trainer.loggers, asdict(results), spec.folder.results)  # W&B: results.json as the summary
     return asdict(results)

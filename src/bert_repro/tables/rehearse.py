@@ -43,7 +43,7 @@ def divisor(table: Table) -> int:
     if not schedules:
         return 1
     counts = {n for s in schedules for n in (s.max_steps, s.phase1_steps, s.every) if n}
-    counts |= {step_of(s.checkpoint) for s in table.sweeps.values() if step_of(s.checkpoint or "")}
+    counts |= {step for s in table.sweeps.values() if (step := step_of(s.checkpoint))}
     want = max(1, max(s.max_steps for s in schedules) // _composed(table).rehearsal.longest)
     common = math.gcd(*counts)
     return max(d for d in range(1, min(common, want) + 1) if common % d == 0)
@@ -118,7 +118,7 @@ def cpu_speed() -> dict:
         optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
         seconds = [bench.timed(lambda: bench.our_step(model, batch), optimizer, "cpu") for _ in range(6)]
         flops = training_flops(config, int(batch["attention_mask"].sum()), 128, 8 * masked)
-        # the first step: a warm-up's allocations
+        # seconds[0]: a warm-up's allocations
         return {"flops_per_s": flops / statistics.median(seconds[1:]), "threads": torch.get_num_threads(),
                 "probe": "BERT-tiny, batch 8 x 128"}
     finally:

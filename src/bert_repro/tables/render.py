@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import asdict
 from pathlib import Path
 
@@ -124,7 +125,8 @@ def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list
     out = []
     for block in page(table, collected, checked or {}):
         if isinstance(block, pd.DataFrame):
-            out.append(block.to_latex(escape=True, column_format="l" + "r" * len(block.columns)))
+            tabular = block.to_latex(escape=True, column_format="l" + "r" * len(block.columns))
+            out.append(re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", tabular))  # the .md's bold: a collapsed run
         elif block:
             out.append(f"% {block}\n")
     return "".join(out)
