@@ -31,7 +31,7 @@ size. The machine may be shared, so each line also gives MB per CPU-second of th
 wall scaling is N x the CPU-second ratio at best; other jobs holding cores understate both (with one core
 held, num_proc=2 also spent a quarter more CPU time a MB: three processes sharing two cores).
 `--repeats K` (default 2) runs each configuration K times, the num_proc settings of a size taking turns, and
-keeps the fastest (wall): one configuration took 6.3 s and 8.8 s on the same quiet machine minutes apart.
+keeps the fastest (wall): a machine's speed drifts between repeats minutes apart (docs/benchmarks.md).
 `--no-memory` leaves the memory sampler out (its PSS readings, about 10 ms of kernel time per process every
 0.5 s, take CPU time from the workers on a small shared machine).
 """

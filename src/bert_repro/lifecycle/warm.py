@@ -1,8 +1,8 @@
 """Warm starts: ``python src/train.py ARGS`` forked from an interpreter that has already imported torch,
 Lightning (with torchmetrics) and Hydra, through multiprocessing's forkserver.
 
-Those imports take 7-8 CPU-seconds of every run's start on a 2-core machine (``python -X importtime -c
-"import lightning.pytorch"``), more than a smoke run trains: the table runner's local sweeps (`make demo`,
+Those imports take CPU-seconds at every run's start (``python -X importtime -c "import lightning.pytorch"``;
+docs/benchmarks.md), more than a smoke run trains: the table runner's local sweeps (`make demo`,
 smoke tables, rehearsals) and the test suite start hundreds of runs. The forkserver imports them once; each
 run is a fork of it that behaves as the command would: a session (process group) of its own, the given
 environment, working directory and output files, ``sys.argv``, SIGINT as KeyboardInterrupt, its torch threads
