@@ -11,7 +11,7 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from bert_repro.data.batching import LengthGroupedSampler, PadCollator
+from bert_repro.data.batching import LENGTH_PROBS, LengthGroupedSampler, PadCollator
 from bert_repro.data.glue import GlueDataModule, truncated_lengths
 
 
@@ -152,6 +152,24 @@ def test_dynamic_and_fixed_padding():
     assert batch["token_type_ids"][1].tolist() == [0, 0, 0, 1, 1] and batch["idx"] == ["a", "b"]
     fixed = PadCollator(pad_to=128, regression=True)(rows)
     assert fixed["input_ids"].shape == (2, 128) and fixed["labels"].dtype.is_floating_point
+
+
+def test_the_mean_padded_length_is_the_expected_longest_of_a_batch_capped_at_the_length():
+    """mean_padded_length (the plan's) against batches drawn at random: each padded to its longest."""
+    rng = np.random.default_rng(0)
+    lengths = np.minimum(np.round(rng.lognormal(3.5, 0.5, 200_000)).astype(int) + 2, 400)  # GLUE-like
+    quantiles = np.quantile(lengths, LENGTH_PROBS, method="nearest").tolist()
+    padded = PadCollator().mean_padded_length
+    for batch, seq in [(1, 512), (8, 128), (32, 128), (32, 64), (4, 512), (32, 512)]:
+        drawn = np.minimum(rng.choice(lengths, (20_000, batch)).max(axis=1), seq).mean()
+        assert padded(quantiles, batch, seq) == pytest.approx(drawn, rel=0.05), (batch, seq)
+    n = len(LENGTH_PROBS)
+    assert padded([60] * n, 32, 128) == 60  # every example 60 tokens
+    assert padded([600] * n, 32, 128) == 128  # truncated to the length
+    assert padded(None, 32, 128) == 128  # nothing measured: the length, an upper bound
+    assert PadCollator(pad_to=128).mean_padded_length([60] * n, 32, 128) == 128  # fixed padding
+    with pytest.raises(ValueError, match="expected 16"):
+        padded([60] * 3, 32, 128)
 
 
 def test_length_grouping_cuts_padding(shared_data, minilm_dir, cache):

@@ -39,13 +39,32 @@ def test_flops_and_parameters_are_the_models(table2, monkeypatch):
     assert make_plan(table2)["total_disk_gb"] == pytest.approx(2 * disk, rel=1e-6)
 
 
-def test_kept_checkpoints_are_the_callbacks(table2, monkeypatch):
-    """A retention that deletes nothing keeps each fine-tuning's last.ckpt (weights and AdamW moments)."""
+def test_kept_checkpoints_are_the_callbacks(table2, monkeypatch, tmp_path):
+    """A retention rule that deletes nothing keeps each fine-tuning's last.ckpt (weights and AdamW moments):
+    in the plan as in retain_checkpoints, which deletes by the same rule."""
     from bert_repro.lifecycle import callbacks
+    from bert_repro.lifecycle.folder import RunFolder
 
     disk = make_plan(table2)["total_disk_gb"]
-    monkeypatch.setattr(callbacks, "retain_checkpoints", lambda folder, keep_last, keep_steps: [])
+    monkeypatch.setattr(callbacks, "unneeded_checkpoints", lambda names, keep_last, keep_steps: [])
     assert make_plan(table2)["total_disk_gb"] == pytest.approx(4 * disk, rel=1e-6)  # 4 + 12 bytes, not 4
+    run = RunFolder(tmp_path)
+    run.checkpoints.mkdir()
+    run.best.touch()
+    run.last.touch()
+    assert callbacks.retain_checkpoints(run, keep_last=False, keep_steps=[]) == [] and run.last.is_file()
+
+
+def test_the_measured_mfu_is_gpu_checks(table2, monkeypatch):
+    """BERT-base at 384 tokens measured at 60% MFU (not the assumed 30%) halves those runs' compute."""
+    from bert_repro.benchmarks import gpu_check
+
+    compute = make_plan(table2)["runs"]
+    monkeypatch.setattr(gpu_check, "best_mfu", lambda out_dir, conf_dir: {(768, 384): (0.6, "bench (x)")})
+    measured = make_plan(table2)
+    assert measured["mfu"]["H768/T384"] == (0.6, "bench (x)")
+    ratios = sorted(m["compute_hours"] / a["compute_hours"] for m, a in zip(measured["runs"], compute))
+    assert ratios == pytest.approx([0.5] * 3 + [1.0] * 3)
 
 
 def test_the_padded_length_is_the_collators(table2, monkeypatch):

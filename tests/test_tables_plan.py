@@ -7,14 +7,14 @@ import json
 import re
 import time
 
-import numpy as np
 import pytest
 
 from bert_repro.benchmarks.lengths import measure_lengths
+from bert_repro.data.batching import PadCollator
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
-from bert_repro.tables.plan import LENGTH_PROBS, make_plan, padded_length
+from bert_repro.tables.plan import make_plan
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import composing_jobs, job_config, run_table
 from bert_repro.tables.spec import TableError, build, load_spec
@@ -279,21 +279,6 @@ def test_each_data_cache_is_charged_once_to_the_first_run_that_builds_it(tmp_pat
         [tokenize + rounds * one_round, rounds * one_round] + [0] * 10)  # five more sizes read the first's
 
 
-def test_the_padded_length_is_the_expected_longest_of_a_batch_capped_at_the_length():
-    """padded_length against batches drawn at random: dynamic padding pads each to its longest sequence."""
-    rng = np.random.default_rng(0)
-    lengths = np.minimum(np.round(rng.lognormal(3.5, 0.5, 200_000)).astype(int) + 2, 400)  # GLUE-like
-    quantiles = np.quantile(lengths, LENGTH_PROBS, method="nearest").tolist()
-    for batch, seq in [(1, 512), (8, 128), (32, 128), (32, 64), (4, 512), (32, 512)]:
-        drawn = np.minimum(rng.choice(lengths, (20_000, batch)).max(axis=1), seq).mean()
-        assert padded_length(quantiles, batch, seq) == pytest.approx(drawn, rel=0.05), (batch, seq)
-    n = len(LENGTH_PROBS)
-    assert padded_length([60] * n, 32, 128) == 60  # every example 60 tokens
-    assert padded_length([600] * n, 32, 128) == 128  # truncated to the length
-    assert padded_length(None, 32, 128) == 128  # nothing measured: the length, an upper bound
-
-
-
 def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tmp_path):
     """Table 5's SST-2 (sentences of ~10 tokens; v2 A.3's grid of batches 16 and 32) costs a fraction of its
     128-token maximum; the released code's fixed padding (speed.padding=max_length) pays the whole length."""
@@ -304,7 +289,8 @@ def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tm
     for run in sst2:
         batch = int(re.search(r"data.batch_size-(\d+)", run["name"]).group(1))
         padded = run["tokens"] / (run["steps"] * batch)
-        assert padded == pytest.approx(padded_length(lengths["sst2"], batch, 128), rel=0.01)
+        expected = PadCollator().mean_padded_length(lengths["sst2"], batch, 128)
+        assert padded == pytest.approx(expected, rel=0.01)
         assert 15 < padded < 64  # the batch's longest of sentences whose median is 11 tokens
     fixed_padding = ["finetune_overrides.speed.padding=max_length"]
     fixed = make_plan(build("table5", "budget", tmp_path, sets=fixed_padding))

@@ -431,3 +431,11 @@ def count_parameters(module: nn.Module, non_embedding: bool = False) -> int:
             if isinstance(m, nn.Embedding):
                 params.pop(id(m.weight), None)
     return sum(p.numel() for p in params.values())
+
+
+def checkpoint_parameters(config: BertConfig, pretraining: bool) -> int:
+    """count_parameters of what a checkpoint of ``config`` holds, BertForPreTraining or (a fine-tuning's) the
+    encoder, built on the meta device: no memory, no initialisation (the plan's disk and all-reduce)."""
+    with torch.device("meta"):
+        module = BertForPreTraining(config) if pretraining else BertModel(config)
+    return count_parameters(module)

@@ -25,6 +25,7 @@ from __future__ import annotations
 
 import argparse
 import csv
+import functools
 import json
 import math
 import platform
@@ -327,6 +328,26 @@ def check(out_dir: Path, budget_s: float, plan: list[Step], device: str) -> Path
             path.with_suffix(".md").write_text(summary_markdown(report))
             print(f"{step.name}: {record['status']} ({record.get('seconds', 0)} s)", flush=True)
     return path
+
+
+def best_mfu(out_dir: Path, conf_dir: Path) -> dict[tuple[int, int], tuple[float, str]]:
+    """(hidden size, sequence length) -> (the best MFU, its source) of the bench-* steps' CUDA rows in the
+    reports under ``out_dir`` (the plan prices at it); a model's width is its config's in ``conf_dir``."""
+    from bert_repro.benchmarks.train_step import model_config
+
+    width = functools.cache(lambda name: model_config(name, conf_dir=conf_dir).hidden_size)
+    found: dict[tuple[int, int], tuple[float, str]] = {}
+    for path in sorted(out_dir.glob("*.json")):
+        try:
+            steps = json.loads(path.read_text()).get("steps", [])
+        except (OSError, json.JSONDecodeError) as err:
+            raise ValueError(f"{path}: {err}; expected `python -m bert_repro.benchmarks.gpu_check`'s "
+                             "report") from None
+        for row in (row for step in steps for row in (step.get("results") or {}).get("lines", [])):
+            if row.get("device") == "cuda" and row.get("ours_mfu"):
+                key = (width(row["model"]), int(row["seq"]))
+                found[key] = max(found.get(key, (0.0, "")), (float(row["ours_mfu"]), f"bench ({path.name})"))
+    return found
 
 
 def cpu_model() -> str:

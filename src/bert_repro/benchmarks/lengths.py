@@ -1,11 +1,12 @@
-"""The length quantiles of a task's train examples that tables.plan pads from (conf/table/table_tasks.yaml's
-``token_lengths``), measured through the run's own data path:
+"""The length quantiles of a task's train examples that the plan pads from (conf/table/table_tasks.yaml's
+``token_lengths``, read by data/batching.PadCollator.mean_padded_length), measured through the run's own
+data path:
 
     python -m bert_repro.benchmarks.lengths TASK [TASK ...]
 
 prints table_tasks.yaml's lines: src/train.py's composition at scale=smoke (the local files of
 conf/table_data/smoke.yaml), the released uncased vocabulary (all-MiniLM-L6-v2's, bert-base-uncased's), the
-task's DataModule and collator, batches of one example, quantiles at tables.plan.LENGTH_PROBS.
+task's DataModule and collator, batches of one example, quantiles at data/batching.LENGTH_PROBS.
 """
 
 from __future__ import annotations
@@ -17,8 +18,8 @@ from pathlib import Path
 
 import numpy as np
 
+from bert_repro.data.batching import LENGTH_PROBS
 from bert_repro.tables import REPO
-from bert_repro.tables.plan import LENGTH_PROBS
 
 LENGTH_TABLE = "table1"  # a table whose smoke task data serves every task
 

@@ -217,6 +217,19 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
     }
 
 
+def step_flops_per_s(name: str, batch: int, seq: int, steps: int = 5, conf_dir: Path = CONF_DIR) -> float:
+    """Model FLOP/s of our MLM + NSP training step in fp32 on the CPU, at torch's threads now: the median of
+    ``steps`` after one warm-up step (its allocations)."""
+    config = model_config(name, conf_dir=conf_dir)
+    masked = default_predictions(seq)
+    b = make_batch(config, batch, seq, masked, "cpu")
+    model = build_ours(config, "mlm_nsp", "cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    seconds = [timed(lambda: our_step(model, b), optimizer, "cpu") for _ in range(steps + 1)]
+    flops = training_flops(config, int(b["attention_mask"].sum()), seq, batch * masked)
+    return flops / statistics.median(seconds[1:])
+
+
 def largest_batch(name: str, seq: int, device: str, precision: str, checkpointing: bool, limit: int = 4096,
                   conf_dir: Path = CONF_DIR) -> int:
     """The largest per-device batch whose training step fits in the accelerator's memory (doubling, then

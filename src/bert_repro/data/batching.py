@@ -11,6 +11,8 @@ from torch.utils.data import DataLoader, DistributedSampler, Sampler
 from torchdata.stateful_dataloader import StatefulDataLoader
 
 PAD_ID = 0  # [PAD] in google-research/bert vocabularies (the data modules check it against the tokenizer)
+# the probabilities of a task's stored length quantiles: finer in the tail, where a batch's longest comes from
+LENGTH_PROBS = (0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, .975, .99, .995, .999, 1)
 
 
 def pad_inputs(ids: list, types: list | None = None, length: int | None = None) -> dict[str, torch.Tensor]:
@@ -39,6 +41,17 @@ class PadCollator:
     def padded_length(self, lengths) -> int:
         """The length a batch of rows of ``lengths`` tokens is padded to."""
         return self.pad_to or int(max(lengths))
+
+    def mean_padded_length(self, quantiles: list[int] | None, batch: int, seq: int) -> float:
+        """The mean length this pads batches of ``batch`` examples to, over 10,000 drawn from a task's length
+        ``quantiles`` at LENGTH_PROBS (truncated at ``seq``); ``seq`` where none are measured (an upper
+        bound)."""
+        if not quantiles:
+            return float(seq)
+        if len(quantiles) != len(LENGTH_PROBS):
+            raise ValueError(f"token_lengths {quantiles}: expected {len(LENGTH_PROBS)}, at {LENGTH_PROBS}")
+        drawn = np.interp(np.random.default_rng(0).random((10_000, batch)), LENGTH_PROBS, quantiles)
+        return float(np.mean([self.padded_length(row) for row in np.minimum(np.ceil(drawn), seq).tolist()]))
 
     def __call__(self, rows: list[dict]) -> dict:
         ids = [r["input_ids"] for r in rows]

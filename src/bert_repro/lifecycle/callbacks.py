@@ -8,32 +8,52 @@ import logging
 import sys
 import time
 from collections.abc import Iterable
+from fnmatch import fnmatch
 from pathlib import Path
 
 import lightning as L
 import torch
 
 from bert_repro.flops import accelerator_peak_flops, batch_flops, measured_peak_flops
-from bert_repro.lifecycle.folder import RunFolder
+from bert_repro.lifecycle.folder import BEST, LAST, RECENT, RunFolder, step_checkpoint_name, step_of
 
 log = logging.getLogger(__name__)
+WEIGHT_BYTES, RESUMABLE_BYTES = 4, 12  # a parameter in fp32; with AdamW's two moments
+
+
+def unneeded_checkpoints(names: Iterable[str], keep_last: bool, keep_steps: Iterable[int] | None
+                         ) -> list[str]:
+    """Of the checkpoint file ``names`` a complete run holds, those it no longer needs (conf/train.yaml
+    checkpoint:): last.ckpt and recent-*.ckpt unless ``keep_last`` (they are for resuming; never without a
+    best.ckpt to stand for the run), and step-<N>.ckpt whose N is not in ``keep_steps`` (None keeps all)."""
+    names = sorted(names)
+    doomed = []
+    if not keep_last and BEST in names:
+        doomed += [name for name in names if name == LAST or fnmatch(name, RECENT)]
+    if keep_steps is not None:
+        keep = {int(step) for step in keep_steps}
+        steps = {step: name for name in names if (step := step_of(name)) is not None}
+        doomed += [steps[step] for step in sorted(steps) if step not in keep]
+    return doomed
 
 
 def retain_checkpoints(folder: RunFolder, keep_last: bool, keep_steps: Iterable[int] | None) -> list[Path]:
-    """What a complete run no longer needs, deleted from its ``checkpoints/`` (conf/train.yaml checkpoint:):
-    last.ckpt and recent-*.ckpt unless ``keep_last`` (they are for resuming; never without a best.ckpt to
-    stand for the run), and step-<N>.ckpt whose N is not in ``keep_steps`` (None keeps all). Returns the
-    deleted files."""
-    keep = None if keep_steps is None else {int(step) for step in keep_steps}
-    doomed = []
-    if not keep_last and folder.best.is_file():
-        doomed += [folder.last, *folder.recent()]
-    if keep is not None:
-        doomed += [path for step, path in folder.steps().items() if step not in keep]
-    deleted = [p for p in doomed if p.is_file()]
+    """A complete run's unneeded_checkpoints deleted from its ``checkpoints/``; returns the deleted files."""
+    names = [path.name for path in folder.checkpoints.glob("*.ckpt") if path.is_file()]
+    deleted = [folder.checkpoint(name) for name in unneeded_checkpoints(names, keep_last, keep_steps)]
     for path in deleted:
         path.unlink()
     return deleted
+
+
+def kept_bytes_per_parameter(checkpoint: dict, written: Iterable[int]) -> float:
+    """Bytes a parameter of what a complete run keeps under its ``checkpoint:`` config, having written
+    best.ckpt, last.ckpt and step-<N>.ckpt at each of ``written``: the plan's disk figure."""
+    names = {BEST, LAST, *map(step_checkpoint_name, written)}
+    kept = names.difference(unneeded_checkpoints(names, bool(checkpoint.get("keep_last")),
+                                                 checkpoint.get("keep_steps")))
+    best = WEIGHT_BYTES if checkpoint.get("best_weights_only", True) else RESUMABLE_BYTES
+    return best * (BEST in kept) + RESUMABLE_BYTES * len(kept - {BEST})
 
 
 def module_batch_flops(pl_module: L.LightningModule, batch: dict) -> float:

@@ -27,6 +27,7 @@ from bert_repro.lifecycle.keys import flatten, science
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
 PREVIOUS = ".previous"  # earlier results set aside by a fresh attempt (a dot: find_runs never counts them)
 LAST, BEST = "last.ckpt", "best.ckpt"
+RECENT = "recent-*.ckpt"  # checkpoint.keep_recent's (conf/callbacks/default.yaml: recent-{step})
 
 
 def step_checkpoint_name(step: int) -> str:
@@ -106,7 +107,7 @@ class RunFolder:
 
     def recent(self) -> list[Path]:
         """The ``recent-<step>.ckpt`` files kept beside last.ckpt (checkpoint.keep_recent)."""
-        return sorted(self.checkpoints.glob("recent-*.ckpt"))
+        return sorted(self.checkpoints.glob(RECENT))
 
     def steps(self) -> dict[int, Path]:
         """Pre-training's step checkpoints by global step."""

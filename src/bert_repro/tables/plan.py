@@ -11,11 +11,9 @@ from __future__ import annotations
 
 import json
 import math
-import tempfile
 from dataclasses import dataclass, replace
 from pathlib import Path
 
-import numpy as np
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
@@ -33,9 +31,6 @@ BENCH_DIR = REPO / "experiments" / "results" / "gpu"  # benchmarks/gpu_check.py'
 RATES = REPO / "experiments" / "results" / "cpu" / "rates.json"  # benchmarks/instances.py --rates writes it
 MAX_RUNS = 10_000  # a grid beyond this is planned only with --yes
 FACTS = ("train_sizes", "dev_sizes", "token_lengths", "corpus_tokens")  # conf/table/table_tasks.yaml's
-WEIGHT_BYTES, RESUMABLE_BYTES = 4, 12  # a parameter in fp32; with AdamW's two moments
-# the probabilities of the stored length quantiles: finer in the tail, where a batch's longest comes from
-LENGTH_PROBS = (0, .1, .2, .3, .4, .5, .6, .7, .8, .9, .95, .975, .99, .995, .999, 1)
 
 
 @dataclass
@@ -68,29 +63,6 @@ def cpu_rates() -> dict:
     except (OSError, json.JSONDecodeError) as err:
         raise TableError(f"{RATES}: {err}; measure it with `python -m bert_repro.benchmarks.instances "
                          "--copies 1 --num-proc 1 --rates`") from None
-
-
-def measured_mfu() -> dict[tuple[int, int], tuple[float, str]]:
-    """(hidden size, sequence length) -> (the best MFU, source) of the ``bench --device cuda`` rows of
-    benchmarks/gpu_check.py's reports; a model's width is its config's (train_step.model_config)."""
-    from bert_repro.benchmarks.train_step import model_config
-
-    rows = []
-    for path in sorted(BENCH_DIR.glob("*.json")):
-        try:
-            steps = json.loads(path.read_text()).get("steps", [])
-        except (OSError, json.JSONDecodeError) as err:
-            raise TableError(f"{path}: {err}; expected `python -m bert_repro.benchmarks.gpu_check`'s "
-                             "report") from None
-        rows += [(row, path.name) for step in steps for row in (step.get("results") or {}).get("lines", [])
-                 if row.get("device") == "cuda" and row.get("ours_mfu")]
-    names = {row["model"] for row, _ in rows}
-    width = {name: model_config(name, conf_dir=CONF_DIR).hidden_size for name in names}
-    found: dict[tuple[int, int], tuple[float, str]] = {}
-    for row, source in rows:
-        key = (width[row["model"]], int(row["seq"]))
-        found[key] = max(found.get(key, (0.0, "")), (float(row["ours_mfu"]), f"bench ({source})"))
-    return found
 
 
 def mfu_for(hidden: int, seq: int, measured: dict, assumed: dict) -> tuple[float, str]:
@@ -132,51 +104,6 @@ def _composed(sweep: Sweep, swept: list[str], copies: dict):
     return cfg
 
 
-def parameters(model: dict, pretraining: bool, vocab: int | None) -> tuple[object, int]:
-    """model.BertConfig of the composed ``model`` node (with the vocabulary pre-training trains) and the
-    parameters of the module its checkpoint holds (model.count_parameters, on the meta device)."""
-    import torch
-
-    from bert_repro.model import BertConfig, BertForPreTraining, BertModel, count_parameters
-
-    config = BertConfig(**model, **({"vocab_size": vocab} if vocab else {}))
-    with torch.device("meta"):
-        module = BertForPreTraining(config) if pretraining else BertModel(config)
-    return config, count_parameters(module)
-
-
-def kept_checkpoints(keep: dict, written: list[int]) -> float:
-    """Bytes a parameter of what a finished run keeps: best.ckpt, last.ckpt and the step-<N>.ckpt it wrote,
-    less what lifecycle/callbacks.retain_checkpoints deletes under the run's ``checkpoint:`` config."""
-    from bert_repro.lifecycle.callbacks import retain_checkpoints
-    from bert_repro.lifecycle.folder import BEST, RunFolder
-
-    with tempfile.TemporaryDirectory(prefix="plan-") as scratch:
-        folder = RunFolder(scratch)
-        folder.checkpoints.mkdir()
-        for path in (folder.best, folder.last, *map(folder.step, written)):
-            path.touch()
-        retain_checkpoints(folder, bool(keep.get("keep_last")), keep.get("keep_steps"))
-        left = {p.name for p in folder.checkpoints.iterdir()}
-    best = (WEIGHT_BYTES if keep.get("best_weights_only", True) else RESUMABLE_BYTES) * (BEST in left)
-    return best + RESUMABLE_BYTES * len(left - {BEST})
-
-
-def padded_length(quantiles: list[int] | None, batch: int, seq: int, pad_to: int | None = None) -> float:
-    """The mean length data/batching.PadCollator pads a batch of ``batch`` examples to, over 10,000 batches
-    drawn from the task's length quantiles at LENGTH_PROBS (truncated at ``seq``); ``seq`` where none are
-    measured: an upper bound."""
-    from bert_repro.data.batching import PadCollator
-
-    if not quantiles:
-        return float(seq)
-    if len(quantiles) != len(LENGTH_PROBS):
-        raise TableError(f"token_lengths {quantiles}: expected {len(LENGTH_PROBS)}, at {LENGTH_PROBS}")
-    drawn = np.interp(np.random.default_rng(0).random((10_000, batch)), LENGTH_PROBS, quantiles)
-    collator = PadCollator(pad_to)
-    return float(np.mean([collator.padded_length(row) for row in np.minimum(np.ceil(drawn), seq).tolist()]))
-
-
 def _val_sequences(limit, batch: int, available: int) -> int:
     """Dev sequences one evaluation reads: optim.limit_val_batches (batches, or a share) of ``available``."""
     if isinstance(limit, int) and not isinstance(limit, bool):
@@ -186,14 +113,19 @@ def _val_sequences(limit, batch: int, available: int) -> int:
 
 def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> Run:
     """One job's run; ``facts``: the table's FACTS and the CPU's data rates."""
+    from bert_repro.data.batching import PadCollator
+    from bert_repro.lifecycle.callbacks import kept_bytes_per_parameter
+    from bert_repro.model import BertConfig, checkpoint_parameters
+
     cfg = _composed(sweep, swept, cache.setdefault("copies", {}))
     optim, data, pretraining = cfg.optim, cfg.data, sweep.stage == "pretrain"
     seq, batch = int(data.max_seq_length), int(data.batch_size)
     # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
-    shape = (OmegaConf.to_container(cfg.model, resolve=True), pretraining, pretraining and data.vocab_size)
-    key = (json.dumps(shape[0], sort_keys=True), *shape[1:])
+    node, vocab = OmegaConf.to_container(cfg.model, resolve=True), pretraining and data.vocab_size
+    key = (json.dumps(node, sort_keys=True), pretraining, vocab)
     if key not in cache:
-        cache[key] = parameters(*shape)
+        config = BertConfig(**node, **({"vocab_size": vocab} if vocab else {}))
+        cache[key] = config, checkpoint_parameters(config, pretraining)
     model, params = cache[key]
     devices = cfg.trainer.devices
     devices = GPUS_PER_NODE if devices in (None, "auto", -1) else int(devices)
@@ -233,9 +165,13 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         # each device pads its own share of the batch; the released code's fixed 128: speed.padding=max_length
         pad_to = seq if cfg.speed.padding == "max_length" else None
         quantiles = (facts.get("token_lengths") or {}).get(task)
-        key = ("padded", json.dumps(quantiles), max(1, batch // n), seq, pad_to)
+        per_device = max(1, batch // n)
+        key = ("padded", json.dumps(quantiles), per_device, seq, pad_to)
         if key not in cache:
-            cache[key] = padded_length(quantiles, *key[2:])
+            try:
+                cache[key] = PadCollator(pad_to).mean_padded_length(quantiles, per_device, seq)
+            except ValueError as err:  # the table's token_lengths
+                raise TableError(f"{sweep.name}: conf/table/table_tasks.yaml {err}") from None
         length = cache[key]
         tokens = round(steps * min(batch, examples) * length * choices)
         flops = training_flops(model, tokens, length)  # padded tokens: an upper bound on the real ones
@@ -252,14 +188,11 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
             flops /= 3
     # forward only, at each evaluation (pre-training: every val_check_interval; fine-tuning: each epoch's end)
     eval_flops = training_flops(model, round(val * length), length, val * per_seq) / 3
-    keep = OmegaConf.to_container(cfg.checkpoint, resolve=True) if cfg.get("checkpoint") else {}
-    key = ("kept", json.dumps(keep, sort_keys=True), tuple(written))
-    if key not in cache:
-        cache[key] = kept_checkpoints(keep, written)
     grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
+    disk_gb = kept_bytes_per_parameter(cfg.checkpoint, written) * params / 1e9
     return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps, seq,
                tokens, flops, lstm_flops, eval_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
-               model.hidden_size, cache[key] * params / 1e9, str(folder), caches)
+               model.hidden_size, disk_gb, str(folder), caches)
 
 
 def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[float, float]]:
@@ -321,7 +254,13 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
     if accelerator not in ACCELERATORS:
         raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
     spec = tables[0].spec
-    mfu = {"measured": measured_mfu(), "lstm": float(spec["lstm_mfu"]),
+    from bert_repro.benchmarks.gpu_check import best_mfu
+
+    try:
+        measured = best_mfu(BENCH_DIR, CONF_DIR)
+    except ValueError as err:
+        raise TableError(str(err)) from None
+    mfu = {"measured": measured, "lstm": float(spec["lstm_mfu"]),
            "assumed": {int(k): float(v) for k, v in spec["assumed_mfu"].items()}}
     unique, asked = plan_work(tables, yes)
     rows = {acc: [row(run, acc, mfu) for run in unique] for acc in ACCELERATORS}

@@ -12,7 +12,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import statistics
 import time
 from pathlib import Path
 
@@ -101,26 +100,16 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
 
 
 def cpu_speed() -> dict:
-    """FLOP/s of a training step of BERT-tiny (the rehearsal's model) on this CPU with the runs' threads: the
-    benchmarks/train_step.py step, median of 5."""
+    """FLOP/s of a training step of BERT-tiny (the rehearsal's model) on this CPU with the runs' threads."""
     import torch
 
-    from bert_repro.benchmarks import train_step as bench
-    from bert_repro.flops import training_flops
+    from bert_repro.benchmarks.train_step import step_flops_per_s
 
     threads = torch.get_num_threads()
     torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or threads))
     try:
-        config = bench.model_config("tiny", conf_dir=CONF_DIR)
-        masked = bench.default_predictions(128)
-        batch = bench.make_batch(config, 8, 128, masked, "cpu")
-        model = bench.build_ours(config, "mlm_nsp", "cpu")
-        optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
-        seconds = [bench.timed(lambda: bench.our_step(model, batch), optimizer, "cpu") for _ in range(6)]
-        flops = training_flops(config, int(batch["attention_mask"].sum()), 128, 8 * masked)
-        # seconds[0]: a warm-up's allocations
-        return {"flops_per_s": flops / statistics.median(seconds[1:]), "threads": torch.get_num_threads(),
-                "probe": "BERT-tiny, batch 8 x 128"}
+        return {"flops_per_s": step_flops_per_s("tiny", 8, 128, conf_dir=CONF_DIR),
+                "threads": torch.get_num_threads(), "probe": "BERT-tiny, batch 8 x 128"}
     finally:
         torch.set_num_threads(threads)
 
