@@ -342,6 +342,7 @@ def test_the_plan_prices_at_the_mfu_that_gpu_check_measured(tmp_path, monkeypatc
     assumed 30% of Table 2's runs of that width and length, halving their compute; BERT-large's stay."""
     import sys
 
+    from bert_repro.benchmarks import gpu_check
     from bert_repro.benchmarks.gpu_check import Step, check
 
     table = build("table2", "budget", tmp_path, inits={"*": "/ckpt/given"})
@@ -349,7 +350,7 @@ def test_the_plan_prices_at_the_mfu_that_gpu_check_measured(tmp_path, monkeypatc
     row = json.dumps({"model": "base", "seq": 384, "device": "cuda", "ours_mfu": 0.6})
     bench = Step("bench", 60, lambda folder: [sys.executable, "-c", f"print({row!r})"])
     report = check(tmp_path / "gpu", 60, [bench], "NVIDIA H100 80GB HBM3")
-    monkeypatch.setattr(planning, "BENCH_DIR", report.parent)
+    monkeypatch.setattr(gpu_check, "OUT_DIR", report.parent)
     measured = make_plan(table)
     assert measured["mfu"]["H768/T384"] == (0.6, f"bench ({report.name})")
     assert measured["mfu"]["H1024/T384"] == assumed["mfu"]["H1024/T384"]

@@ -27,7 +27,6 @@ from bert_repro.tables.spec import Sweep, Table
 ACCELERATORS = {"h100": ("h100-sxm/bf16", 450, 50), "h200": ("h200/bf16", 450, 50),
                 "a100": ("a100/bf16", 300, 25)}
 GPUS_PER_NODE = 8  # trainer.devices=auto on an HGX/DGX node
-BENCH_DIR = REPO / "experiments" / "results" / "gpu"  # benchmarks/gpu_check.py's reports
 RATES = REPO / "experiments" / "results" / "cpu" / "rates.json"  # benchmarks/instances.py --rates writes it
 MAX_RUNS = 10_000  # a grid beyond this is planned only with --yes
 FACTS = ("train_sizes", "dev_sizes", "token_lengths", "corpus_tokens")  # conf/table/table_tasks.yaml's
@@ -254,10 +253,10 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
     if accelerator not in ACCELERATORS:
         raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
     spec = tables[0].spec
-    from bert_repro.benchmarks.gpu_check import best_mfu
+    from bert_repro.benchmarks import gpu_check
 
     try:
-        measured = best_mfu(BENCH_DIR, CONF_DIR)
+        measured = gpu_check.best_mfu(REPO / gpu_check.OUT_DIR, CONF_DIR)
     except ValueError as err:
         raise TableError(str(err)) from None
     mfu = {"measured": measured, "lstm": float(spec["lstm_mfu"]),
