@@ -31,11 +31,12 @@ constraints:
 	{ sed -n '/^#/p' constraints.txt; $(BIN)/python -m pip freeze --exclude-editable \
 		| sed -E 's/^(torch==[^+]*)\+.*/\1/'; } > constraints.tmp && mv constraints.tmp constraints.txt
 
-# the whole suite (CI's command); test-fast: the unit tier, without the end-to-end runs (marker e2e) and slow
-# tests. Both on WORKERS pytest-xdist workers, one torch thread each (tests/conftest.py); src/train.py runs in the
-# worker's process (tests/conftest.py run_py): torch and Lightning load once per worker. A test file runs on one worker
-# (its module fixtures are built once), in collection order: the two rehearsals, the longest files, start
-# first (tests/conftest.py). WORKERS=0 runs the tests in this process.
+# the whole suite (CI's command); test-fast: the unit tier in about a minute, without the end-to-end runs
+# (marker e2e) and the tests that take a second or more (marker slow). Both on WORKERS pytest-xdist workers, one
+# torch thread each (tests/conftest.py); src/train.py runs in the worker's process (tests/conftest.py run_py):
+# torch and Lightning load once per worker. A test file runs on one worker (its module fixtures are built once),
+# in collection order: the two rehearsals, the longest files, start first (tests/conftest.py). WORKERS=0 runs
+# the tests in this process.
 WORKERS ?= 2
 XDIST   := -n $(WORKERS) --dist loadfile --no-loadscope-reorder
 test: install

@@ -33,11 +33,10 @@ SHARED = Path(os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared"
 E2E_FILES = {"test_bad_inputs.py", "test_ddp.py", "test_preempt.py", "test_resume.py"}
 
 
-# Tests in unit files that belong to the whole suite only: end to end (a subprocess, a full fine-tuning run),
-# or a minute and more of compute. The fast tier leaves them out; `make test` runs them.
+# Tests in unit files that are end to end (a subprocess, a full fine-tuning run); a test that takes a second
+# or more says so itself (@pytest.mark.slow). The fast tier leaves both out; `make test` runs them.
 E2E_TESTS = ("test_convert.py::test_cli_", "test_safe_loading.py::test_train_refuses_it_as_init_or_resume",
              "test_swag.py::test_swag_end_to_end_with_test_predictions")
-SLOW_TESTS = ("test_speed_options.py::test_compiled_model_trains_like_the_eager_one_on_cpu",)
 
 
 # `make test` runs the suite on two pytest-xdist workers (-n 2 --dist loadfile: a file's tests stay on one
@@ -64,8 +63,6 @@ def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
         name, test = item.path.name, f"{item.path.name}::{item.name}"
         if name in E2E_FILES or name.endswith("_e2e.py") or test.startswith(E2E_TESTS):
             item.add_marker(pytest.mark.e2e)
-        if test.startswith(SLOW_TESTS):
-            item.add_marker(pytest.mark.slow)
 
 
 def shared_data_dir() -> Path | None:

@@ -10,6 +10,7 @@ from bert_repro.model import BertConfig, BertForPreTraining
 
 
 @pytest.mark.parametrize("objective", sorted(REFERENCE))
+@pytest.mark.slow
 def test_both_sides_compute_the_same_loss(objective):
     transformers = pytest.importorskip("transformers")
     transformers.logging.set_verbosity_error()

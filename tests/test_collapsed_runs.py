@@ -38,6 +38,7 @@ def test_a_collapsed_run_prints_and_logs_a_warning_under_its_table(caplog):
     assert "WARNING" not in console.export_text() and not caplog.records
 
 
+@pytest.mark.slow
 def test_a_table_cell_whose_selected_run_collapsed_is_marked_in_the_cell(tmp_path):
     table = build("table5", "smoke", tmp_path / "runs", sets=["grid.optim.lr=1e-3"])
     sweep = table.sweeps["finetune/bert_base/mrpc"]

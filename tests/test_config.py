@@ -38,6 +38,7 @@ def resolved(cfg):
 
 @pytest.mark.parametrize("group", ["model", "task", "ablation", "scale", "trainer", "logger", "callbacks",
                                    "debug", "experiment"])
+@pytest.mark.slow
 def test_every_option_composes(group):
     for name in options(group):
         overrides = [f"{group}={name}"]
@@ -50,6 +51,7 @@ def test_every_option_composes(group):
 
 
 @pytest.mark.parametrize("name", options("model"))
+@pytest.mark.slow
 def test_model_configs_build_bert_config(name):
     cfg = resolved(compose_cfg([f"model={name}"]))
     config = BertConfig(**cfg["model"])
@@ -67,6 +69,7 @@ def test_every_task_of_the_paper_has_a_config():
     assert paper_tasks | demo_tasks == set(options("task"))
 
 
+@pytest.mark.slow
 def test_paper_hyper_parameters_in_task_configs():
     squad2 = resolved(compose_cfg(["task=squad_v2"]))
     assert (squad2["optim"]["lr"], squad2["optim"]["epochs"], squad2["data"]["batch_size"]) == (5e-5, 2, 48)
@@ -80,6 +83,7 @@ def test_paper_hyper_parameters_in_task_configs():
     assert (paper["data"]["batch_size"], paper["data"]["max_seq_length"]) == (256, 512)
 
 
+@pytest.mark.slow
 def test_ablations_reach_model_and_data():
     ltr = resolved(compose_cfg(["ablation=ltr_no_nsp"]))
     assert ltr["model"]["causal"] and ltr["data"]["ltr"] and not ltr["data"]["nsp"] and ltr["module"]["ltr"]
@@ -128,6 +132,7 @@ def test_unknown_task_module_fails_clearly(tmp_path, target, minilm_dir):
 
 @pytest.mark.parametrize("override, key", [("optim.lr=abc", "lr"), ("optim.epochs=1.5", "epochs"),
                                            ("speed.compile=maybe", "compile"), ("optim.lrr=1", "lrr")])
+@pytest.mark.slow
 def test_typed_configs_refuse_a_wrong_value_when_composed(override, key):
     from hydra.errors import ConfigCompositionException
 
@@ -178,6 +183,7 @@ def test_cpu_precision_takes_bf16_only_where_the_cpu_has_it(monkeypatch, avx512_
     assert run_name(["task=pretrain", "trainer.precision=${cpu_precision:}"]) == run_name(["task=pretrain"])
 
 
+@pytest.mark.slow
 def test_callbacks_group_extends_from_the_command_line():
     from lightning.pytorch.callbacks import EarlyStopping, ModelCheckpoint
 
@@ -194,6 +200,7 @@ def test_callbacks_group_extends_from_the_command_line():
     assert len(build_callbacks(cfg, {}, resume_strict=False, loggers=[])) == len(callbacks) - 2
 
 
+@pytest.mark.slow
 def test_vocabulary_is_resolved_once_from_init_or_tokenizer(minilm_dir, tmp_path):
     from bert_repro.lifecycle.spec import resolve_vocab
 
@@ -207,6 +214,7 @@ def test_vocabulary_is_resolved_once_from_init_or_tokenizer(minilm_dir, tmp_path
     assert resolve_vocab(OmegaConf.create(base)) == (None, True, None)  # pre-training trains its own
 
 
+@pytest.mark.slow
 def test_glue_tasks_compose_on_one_base():
     for name in ("cola", "sst2", "mrpc", "stsb", "qqp", "mnli", "qnli", "rte", "wnli"):
         cfg = resolved(compose_cfg([f"task={name}"]))

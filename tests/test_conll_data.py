@@ -89,6 +89,7 @@ def test_first_piece_carries_the_label_on_real_word_pieces(tmp_path, minilm_dir)
     assert (batch["labels"][batch["attention_mask"] == 0] == IGNORE).all()
 
 
+@pytest.mark.slow
 def test_long_sentences_become_windows_each_word_once(tmp_path, minilm_dir, shared_data):
     """Real eng.testa at 24 tokens a window: many sentences split; every word predicted exactly once."""
     data = ConllDataModule(str(shared_data / "conll2003"), tokenizer=str(minilm_dir), lowercase=True,
@@ -124,6 +125,7 @@ def test_document_context_fills_windows_from_neighbouring_sentences(tmp_path, mi
     assert labelled == ["peter", "blackburn"]
 
 
+@pytest.mark.slow
 def test_hub_layout_with_class_label_ids(tmp_path, minilm_dir):
     """The Hub code path (load_dataset), offline: a folder in eriktks/conll2003's layout (IOB2 ids, no
     documents)."""
@@ -145,6 +147,7 @@ def test_hub_layout_with_class_label_ids(tmp_path, minilm_dir):
             == [CONLL2003_LABELS.index(t[0]) for t in s["tags"]])
 
 
+@pytest.mark.slow
 def test_real_dev_windows_hold_the_maximal_document_context(tmp_path, minilm_dir, shared_data):
     """v2 §5.3 "maximal document context": on real eng.testa word pieces at the model's length (the task
     config's max_seq_length), each window is its document up to 512 pieces, never a fixed 128."""

@@ -106,6 +106,7 @@ def test_every_table7_row_exists():
 
 
 @pytest.mark.parametrize("ablation", FEATURE_ABLATIONS)
+@pytest.mark.slow
 def test_feature_ablation_composes_and_runs(ablation):
     cfg = compose_cfg(["task=conll2003", f"ablation={ablation}", "model=tiny"])
     # pre-training as none
@@ -128,6 +129,7 @@ def test_feature_ablation_composes_and_runs(ablation):
         assert head.layer_weights.grad is not None and head.layer_weights.grad.abs().sum() > 0
 
 
+@pytest.mark.slow
 def test_none_ablation_fine_tunes_and_bad_settings_are_refused():
     assert compose_cfg(["task=conll2003"]).module.features is None
     module = TokenTaggingModule(SHAPE, OPTIM)

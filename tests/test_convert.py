@@ -89,6 +89,7 @@ def assert_same_state(a: dict, b: dict):
 
 # ---------------------------------------------------------------------------------------- HF format
 
+@pytest.mark.slow
 def test_random_hf_pretraining_checkpoint_matches_transformers(hf_pretraining):
     path, theirs = hf_pretraining
     loaded = load_checkpoint(path)
@@ -98,6 +99,7 @@ def test_random_hf_pretraining_checkpoint_matches_transformers(hf_pretraining):
     assert_same_outputs(build_model(loaded).eval(), theirs, padded_batch())
 
 
+@pytest.mark.slow
 def test_minilm_real_weights_match_transformers():
     from tokenizers import BertWordPieceTokenizer
 
@@ -444,6 +446,7 @@ def max_diff(a, b, mask=None):
 
 
 @torch.no_grad()
+@pytest.mark.slow
 def test_exported_mrpc_model_gives_transformers_the_same_logits(tmp_path):
     """The done-criterion: all-MiniLM-L6-v2 fine-tuned as an MRPC classifier, exported, read back by
     AutoModelForSequenceClassification: the same logits on real sentence pairs."""
@@ -600,6 +603,7 @@ def mrpc_export(tmp_path_factory):
 
 
 @torch.no_grad()
+@pytest.mark.slow
 def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mrpc_export):
     from huggingface_hub import ModelCard
 
@@ -627,6 +631,7 @@ def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mr
     assert len(set(theirs)) == 2  # both names occur: the comparison is not of a constant
 
 
+@pytest.mark.slow
 def test_push_to_hub_creates_the_repo_and_uploads_the_folder(mrpc_export, monkeypatch, tmp_path, capsys):
     """huggingface_hub's HfApi faked at its calls, as the download path's snapshot_download is."""
     from huggingface_hub import HfApi
@@ -658,6 +663,7 @@ def test_push_to_hub_creates_the_repo_and_uploads_the_folder(mrpc_export, monkey
         capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_a_collapsed_run_card_warns_and_a_local_base_is_named_not_pathed(mrpc_export, tmp_path):
     from huggingface_hub import ModelCard
 

@@ -101,6 +101,7 @@ def text_mode_documents(path: Path) -> tuple[list[list[str]], int]:
     return [d for d in documents if d], dropped
 
 
+@pytest.mark.slow
 def test_files_read_in_byte_ranges_and_blocks_as_a_line_by_line_reader(tmp_path, monkeypatch, caplog):
     """load_documents cuts files at blank lines into ranges (read by many processes) and blocks (memory):
     with ranges and blocks of a few bytes, every kind of line end, blank line, bad byte and whitespace falls
@@ -133,6 +134,7 @@ def test_files_read_in_byte_ranges_and_blocks_as_a_line_by_line_reader(tmp_path,
         caplog.clear()
 
 
+@pytest.mark.slow
 def test_arrow_strips_the_whitespace_python_strips():
     """documents_table strips lines with Arrow's utf8_trim_whitespace: the same characters as str.strip()."""
     import pyarrow as pa
@@ -336,6 +338,7 @@ def test_sentence_rows_without_ids_group_by_count_or_blank_rows(tmp_path):
 
 
 @pytest.mark.parametrize("grouping", [{"rows_per_document": 3}, {"document_column": "book"}, {}])
+@pytest.mark.slow
 def test_sentence_rows_read_in_ranges_give_one_readers_documents(tmp_path, monkeypatch, grouping):
     """`sentences` rows grouped in ranges of a few rows, by two processes, cut where a document starts (every
     3 rows, where `book` changes, after an empty row): the documents one reader gives from the first row,

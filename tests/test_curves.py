@@ -8,6 +8,7 @@ import pytest
 from bert_repro.curves import HISTORY, main, panel, read_history
 
 
+@pytest.mark.slow
 def test_the_good_runs_curves_are_drawn_beside_it(good, tmp_path, capsys):
     import shutil
 
@@ -31,6 +32,7 @@ def test_the_good_runs_curves_are_drawn_beside_it(good, tmp_path, capsys):
 
 
 @pytest.mark.parametrize("what", ["missing", "no_history", "empty_history"])
+@pytest.mark.slow
 def test_bad_runs_are_named_with_exit_2(good, tmp_path, what, capsys):
     _, out, _, _ = good
     run = tmp_path / "run"

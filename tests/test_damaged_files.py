@@ -67,6 +67,7 @@ def test_a_cache_cut_where_a_batch_ends_is_rebuilt(tmp_path, caplog):
 
 
 @pytest.mark.parametrize("cache_file", ["rows-rte-train-*.arrow", "tokens-rte-dev-*.arrow"])
+@pytest.mark.slow
 def test_a_damaged_fine_tuning_cache_is_rebuilt_and_said_so(tmp_path, caplog, minilm_dir, cache_file):
     """The fine-tuning tasks' caches (data.base.cached_map) as pre-training's: a file cut in half is rebuilt
     with a log line naming it, not read back as a raw Arrow error."""
@@ -123,6 +124,7 @@ def full_disk(tmp_path, request):
         subprocess.run(["umount", "-l", str(folder)], check=True)  # lazily: the error still maps its files
 
 
+@pytest.mark.slow
 def test_a_full_disk_leaves_no_temporary_file(full_disk):
     wikitext = SHARED / "pretrain_text" / "wikitext-2-raw" / "wiki.test.raw"
     if not wikitext.is_file():

@@ -86,6 +86,7 @@ def source_text() -> str:
 
 
 @pytest.mark.parametrize("page", DOCS, ids=page_id)
+@pytest.mark.slow
 def test_every_command_in_docs_is_current(page, capsys, tmp_path, monkeypatch):
     monkeypatch.setenv("REVIEWS", str(write_own_task(tmp_path)))  # extending.md: my_conf/ by its commands
     monkeypatch.chdir(tmp_path)
@@ -100,6 +101,7 @@ def test_every_command_in_docs_is_current(page, capsys, tmp_path, monkeypatch):
 
 
 @pytest.mark.parametrize("page", PAGES, ids=page_id)
+@pytest.mark.slow
 def test_every_config_key_named_exists(page):
     """A plain key is in a composed config; a `+key` is in none (Hydra refuses `+` on an existing key) and the
     package still reads its last part."""
@@ -194,6 +196,7 @@ def write_own_task(tmp_path: Path) -> Path:
     return data
 
 
+@pytest.mark.slow
 def test_own_task_from_config_alone(tmp_path, monkeypatch):
     """extending.md's YAML, as written, under a config folder of one's own: composed with hydra.searchpath,
     its files read with their labels mapped onto its own label names, its module sized for them."""

@@ -16,6 +16,7 @@ SHORT = ["EU NNP I-NP I-ORG\nrejects VBZ I-VP O", "Peter NNP I-NP I-PER\nBlackbu
 CONLL = "-DOCSTART- -X- O O\n\n" + "\n\n".join([LONG, *SHORT, LONG]) + "\n"
 
 
+@pytest.mark.slow
 def test_a_subset_scored_run_has_its_own_folder_and_the_full_run_keeps_its_name():
     full = hydra_config(["task=rte", "optim.lr=3e-5"])
     limited = hydra_config(["task=rte", "optim.lr=3e-5", "+data.max_eval_examples=8"])
@@ -26,6 +27,7 @@ def test_a_subset_scored_run_has_its_own_folder_and_the_full_run_keeps_its_name(
     assert limited.hydra.run.dir == "outputs/rte/data.max_eval_examples-8+optim.lr-3e-05+task-rte"
 
 
+@pytest.mark.slow
 def test_a_dev_split_keeps_whole_sentences_and_train_all(tmp_path, minilm_dir):
     for name in ("eng.train", "eng.testa"):
         (tmp_path / name).write_text(CONLL)
@@ -45,6 +47,7 @@ def test_a_dev_split_keeps_whole_sentences_and_train_all(tmp_path, minilm_dir):
     assert data(2)["dev"]["sentence"] == limited["dev"]["sentence"]  # a fixed subset
 
 
+@pytest.mark.slow
 def test_the_dev_loader_yields_that_many_examples(tmp_path, minilm_dir, shared_data):
     rte = GlueDataModule("rte", glue_dir=str(shared_data / "glue"), tokenizer=str(minilm_dir / "vocab.txt"),
                          max_train_examples=8, max_eval_examples=5, batch_size=2, cache_dir=str(tmp_path))

@@ -43,6 +43,7 @@ def test_a_trained_checkpoint_evaluates_to_its_training_numbers_and_predicts_a_f
     assert all(line.split("\t")[1] in ("0", "1") for line in lines[1:])
 
 
+@pytest.mark.slow
 def test_no_checkpoint_is_a_clear_refusal(tmp_path):
     proc = evaluate_py("task=mrpc", f"hydra.run.dir={tmp_path / 'eval'}")
     said = proc.stdout + proc.stderr

@@ -68,6 +68,7 @@ def test_fsdp_shards_every_rank_with_no_tensor_parallelism():
     assert (strategy._data_parallel_size, strategy._tensor_parallel_size) == (8, 1)
 
 
+@pytest.mark.slow
 def test_ddp_communication_options_are_speed_keys_that_reach_torch(tmp_path):
     from lightning.pytorch.strategies import DDPStrategy
     from torch.distributed.algorithms.ddp_comm_hooks import default_hooks

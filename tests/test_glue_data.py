@@ -77,6 +77,7 @@ LAYOUTS = [
 
 
 @pytest.mark.parametrize("task,files,sizes,row", LAYOUTS, ids=[case[0] for case in LAYOUTS])
+@pytest.mark.slow
 def test_original_glue_files_read_exactly(task, files, sizes, row, shared_data, cache):
     files = {split: str(shared_data / "glue" / path) for split, path in files.items()}
     splits = datamodule(task, cache, glue_dir=str(shared_data / "glue"), files=files).raw_splits()
@@ -91,6 +92,7 @@ def test_original_glue_files_read_exactly(task, files, sizes, row, shared_data, 
         assert set(test["label"]) == {-1} and test[0]["idx"] == "0"
 
 
+@pytest.mark.slow
 def test_sst2_dev_carved_from_train_and_train_subset(shared_data, cache):
     """SST-2's dev set is held out here: a fixed carve of train stands in, whatever the restart seed."""
     dm = datamodule("sst2", cache, glue_dir=str(shared_data / "glue"), dev_from_train=872)
@@ -105,6 +107,7 @@ def test_sst2_dev_carved_from_train_and_train_subset(shared_data, cache):
     assert len(sub) == 300 and set(sub["idx"]) <= set(splits["train"]["idx"])
 
 
+@pytest.mark.slow
 def test_pairs_packed_truncated_and_cached(tmp_path, minilm_dir):
     long_a, long_b = " ".join(["alpha"] * 90), " ".join(["beta"] * 70)
     rows = [["index", "sentence1", "sentence2", "label"],
@@ -172,6 +175,7 @@ def test_the_mean_padded_length_is_the_expected_longest_of_a_batch_capped_at_the
         padded([60] * 3, 32, 128)
 
 
+@pytest.mark.slow
 def test_length_grouping_cuts_padding(shared_data, minilm_dir, cache):
     dm = datamodule("mrpc", cache, minilm_dir, glue_dir=str(shared_data / "glue"), batch_size=32)
     dm.setup()
@@ -195,6 +199,7 @@ def test_length_grouping_cuts_padding(shared_data, minilm_dir, cache):
         assert padded(on_two[rank::2]) < 0.75 * padded(shuffled[rank::2])
 
 
+@pytest.mark.slow
 def test_eval_sets_counted_once_across_ranks(shared_data, minilm_dir, cache):
     """RTE dev (277 rows) over 2 ranks: each row on exactly one rank, none repeated to even out the ranks."""
     seen = []
@@ -206,6 +211,7 @@ def test_eval_sets_counted_once_across_ranks(shared_data, minilm_dir, cache):
     assert sorted(seen) == list(range(277))
 
 
+@pytest.mark.slow
 def test_column_mapping_for_other_layouts(shared_data, cache, tmp_path):
     mnli = shared_data / "glue" / "MNLI"
     files = {"train": {"path": str(mnli / "tp823_HW2-NLP" / "mnli_train.tsv"), "columns": {"label": "label"}},
@@ -270,6 +276,7 @@ def test_malformed_files_fail_naming_file_and_line(rows, parts, tmp_path):
         assert part in str(err.value)
 
 
+@pytest.mark.slow
 def test_clear_errors_for_wrong_input(tmp_path, shared_data):
     with pytest.raises(ValueError, match="unknown GLUE task 'mrcp'.*mrpc"):
         GlueDataModule("mrcp")

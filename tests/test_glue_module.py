@@ -73,6 +73,7 @@ def test_degenerate_runs_are_flagged():
 
 
 @pytest.mark.parametrize("task", sorted(GLUE_TASKS))
+@pytest.mark.slow
 def test_task_config_monitors_a_logged_metric(task):
     cfg = resolved(compose_cfg([f"task={task}"]))
     spec = GLUE_TASKS[task]
@@ -119,6 +120,7 @@ def test_bilstm_head_for_the_table5_ablation():
     assert not any("pooler" in n for n in trained)
 
 
+@pytest.mark.slow
 def test_init_from_a_pretrained_checkpoint_keeps_it_causal(minilm_dir):
     module = SequenceClassificationModule(dict(hidden_size=384, num_layers=6, num_heads=12), OPTIM, "stsb", 1)
     loaded = load_checkpoint(minilm_dir)
@@ -136,6 +138,7 @@ def test_init_from_a_pretrained_checkpoint_keeps_it_causal(minilm_dir):
     assert causal.load_pretrained(ltr) == ["classifier", "lstm"] and causal.model.bert.config.causal
 
 
+@pytest.mark.slow
 def test_fine_tuning_loss_falls_on_a_batch():
     torch.manual_seed(0)
     module = SequenceClassificationModule(TINY, OPTIM, "stsb", 1)

@@ -30,6 +30,7 @@ def _unreadable(stdout, folder):
     raise KeyError("val/acc")
 
 
+@pytest.mark.slow
 def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path, capsys):
     plan = [
         Step(
@@ -63,6 +64,7 @@ def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path, capsys):
     assert "hangs: timeout" in capsys.readouterr().out
 
 
+@pytest.mark.slow
 def test_the_budget_caps_every_step(tmp_path):
     plan = [Step("slow", 60, _python("import time; time.sleep(60)")), Step("next", 60, _python("print(1)"))]
     report = json.loads(check(tmp_path, budget_s=6, plan=plan, device="gpu").read_text())
@@ -70,6 +72,7 @@ def test_the_budget_caps_every_step(tmp_path):
     assert report["steps"][0]["limit_s"] == 6
 
 
+@pytest.mark.slow
 def test_the_command_itself_refuses_without_cuda(tmp_path):
     """The real entry point, as `make gpu-check` runs it, where no GPU is visible: status 2, the message,
     no traceback, nothing measured or written."""

@@ -33,6 +33,7 @@ def _local(root, hub: dict) -> dict:
     return {**hub, "path": str(root / hub["path"]), "revision": None}
 
 
+@pytest.mark.slow
 def test_conll2003_reads_from_the_parquet_export(tmp_path, minilm_dir):
     """eriktks/conll2003 keeps a loading script on main; its Parquet export (refs/convert/parquet) is
     <config>/<split>/0000.parquet, no card, ClassLabel names in the files' metadata."""
@@ -62,6 +63,7 @@ def test_conll2003_reads_from_the_parquet_export(tmp_path, minilm_dir):
 
 
 @pytest.mark.parametrize("version", [1, 2])
+@pytest.mark.slow
 def test_squad_reads_from_its_parquet_repository(tmp_path, shared_data, minilm_dir, version):
     """rajpurkar/squad (config plain_text) and rajpurkar/squad_v2 (config squad_v2): one parquet file per
     split under the config's folder, named in the card."""
@@ -83,6 +85,7 @@ def test_squad_reads_from_its_parquet_repository(tmp_path, shared_data, minilm_d
     assert data.examples["dev"]["id"] == [r["id"] for r in rows]
 
 
+@pytest.mark.slow
 def test_swag_reads_its_regular_config(tmp_path, shared_data, minilm_dir):
     """allenai/swag: configs `full` and `regular` in the card; `regular` has train, validation and test
     (labels -1) under regular/."""

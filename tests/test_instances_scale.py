@@ -39,6 +39,7 @@ ODD = [["Café  naïve\tfaçade — 東京 x\u00ad y", "  ", "Ünïcödé [SEP] 
 
 
 @pytest.mark.parametrize("separator", [None, "e"])
+@pytest.mark.slow
 def test_word_cache_tokenizes_as_the_tokenizer(wiki, separator):
     """Word and piece caches, punctuation cut and separator-joined encoding give the tokenizer's own ids; with
     "e" for separator, pieces like "é" and "É" normalise to it, and their texts are encoded piece by piece."""
@@ -55,6 +56,7 @@ def test_word_cache_tokenizes_as_the_tokenizer(wiki, separator):
     assert got == [d for d in expected if d]
 
 
+@pytest.mark.slow
 def test_word_cache_starts_afresh_when_full(wiki):
     docs, tokenizer, _, _ = wiki
     words = WordPieceIds(tokenizer)
@@ -66,6 +68,7 @@ def test_word_cache_starts_afresh_when_full(wiki):
                    for d in docs[:40]]
 
 
+@pytest.mark.slow
 def test_word_cache_travels_to_workers(wiki):
     """A num_proc worker gets the function pickled (datasets uses dill): the warm caches go with it, their
     words as one Arrow array, and the copy tokenizes as the tokenizer does, adding to them."""
@@ -88,6 +91,7 @@ def _module(corpus, vocab, cache_dir, **kwargs) -> PretrainDataModule:
     return dm
 
 
+@pytest.mark.slow
 def test_killed_preparation_resumes_and_any_num_proc_gives_the_same_instances(wiki, tmp_path, monkeypatch):
     docs, _, vocab, _ = wiki
     corpus = str(write_documents(docs[:20], tmp_path / "wiki20.txt"))
@@ -135,6 +139,7 @@ def test_peak_heap_is_flat_in_corpus_size(wiki, tmp_path):
     assert 0 < four < 1.25 * one + 8, (one, four)  # growing with the corpus, 4x would be about 4 times 1x
 
 
+@pytest.mark.slow
 def test_the_plans_disk_per_token_is_what_the_caches_take(tmp_path):
     """The plan's disk figures (tables/plan.py) against the caches the DataModule writes on the books the
     benchmark measured them on (its corpus, at 1x, and its 8,000-piece vocabulary), at both phases'

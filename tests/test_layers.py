@@ -40,6 +40,7 @@ def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
     return seen
 
 
+@pytest.mark.slow
 def test_no_module_imports_one_that_imports_it_back():
     graph = import_graph()
     cycles = sorted(m for m in graph if m in reachable(graph, m))
@@ -59,6 +60,7 @@ def test_no_module_imports_one_that_imports_it_back():
     ("bert_repro.lifecycle.identity", ("bert_repro.lifecycle.run", "bert_repro.model", "bert_repro.tasks",
                                        "bert_repro.convert")),
 ])
+@pytest.mark.slow
 def test_lower_layers_name_nothing_above_them(lower, above):
     graph = import_graph()
     modules = [m for m in graph if m == lower or m.startswith(lower + ".")]

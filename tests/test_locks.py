@@ -48,6 +48,7 @@ def test_a_second_process_into_a_live_run_folder_is_refused(tmp_path):
     assert not (folder / ".hydra").exists()  # refused before Hydra wrote this command's config into it
 
 
+@pytest.mark.slow
 def test_run_main_into_a_live_run_folder_is_refused(tmp_path, caplog):
     from bert_repro.lifecycle.run import main  # where each job of a multirun locks its own folder
 

@@ -120,6 +120,7 @@ def reached(request, tmp_path_factory):
 
 
 @pytest.mark.parametrize("case", list(REACHES))
+@pytest.mark.slow
 def test_every_way_to_the_hub_ends_within_its_deadline_named(reached, case):
     kind, endpoint, said = reached
     seconds, message = said[case]
@@ -134,6 +135,7 @@ def test_every_way_to_the_hub_ends_within_its_deadline_named(reached, case):
     assert seconds < 2 * DEADLINE + 4, (seconds, message)
 
 
+@pytest.mark.slow
 def test_a_run_whose_init_hub_is_silent_exits_69_within_its_deadline(silent, tmp_path, monkeypatch):
     """network.timeout_s reaches the run: init=<Hub id> against the silent server."""
     for key, value in _hub_env(silent, tmp_path / "hf").items():
@@ -151,6 +153,7 @@ def test_a_run_whose_init_hub_is_silent_exits_69_within_its_deadline(silent, tmp
     assert time.monotonic() - began < 120  # the imports on a busy machine; unbounded, it never ends
 
 
+@pytest.mark.slow
 def test_push_to_hub_names_the_silent_hub_and_keeps_the_export(silent, tmp_path):
     export = tmp_path / "export"
     export.mkdir()

@@ -19,6 +19,7 @@ def table2(tmp_path_factory):
     return build("table2", "budget", tmp_path_factory.mktemp("runs"), inits={"*": "/ckpt/given"})
 
 
+@pytest.mark.slow
 def test_flops_and_parameters_are_the_models(table2, monkeypatch):
     """An inner size of 8H at model.BertConfig (not the paper's 4H) raises the FLOPs; count_parameters
     doubled doubles the checkpoints' bytes."""
@@ -39,6 +40,7 @@ def test_flops_and_parameters_are_the_models(table2, monkeypatch):
     assert make_plan(table2)["total_disk_gb"] == pytest.approx(2 * disk, rel=1e-6)
 
 
+@pytest.mark.slow
 def test_kept_checkpoints_are_the_callbacks(table2, monkeypatch, tmp_path):
     """A retention rule that deletes nothing keeps each fine-tuning's last.ckpt (weights and AdamW moments):
     in the plan as in retain_checkpoints, which deletes by the same rule."""
@@ -55,6 +57,7 @@ def test_kept_checkpoints_are_the_callbacks(table2, monkeypatch, tmp_path):
     assert callbacks.retain_checkpoints(run, keep_last=False, keep_steps=[]) == [] and run.last.is_file()
 
 
+@pytest.mark.slow
 def test_the_measured_mfu_is_gpu_checks(table2, monkeypatch):
     """BERT-base at 384 tokens measured at 60% MFU (not the assumed 30%) halves those runs' compute."""
     from bert_repro.benchmarks import gpu_check
@@ -67,6 +70,7 @@ def test_the_measured_mfu_is_gpu_checks(table2, monkeypatch):
     assert ratios == pytest.approx([0.5] * 3 + [1.0] * 3)
 
 
+@pytest.mark.slow
 def test_the_padded_length_is_the_collators(table2, monkeypatch):
     from bert_repro.data.batching import PadCollator
 
@@ -75,6 +79,7 @@ def test_the_padded_length_is_the_collators(table2, monkeypatch):
     assert sum(r["tokens"] for r in make_plan(table2)["runs"]) > 1.05 * tokens  # SQuAD: ~340 of 384
 
 
+@pytest.mark.slow
 def test_the_data_caches_are_keyed_as_pretraining_keys_them(tmp_path, monkeypatch):
     """Table 5's three pre-trainings (NSP, No NSP, LTR) each build their instances; a DataModule that keyed
     its rounds on nothing would share one set, and the plan would charge it once."""
@@ -95,6 +100,7 @@ def test_a_wrong_grid_value_fails_the_plan_naming_the_job_and_key(key, value, tm
     assert not (tmp_path / "table2").exists()  # nothing written
 
 
+@pytest.mark.slow
 def test_a_grid_beyond_ten_thousand_runs_asks_for_yes(tmp_path, capsys):
     code = cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path),
                      "--set", "grid.seed=range(0,5001)"])

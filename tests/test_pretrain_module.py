@@ -39,6 +39,7 @@ def _no_lightning_log(monkeypatch):
     monkeypatch.setattr(PretrainModule, "log_dict", lambda *a, **k: None)
 
 
+@pytest.mark.slow
 def test_mlm_nsp_loss_falls_on_one_batch():
     torch.manual_seed(0)
     module = PretrainModule(model=TINY, optim=OPTIM)
@@ -67,6 +68,7 @@ def test_no_nsp_has_no_nsp_head():
     assert module.model.nsp is None and not any(k.startswith("nsp") for k in module.model.state_dict())
 
 
+@pytest.mark.slow
 def test_ltr_predicts_every_next_token_and_needs_causal():
     with pytest.raises(ValueError, match="causal"):
         PretrainModule(model=TINY, optim=OPTIM, nsp=False, ltr=True)

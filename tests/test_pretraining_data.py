@@ -68,6 +68,7 @@ def _join(ids) -> str:
 # --- NSP instances (create_instances_from_document) -----------------------------------------------
 
 
+@pytest.mark.slow
 def test_instances_are_well_formed(nsp_instances):
     assert len(nsp_instances) > 5000
     for inst in nsp_instances:
@@ -78,6 +79,7 @@ def test_instances_are_well_formed(nsp_instances):
         assert types == [0] * (seps[0] + 1) + [1] * (len(ids) - seps[0] - 1)
 
 
+@pytest.mark.slow
 def test_is_next_share_is_half(nsp_instances):
     not_next = np.mean([inst["next_sentence_label"] for inst in nsp_instances])
     # The coin is 50/50; a chunk of a single sentence always gets a random B in the original, which
@@ -85,6 +87,7 @@ def test_is_next_share_is_half(nsp_instances):
     assert 0.48 < not_next < 0.56
 
 
+@pytest.mark.slow
 def test_b_is_the_true_continuation_or_from_another_document(wiki, nsp_instances):
     _, _, tokenized = wiki
     streams = [_stream(d) for d in tokenized]
@@ -103,6 +106,7 @@ def test_b_is_the_true_continuation_or_from_another_document(wiki, nsp_instances
     assert checked_random > 200
 
 
+@pytest.mark.slow
 def test_short_target_share(wiki):
     _, _, tokenized = wiki
     heads = [d[:4] for d in tokenized]  # the target is drawn once per document, before anything else
@@ -114,6 +118,7 @@ def test_short_target_share(wiki):
     assert min(short) >= 2
 
 
+@pytest.mark.slow
 def test_no_nsp_gives_contiguous_single_segments(wiki, documents):
     _, _, tokenized = wiki
     streams = [_stream(d) for d in tokenized]
@@ -173,6 +178,7 @@ def _original_pairs(all_documents, document_index, max_seq_length, short_seq_pro
     (0.0, dict(count=0.01, not_next=0.013, length=0.75, full=0.003)),
     (1.0, dict(count=0.06, not_next=0.045, length=1.6, full=0.035)),
 ])
+@pytest.mark.slow
 def test_pairs_have_the_originals_distribution(wiki, documents, short_seq_prob, tolerance):
     """16 seeds of the original's pairs (its own random draws, in its own order) against 16 of the vectorised
     ones: the same instance count, NotNext share, A and B lengths, and share of full (or truncated) pairs. The
@@ -208,6 +214,7 @@ def test_pairs_do_not_depend_on_the_documents_built_together(documents):
         assert np.array_equal(together[name], np.concatenate([pairs[name] for pairs in alone])), name
 
 
+@pytest.mark.slow
 def test_documents_are_read_in_place_from_any_layout(wiki, documents, tmp_path):
     """The instance code's view of the tokenized documents: from two memory-mapped cache files of many
     record batches (a region per file: its whole map), from a table in memory (a region per record batch)
@@ -309,6 +316,7 @@ def _original_masking(ids, special, continuation, rng: random.Random, whole_word
 
 
 @pytest.mark.parametrize("whole_word", [False, True])
+@pytest.mark.slow
 def test_masking_chooses_as_the_original(wiki, nsp_instances, whole_word):
     """The positions chosen have the original loop's distribution: predictions per instance, the words they
     make, where in the sequence they fall."""
@@ -354,6 +362,7 @@ def test_whole_words_of_one_piece_mask_as_tokens(nsp_instances):
 
 
 @pytest.mark.parametrize("shares", [(0.8, 0.1, 0.1), (0.8, 0.0, 0.2), (0.0, 0.2, 0.8)])
+@pytest.mark.slow
 def test_masking_proportions(nsp_instances, shares):
     chosen = tokens = masks = kept = 0
     for ids, special, masked, pos, labels in _mask_all(nsp_instances[:3000], shares):
@@ -428,6 +437,7 @@ def test_batches_have_the_documented_format(small_corpus, tmp_path):
     assert set(val) == set(batch)
 
 
+@pytest.mark.slow
 def test_same_seed_same_data_and_cache_reuse(small_corpus, tmp_path, monkeypatch):
     monkeypatch.setattr(pretraining, "PROCESS_BYTES", 1)  # a pool for any map: num_proc=2 runs two workers
     first = _module(small_corpus, tmp_path / "a", masking="static", dupe_factor=2)
@@ -534,6 +544,7 @@ def _originals(ids: np.ndarray, positions: np.ndarray, labels: np.ndarray) -> np
 
 @pytest.mark.parametrize("ablation", ["mask_80_10_10", "mask_100_0_0", "mask_80_0_20", "mask_80_20_0",
                                       "mask_0_20_80", "mask_0_0_100"])
+@pytest.mark.slow
 def test_mask_configs_give_their_shares_on_generated_instances(small_corpus, tmp_path, ablation):
     """Table 8: each mask_* config, composed as a run composes it, masks instances in its MASK/SAME/RND
     shares."""
@@ -557,6 +568,7 @@ def test_mask_configs_give_their_shares_on_generated_instances(small_corpus, tmp
 
 
 @pytest.mark.parametrize("num_workers", [0, 1])
+@pytest.mark.slow
 def test_dynamic_masking_redraws_masks_every_epoch(small_corpus, tmp_path, num_workers):
     dm = _module(small_corpus, tmp_path, masking="dynamic", num_workers=num_workers)
     loader = dm.train_dataloader()
@@ -599,6 +611,7 @@ def test_static_masking_gives_dupe_factor_differently_masked_copies(wiki, tmp_pa
     assert np.mean(np.array(distinct) == 4) > 0.9  # ... masked four different ways
 
 
+@pytest.mark.slow
 def test_same_seed_same_first_losses(small_corpus, tmp_path, monkeypatch):
     """Same seed -> the same instances, batches, initial weights and dropout: the same first losses."""
     import lightning as L

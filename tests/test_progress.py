@@ -2,6 +2,7 @@
 (callbacks.ProgressLines)."""
 
 import lightning as L
+import pytest
 import torch
 from torch.utils.data import DataLoader
 
@@ -60,6 +61,7 @@ def test_a_terminal_keeps_the_bar_and_prints_no_lines(tmp_path, monkeypatch):
     assert progress.lines == [] and trainer.progress_bar_callback.is_enabled
 
 
+@pytest.mark.slow
 def test_a_piped_run_logs_progress_lines(good):
     """The good run ran with its output piped (tests capture it): its log file holds the lines (a copy taken
     when it ended: the fault cases on the same worker append their own runs' to train.log)."""

@@ -113,6 +113,7 @@ def check_line(line: str, capsys) -> str:
     raise AssertionError("no check for this kind of command: add one, or list it in UNCHECKED with why")
 
 
+@pytest.mark.slow
 def test_every_readme_command_is_current(capsys):
     lines = commands()
     assert len(lines) > 12  # the README's blocks were found

@@ -77,6 +77,7 @@ def test_a_long_name_keeps_whole_items_and_hashes_the_rest():
     assert name != run_name(many[:-1])  # the items past the cap still tell runs apart
 
 
+@pytest.mark.slow
 def test_a_table_job_is_where_hydra_puts_it_and_passes_back(tmp_path):
     """The table runner's command, as Hydra composes it, names each job's folder as Sweep.jobs expects it
     (one definition: run_name), the table's fixed keys left out."""
@@ -91,6 +92,7 @@ def test_a_table_job_is_where_hydra_puts_it_and_passes_back(tmp_path):
         assert f"{cfg.hydra.sweep.dir}/{cfg.hydra.sweep.subdir}" == str(folder) and passes_back(str(folder))
 
 
+@pytest.mark.slow
 def test_every_tables_run_folders_pass_back(tmp_path):
     """Fine-tuning starts from the table's own pre-training checkpoint by init=, phase 2 from phase 1's by
     ckpt_path=: every folder a table writes is such a value (budget: the widest grids, both phases)."""

@@ -155,6 +155,7 @@ def table5(tmp_path):
     return build("table5", "smoke", tmp_path / "runs")
 
 
+@pytest.mark.slow
 def test_a_folder_a_live_process_sweeps_into_is_neither_moved_nor_launched_into(tmp_path, monkeypatch):
     table5 = build("table5", "smoke", tmp_path / "runs", sets=TINY)
     sweep = table5.sweeps["pretrain/none"]
@@ -203,6 +204,7 @@ FAILING = textwrap.dedent("""
 @pytest.mark.parametrize("mode, reason, marked", [
     ("recorded", "NonFiniteLoss: training loss is nan at step 3", False),
     ("logged", "a local multirun with 2 devices: use submitit", True)])
+@pytest.mark.slow
 def test_a_failed_job_is_read_from_its_results_json_and_failed_json_holds_the_launchs_own_error(
         table5, tmp_path, monkeypatch, mode, reason, marked):
     stand_in = tmp_path / "train.py"

@@ -81,6 +81,7 @@ def test_train_refuses_it_as_init_or_resume(malicious, tmp_path, how):
     assert not marker.exists() and not (tmp_path / "run" / "results.json").exists()
 
 
+@pytest.mark.slow
 def test_every_torch_load_in_the_package_is_weights_only():
     """A static check of src/: torch.load always with weights_only=True, no pickle.load at all."""
     offenders = []

@@ -26,6 +26,7 @@ def options(group: str) -> list[str]:
     return sorted(p.stem for p in (CONF / group).glob("*.yaml"))
 
 
+@pytest.mark.slow
 def test_every_shipped_option_is_in_range():
     """Each task with a model (in turn, so every model is met), each scale and experiment. ablation/ and
     debug/ set no key that has a range (mask shares are checked by the data module)."""
@@ -71,6 +72,7 @@ def test_out_of_range_values_are_named_with_what_was_expected(overrides, message
     ("evaluate.py", ["task=mrpc", "init=/no/such.ckpt", "optim.warmup_ratio=-0.1"],
      "optim.warmup_ratio=-0.1: expected a fraction in [0, 1]"),
 ], ids=["warmup-ratio", "max-seq-length", "heads-do-not-divide-hidden", "evaluate"])
+@pytest.mark.slow
 def test_the_command_fails_within_two_seconds_before_any_work(tmp_path, script, args, message):
     before = resource.getrusage(resource.RUSAGE_CHILDREN)
     proc = subprocess.run(

@@ -410,6 +410,7 @@ def test_task_modules_take_speed_options_as_hyper_parameters():
     assert PretrainModule(model, optim).model.bert.speed == SpeedOptions()  # no options: the plain path
 
 
+@pytest.mark.slow
 def test_encoder_parameters_and_flops_formula():
     base = BertConfig()
     bert = BertModel(base)
@@ -492,6 +493,7 @@ def test_dropout_mask_rate_scale_and_dtype(p):
     assert float(dropout_mask(torch.empty(5), 0.999999).max()) < float("inf")  # p rounds to 1: still a level
 
 
+@pytest.mark.slow
 def test_compiled_model_trains_like_the_eager_one_on_cpu():
     """trainer.compile on CPU: Inductor fuses the step, dropout included (ATen's random numbers, in the
     eager order), and the loss and gradients are the eager ones up to float tolerance."""

@@ -18,6 +18,7 @@ def squash(text: str) -> str:
 
 
 @pytest.mark.parametrize("version, name", FILES)
+@pytest.mark.slow
 def test_every_answer_maps_to_tokens_and_back(shared_data, minilm_dir, version, name):
     """Each gold answer -> the smallest token span covering it -> its text through the offsets. The text is
     the answer (modulo whitespace), except where the answer starts or ends inside a WordPiece token ("gold" of
@@ -50,6 +51,7 @@ def windows_of(rows, tokenizer, max_seq_length=384, doc_stride=128, max_query_le
 
 
 @pytest.mark.parametrize("version, name", [(1, "squad_v1/dev-v1.1.json"), (2, "squad_v2/train-v2.0.json")])
+@pytest.mark.slow
 def test_windows_place_every_answer(shared_data, minilm_dir, version, name):
     """With the paper's settings every answerable question has a window whose start / end positions give the
     answer back through that window's offsets; other windows and unanswerable questions point at [CLS]."""
@@ -75,6 +77,7 @@ def test_windows_place_every_answer(shared_data, minilm_dir, version, name):
 
 @pytest.mark.parametrize("max_seq_length, doc_stride, max_query_length",
                          [(384, 128, 64), (96, 24, 24), (64, 8, 24)])
+@pytest.mark.slow
 def test_windows_never_drop_an_answer_that_fits(shared_data, minilm_dir, max_seq_length, doc_stride,
                                                 max_query_length):
     """Windows cover the whole passage, hold [CLS] question [SEP] piece [SEP] with segment ids 0 then 1, and
@@ -159,6 +162,7 @@ def test_wrong_layout_and_missing_files(tmp_path, minilm_dir):
         SquadDataModule(1, max_seq_length=128, doc_stride=64)
 
 
+@pytest.mark.slow
 def test_second_run_reads_the_token_cache(tmp_path, shared_data, minilm_dir, monkeypatch):
     settings = dict(version=2, squad_dir=str(shared_data / "squad_v2"), tokenizer=str(minilm_dir),
                     cache_dir=str(tmp_path), max_train_examples=40, max_dev_examples=20)
@@ -179,6 +183,7 @@ def test_second_run_reads_the_token_cache(tmp_path, shared_data, minilm_dir, mon
         SquadDataModule(**{**settings, "doc_stride": 64}).setup()
 
 
+@pytest.mark.slow
 def test_hub_rows_are_read_and_checked_like_the_files(tmp_path, shared_data, minilm_dir, monkeypatch):
     """squad_dir=null reads rajpurkar/squad_v2 through datasets.load_dataset (here answered offline from the
     fixture in the Hub's schema); its rows pass the same answer check as the official files."""
@@ -203,6 +208,7 @@ def test_hub_rows_are_read_and_checked_like_the_files(tmp_path, shared_data, min
         SquadDataModule(2, squad_dir=None, tokenizer=str(minilm_dir), cache_dir=str(tmp_path)).setup()
 
 
+@pytest.mark.slow
 def test_dev_batches_carry_what_scoring_needs_and_training_batches_do_not(tmp_path, shared_data, minilm_dir):
     """The span module scores Dev from its batches alone (not trainer.datamodule): every dev window carries
     its question's row, id, context and gold texts and its passage tokens; training batches stay lean."""

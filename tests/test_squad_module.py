@@ -53,6 +53,7 @@ def test_ltr_stays_left_to_right_and_bilstm_reads_right_context():
     assert changed_logits(SpanExtractionModule({**TINY, "causal": True}, {}, version=1, bilstm=True).eval())
 
 
+@pytest.mark.slow
 def test_init_from_a_checkpoint(minilm_dir):
     loaded = load_checkpoint(minilm_dir)
     module = SpanExtractionModule(loaded.config.to_dict(), {}, version=2, bilstm=True)
@@ -82,6 +83,7 @@ def test_null_threshold_travels_in_the_checkpoint():
 
 
 @pytest.mark.parametrize("task, version, epochs, batch", [("squad_v1", 1, 3, 32), ("squad_v2", 2, 2, 48)])
+@pytest.mark.slow
 def test_task_configs_build_the_module_with_the_paper_defaults(task, version, epochs, batch):
     """conf/task/squad_*.yaml: §4.2 / v2 §4.3 hyper-parameters; ablation=ltr_no_nsp_bilstm reaches the
     module."""
@@ -99,6 +101,7 @@ def test_task_configs_build_the_module_with_the_paper_defaults(task, version, ep
     assert (module.n_best_size, module.max_answer_length) == (20, 30)
 
 
+@pytest.mark.slow
 def test_dev_is_scored_from_the_loader_alone(tmp_path, shared_data, minilm_dir, caplog):
     """The module reads Dev from its batches, not from trainer.datamodule: validating on the loader alone (no
     datamodule attached) gives the metrics and predictions of validating through the datamodule, and a

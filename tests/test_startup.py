@@ -27,11 +27,13 @@ def heavy_imports(argv: list[str], runner: str, target: str, extra: str = "") ->
 
 
 @pytest.mark.parametrize("args", [["--help"], ["--cfg", "job", "task=mrpc", "model=large"]])
+@pytest.mark.slow
 def test_train_py_help_and_cfg_do_not_import_torch(args):
     train = str(REPO / "src" / "train.py")
     assert heavy_imports([train, *args], "run_path", train) == "heavy: []"
 
 
+@pytest.mark.slow
 def test_the_table_collector_does_not_import_torch(tmp_path):
     argv = ["bert_repro.tables", "collect", "table5_demo", "--scale", "smoke", "--logger", "none",
             "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
@@ -39,6 +41,7 @@ def test_the_table_collector_does_not_import_torch(tmp_path):
     assert (tmp_path / "results" / "table5_demo.md").is_file()  # it did collect
 
 
+@pytest.mark.slow
 def test_a_finished_run_prints_its_result_without_torch(good):
     """Finished is finished: the same command again answers from results.json, no torch, nothing rewritten."""
     from .conftest import FAST, fingerprint

@@ -53,6 +53,7 @@ def test_long_inputs_are_truncated_to_max_seq_length(tmp_path, swag_dir, minilm_
     assert max(lengths) == 16
 
 
+@pytest.mark.slow
 def test_bad_files_are_named(tmp_path, swag_dir, minilm_dir):
     bad = tmp_path / "bad"
     bad.mkdir()

@@ -48,6 +48,7 @@ def stand_in(table, monkeypatch, launched):
     monkeypatch.setattr(runner, "_launch", launch)
 
 
+@pytest.mark.slow
 def test_a_relaunch_after_an_edit_reruns_exactly_the_changed_jobs_and_those_after_a_changed_pre_training(
         tmp_path, monkeypatch, capsys):
     launched = []
@@ -89,6 +90,7 @@ def test_a_relaunch_after_an_edit_reruns_exactly_the_changed_jobs_and_those_afte
     assert "init: was" in capsys.readouterr().out  # fine-tuning from the new checkpoint
 
 
+@pytest.mark.slow
 def test_force_moves_earlier_runs_aside_and_a_second_runner_is_refused(tmp_path, monkeypatch):
     launched = []
     table = tiny(tmp_path)
@@ -119,6 +121,7 @@ def test_force_moves_earlier_runs_aside_and_a_second_runner_is_refused(tmp_path,
     ("grid.optim.lr=1e-3,abc", "job finetune/bert_base/mrpc optim.lr=abc: "),
     ("task_data.mrpc.data.glue_dir=/no/such/glue", "data.glue_dir=/no/such/glue does not exist"),
     ("finetune_overrides.optim.epochs=0", "optim.epochs=0: expected a positive whole number")])
+@pytest.mark.slow
 def test_a_wrong_job_stops_the_table_before_any_work_naming_it(tmp_path, monkeypatch, capsys, bad, said):
     monkeypatch.setattr(runner, "_launch", lambda *a, **k: pytest.fail("nothing may be launched"))
     args = ["run", "table5", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
@@ -127,6 +130,7 @@ def test_a_wrong_job_stops_the_table_before_any_work_naming_it(tmp_path, monkeyp
     assert not list((tmp_path / "runs").rglob("results.json"))
 
 
+@pytest.mark.slow
 def test_failed_jobs_exit_non_zero_and_a_damaged_failure_record_is_named(tmp_path, monkeypatch, capsys):
     def launch(sweep, swept, launcher, dry_run=False):
         return 1, "RuntimeError: out of memory"
@@ -142,6 +146,7 @@ def test_failed_jobs_exit_non_zero_and_a_damaged_failure_record_is_named(tmp_pat
                                         "record): a relaunch reruns the job")
 
 
+@pytest.mark.slow
 def test_a_slurm_controller_that_stops_answering_stops_the_table_naming_what_is_left(tmp_path, monkeypatch):
     """tests/test_slurm.py's cluster needs slurm-wlm; here a stand-in ``scontrol`` answers as a stopped
     controller does, and a stand-in src/train.py waits as submitit's waiter would."""

@@ -91,6 +91,7 @@ def table5(tmp_path):
     return table
 
 
+@pytest.mark.slow
 def test_cells_carry_mean_std_interval_and_collapsed_runs(table5):
     rows = {r.key: r for r in collect(table5, REFERENCE)["main"]}
     cell = rows["bert_base"].cells["mrpc_acc"]
@@ -103,6 +104,7 @@ def test_cells_carry_mean_std_interval_and_collapsed_runs(table5):
     assert collapsed.collapsed == 1 and collapsed.restarts.n == 5 and 3 in collapsed.seeds
 
 
+@pytest.mark.slow
 def test_comparisons_agree_disagree_or_stay_inconclusive_as_the_data_say(table5, tmp_path):
     collected = collect(table5, REFERENCE)
     found = {(c["a"], c["b"], c["column"]): c for c in comparisons(table5, collected, REFERENCE)["main"]}
@@ -134,6 +136,7 @@ def test_one_seed_per_cell_is_inconclusive_and_says_why(tmp_path):
     assert all("no interval" in c["why"] for c in found)
 
 
+@pytest.mark.slow
 def test_a_comparison_naming_an_unknown_row_is_an_error_that_names_it(tmp_path):
     typo = "comparisons=[{a: bert_base, b: typo_row, column: qnli_acc}]"
     table = build("table5", "smoke", tmp_path / "runs", sets=[typo])
@@ -141,12 +144,14 @@ def test_a_comparison_naming_an_unknown_row_is_an_error_that_names_it(tmp_path):
         comparisons(table, collect(table, REFERENCE), REFERENCE)
 
 
+@pytest.mark.slow
 def test_comparisons_of_rows_removed_with_set_are_left_out(tmp_path):
     table = build("table5", "smoke", tmp_path / "runs", sets=["rows.no_nsp=null", "columns.squad_v1_f1=null"])
     found = comparisons(table, collect(table, REFERENCE), REFERENCE)["main"]
     assert len(found) == 2 * 4 and "no_nsp" not in {c["a"] for c in found} | {c["b"] for c in found}
 
 
+@pytest.mark.slow
 def test_demo_comparisons_take_the_papers_difference_from_the_column_they_stand_in_for(tmp_path):
     table = build("table5_demo", "smoke", tmp_path / "runs")
 

@@ -72,6 +72,7 @@ def table5(tmp_path):
     return build("table5", "smoke", tmp_path / "runs", sets=["grid.optim.lr=2e-4,1e-3", "grid.seed=1,2"])
 
 
+@pytest.mark.slow
 def test_best_on_dev_cell_has_ours_paper_difference_and_spread(table5, tmp_path):
     fill(table5, lambda sweep, args: None if "squad" in sweep.name else glue_metrics(sweep, args))
     squad = table5.sweeps["finetune/bert_base/squad_v1"]
@@ -91,6 +92,7 @@ def test_best_on_dev_cell_has_ours_paper_difference_and_spread(table5, tmp_path)
     assert squad_cell.status == "failed" and "not built yet" in squad_cell.reason and squad_cell.value is None
 
 
+@pytest.mark.slow
 def test_mean_over_restarts_picks_hyper_parameters_by_mean_and_reports_std(tmp_path):
     table = build("table6", "smoke", tmp_path / "runs", sets=["grid.optim.lr=1e-4,1e-3"])
 
@@ -197,6 +199,7 @@ def test_glue_average_only_when_every_column_has_a_number(tmp_path):
     assert average.value == pytest.approx(sum(expected) / 9) and average.paper == 79.6
 
 
+@pytest.mark.slow
 def test_figures_are_written_as_png_and_pdf(tmp_path):
     for name in ("figure4", "table6"):
         table = build(name, "smoke", tmp_path / "runs")
@@ -236,6 +239,7 @@ def test_unknown_table_or_scale_is_a_clear_error(capsys, tmp_path):
 
 
 @pytest.mark.parametrize("scale", SCALES)
+@pytest.mark.slow
 def test_every_table_config_builds_its_sweeps(scale, tmp_path):
     for name in TABLES:
         table = build(name, scale, tmp_path, inits={"*": "/ckpt/given"})
@@ -269,6 +273,7 @@ def _yaml(path: Path) -> dict:
 
 
 @pytest.mark.parametrize("name,scale", [(n, s) for n in TABLES for s in SCALES] + [("table5_demo", "smoke")])
+@pytest.mark.slow
 def test_a_table_spec_is_its_layers_merged_key_by_key_in_the_order_conf_tables_yaml_lists_them(name, scale):
     """The spec Hydra composes (conf/tables.yaml's defaults list) is the YAML layers merged key by key, each
     over the ones before: the scale's `tables:` node, the scale's task data, table_tasks, the table, then the
@@ -291,6 +296,7 @@ def test_a_table_spec_is_its_layers_merged_key_by_key_in_the_order_conf_tables_y
     assert _leaves(load_spec(name, scale)) == expected
 
 
+@pytest.mark.slow
 def test_a_grid_key_the_layer_above_sets_to_null_is_not_swept_and_set_adds_or_removes_keys(tmp_path):
     """conf/scale/<scale>.yaml's `tables:` gives the model, grid and fine-tuning overrides; a table's own win,
     and a table that sweeps other keys sets the scale's to null (Table 2's three restarts: no lr x epochs x
@@ -376,6 +382,7 @@ def test_fine_tuning_from_a_failed_pre_training_run_is_marked_with_its_reason(ta
     assert row.cells["sst2_acc"].reason == "pre-training run pretrain/no_nsp failed: CUDA out of memory"
 
 
+@pytest.mark.slow
 def test_sweeps_at_once_run_side_by_side_longest_chain_first_each_after_its_pre_training(table5, monkeypatch):
     """Two slots: never more than two sweeps at once, a fine-tuning only after the pre-training it starts
     from, and the free slot takes the ready sweep with the most work behind it (LTR's pre-training here)."""
@@ -463,6 +470,7 @@ def test_launch_error_names_the_cause():
     assert runner.launch_error(crash) == "RuntimeError: shapes do not match"
 
 
+@pytest.mark.slow
 def test_dry_run_prints_the_multiruns_and_writes_nothing(capsys, tmp_path):
     assert cli.main(["run", "table5", "--scale", "smoke", "--dry-run",
                      "--runs-dir", str(tmp_path / "runs")]) == 0
@@ -500,6 +508,7 @@ def test_a_killed_run_is_resumed_in_its_folder_and_one_that_would_not_resume_is_
     assert aside.parent == folder / ".previous" and not (folder / "checkpoints").exists()
 
 
+@pytest.mark.slow
 def test_budget_runs_join_the_tables_wandb_group_with_its_axes_as_tags(tmp_path):
     """Every run of a table composes in the plan (test_tables_plan.py); the W&B keys it leaves out compose
     here."""
@@ -524,6 +533,7 @@ def test_budget_runs_join_the_tables_wandb_group_with_its_axes_as_tags(tmp_path)
         GlobalHydra.instance().clear()
 
 
+@pytest.mark.slow
 def test_collected_table_is_logged_as_a_wandb_table_offline(table5, tmp_path, monkeypatch):
     from bert_repro.tables.render import log_wandb
 
@@ -543,6 +553,7 @@ def test_collected_table_is_logged_as_a_wandb_table_offline(table5, tmp_path, mo
 
 
 @pytest.mark.parametrize("launcher", ["joblib", "slurm"])
+@pytest.mark.slow
 def test_launcher_settings_compose_with_their_hydra_plugins(launcher, tmp_path):
     """conf/table/table_tasks.yaml's launchers: every key is one the plugin's config has (stage by stage)."""
     from hydra import compose, initialize_config_dir
@@ -568,6 +579,7 @@ def test_launcher_settings_compose_with_their_hydra_plugins(launcher, tmp_path):
     GlobalHydra.instance().clear()
 
 
+@pytest.mark.slow
 def test_launcher_choice_reaches_every_multirun(capsys, tmp_path):
     assert cli.main(["run", "table8", "--scale", "paper", "--launcher", "slurm", "--dry-run",
                      "--runs-dir", str(tmp_path)]) == 0

@@ -22,6 +22,7 @@ from bert_repro.tables.spec import TableError, build, load_spec
 from .test_tables import write_results
 
 
+@pytest.mark.slow
 def test_a_step_checkpoint_the_schedule_never_writes_is_refused(tmp_path):
     """A made-up broken Figure 4: budget saves step-<N>.ckpt every 100k of 1M steps."""
     for bad, why in [("step-150000.ckpt", "a multiple of 100000"), ("step-1100000.ckpt", "0 < N <= 1000000"),
@@ -34,6 +35,7 @@ def test_a_step_checkpoint_the_schedule_never_writes_is_refused(tmp_path):
               sets=["pretrain_overrides.scale.pretrain.checkpoint_every_n_steps=null"])
 
 
+@pytest.mark.slow
 def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoint_step(tmp_path):
     for scale in ("budget", "paper"):
         table = build("figure4", scale, tmp_path)
@@ -51,6 +53,7 @@ def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoin
     assert [c["x"] for c in smoke.parts[0].columns.values()] == [100, 200, 300]
 
 
+@pytest.mark.slow
 def test_the_schedule_is_read_from_the_configs_hydra_composes_for_the_phases(tmp_path):
     """Phase 1's length and steps as conf/experiment/pretrain_phase1.yaml composes them with the table's
     overrides: a longer phase 1 moves the trained positions and which phase writes step-800000.ckpt."""
@@ -65,6 +68,7 @@ def test_the_schedule_is_read_from_the_configs_hydra_composes_for_the_phases(tmp
         build("figure4", "budget", tmp_path, sets=["pretrain_overrides.no_such_key=1"])
 
 
+@pytest.mark.slow
 def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(tmp_path, capsys):
     args = ["plan", "table5", "--scale", "paper", "--accelerator", "a100", "--runs-dir", str(tmp_path)]
     assert cli.main(args) == 0
@@ -96,6 +100,7 @@ def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(
     assert 40 < pretrain[0]["gpu_hours"] < 60
 
 
+@pytest.mark.slow
 def test_fine_tuning_beyond_the_trained_positions_is_refused_at_plan_time(tmp_path):
     """Figure 4 from step-200000.ckpt (phase 1: positions trained up to 128) at 256 tokens."""
     table = build("figure4", "budget", tmp_path, sets=["finetune_overrides.data.max_seq_length=256"])
@@ -104,6 +109,7 @@ def test_fine_tuning_beyond_the_trained_positions_is_refused_at_plan_time(tmp_pa
         make_plan(table)
 
 
+@pytest.mark.slow
 def test_the_demo_plans_and_fine_tunes_within_its_pre_training_length(tmp_path):
     """`make demo` pre-trains at 32 tokens, so its fine-tuning runs are held to 32."""
     plan = make_plan(build("table5_demo", "smoke", tmp_path))
@@ -119,6 +125,7 @@ def test_the_demo_plans_and_fine_tunes_within_its_pre_training_length(tmp_path):
         make_plan(longer)
 
 
+@pytest.mark.slow
 def test_a_row_whose_ablation_does_not_exist_fails_the_plan_naming_it(tmp_path):
     """Rows that differ only in their ablation are each composed, not taken from a cached neighbour."""
     table = build("table7", "budget", tmp_path, inits={"*": "/ckpt/given"},
@@ -127,6 +134,7 @@ def test_a_row_whose_ablation_does_not_exist_fails_the_plan_naming_it(tmp_path):
         make_plan(table)
 
 
+@pytest.mark.slow
 def test_a_run_composed_in_hydras_two_steps_is_the_config_hydra_composes():
     """Build and plan compose a run's config choices once and set its values on that (compose.compose_run):
     the same config, interpolations included, as Hydra's composition of the run."""
@@ -216,6 +224,7 @@ def test_a_table_spec_is_not_a_runnable_experiment():
         compose_cfg(["experiment=table5"])
 
 
+@pytest.mark.slow
 def test_a_second_table_reuses_the_first_tables_pre_training_and_the_plan_counts_it_once(tmp_path, capsys):
     """Table 5's none and ltr_no_nsp are Figure 4's mlm and ltr (one folder of the pre-training store, named
     by the science keys): once Table 5 has trained them, Figure 4 launches no pre-training."""
@@ -244,6 +253,7 @@ def test_a_second_table_reuses_the_first_tables_pre_training_and_the_plan_counts
     assert launched and not any("task=pretrain" in line for line in launched)
 
 
+@pytest.mark.slow
 def test_each_data_cache_is_charged_once_to_the_first_run_that_builds_it(tmp_path, monkeypatch):
     """The corpus is read and tokenized once for every pre-training with its vocabulary (phase 2 reads phase
     1's from its checkpoint); each round of instances is built once for every run with its data settings:
@@ -279,6 +289,7 @@ def test_each_data_cache_is_charged_once_to_the_first_run_that_builds_it(tmp_pat
         [tokenize + rounds * one_round, rounds * one_round] + [0] * 10)  # five more sizes read the first's
 
 
+@pytest.mark.slow
 def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tmp_path):
     """Table 5's SST-2 (sentences of ~10 tokens; v2 A.3's grid of batches 16 and 32) costs a fraction of its
     128-token maximum; the released code's fixed padding (speed.padding=max_length) pays the whole length."""
@@ -301,6 +312,7 @@ def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tm
 
 
 @pytest.mark.parametrize("task", ["mrpc"])  # a pair task: text_b, truncation, [SEP]s
+@pytest.mark.slow
 def test_the_length_quantiles_in_table_tasks_are_what_the_tasks_data_path_measures(task, shared_data,
                                                                                    minilm_dir):
     """The stored quantiles are a measurement, not a guess: measured again through the task's DataModule and
@@ -309,6 +321,7 @@ def test_the_length_quantiles_in_table_tasks_are_what_the_tasks_data_path_measur
     assert measure_lengths(task) == stored
 
 
+@pytest.mark.slow
 def test_a_rehearsal_states_its_planned_wall_time_before_it_runs(tmp_path, monkeypatch, capsys):
     """The plan's cost model on this CPU: each job's FLOPs at the measured rate, and the start-up (a process a
     sweep) and set-up (a job) an earlier rehearsal measured; printed before the first run starts."""
@@ -337,6 +350,7 @@ def test_a_rehearsal_states_its_planned_wall_time_before_it_runs(tmp_path, monke
     assert "at 1.0 GFLOP/s, start-up and set-up as last measured" in said
 
 
+@pytest.mark.slow
 def test_the_plan_prices_at_the_mfu_that_gpu_check_measured(tmp_path, monkeypatch):
     """A train-step row of benchmarks/gpu_check.py's report (BERT-base at 384 tokens, MFU 60%) replaces the
     assumed 30% of Table 2's runs of that width and length, halving their compute; BERT-large's stay."""

@@ -69,6 +69,7 @@ def test_save_and_reload_give_the_same_tokenizer(trained, tmp_path):
         assert again.encode(text).ids == trained.encode(text).ids
 
 
+@pytest.mark.slow
 def test_minilm_vocab_matches_transformers(minilm_vocab, real_lines):
     transformers = pytest.importorskip("transformers")
     ours = load_tokenizer(minilm_vocab)

@@ -128,6 +128,7 @@ def test_only_the_wandb_logger_gets_the_config():
 
 
 
+@pytest.mark.slow
 def test_tensorboard_and_mlflow_hold_the_config_and_the_final_metrics(tmp_path):
     """Lightning's own TensorBoard and MLflow loggers from conf/logger/, through a short fit: the resolved
     config as hyper-parameters, results.json's final metrics and the file (MLflow) at the end."""
@@ -169,6 +170,7 @@ def test_tensorboard_and_mlflow_hold_the_config_and_the_final_metrics(tmp_path):
     assert [a.path for a in client.list_artifacts(ml.run_id)] == ["results.json"]
 
 
+@pytest.mark.slow
 def test_an_offline_wandb_run_keeps_its_config_and_summary_readable(good):
     """The good run logged to W&B offline: beside the binary .wandb file, its resolved config as YAML and
     results.json less the config as JSON, the same as the run folder's."""

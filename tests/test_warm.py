@@ -45,6 +45,7 @@ def observed(proc, out) -> tuple[int, dict, str]:
     return code, json.loads(text.splitlines()[0]), text
 
 
+@pytest.mark.slow
 def test_a_warm_run_sees_what_a_cold_one_sees(probe, tmp_path):
     # the forkserver's environment: an earlier test may have started it with other variables than now
     env = {**warm.environment(), "PROBE": "x y", "OMP_NUM_THREADS": "2"}
@@ -64,6 +65,7 @@ def test_a_warm_run_sees_what_a_cold_one_sees(probe, tmp_path):
     assert "atexit ran" in warm_text and "atexit ran" in cold_text
 
 
+@pytest.mark.slow
 def test_sigint_is_a_keyboard_interrupt_and_the_command_line_names_the_run(probe, tmp_path):
     ready = tmp_path / "ready"
     marker = tmp_path / "hydra.sweep.dir=x"  # live_processes finds a sweep by this argument
@@ -78,6 +80,7 @@ def test_sigint_is_a_keyboard_interrupt_and_the_command_line_names_the_run(probe
     assert started.wait(60) == 5 and "KeyboardInterrupt" in (tmp_path / "out.log").read_text()
 
 
+@pytest.mark.slow
 def test_an_environment_read_at_import_that_differs_starts_cold(probe, tmp_path):
     cmd = [sys.executable, str(probe), "exit", "0"]
     # the forkserver runs, with the environment warm runs are compared with
