@@ -249,12 +249,12 @@ def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[R
 def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False) -> dict:
     """One table's plan, or several tables' together: a run folder two tables share (the pre-training store)
     is counted once, and ``shared`` says what that saved."""
+    from bert_repro.benchmarks import gpu_check  # torch: not for `collect`, whose CLI imports this module
+
     tables = table if isinstance(table, list) else [table]
     if accelerator not in ACCELERATORS:
         raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
     spec = tables[0].spec
-    from bert_repro.benchmarks import gpu_check
-
     try:
         measured = gpu_check.best_mfu(REPO / gpu_check.OUT_DIR, CONF_DIR)
     except ValueError as err:
