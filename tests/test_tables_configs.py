@@ -2,9 +2,9 @@
 elsewhere) composed at smoke scale and run through the real multirun path: the runner launches
 ``src/train.py --multirun`` for one cell of the table (its pre-training run first, when the row has one: 2
 steps on a 30-document slice of the corpus; the fine-tuning with ``trainer.fast_dev_run``: one train and one
-Dev batch), then the collector writes the whole table. Checked: the table file has every row and column of the
-config, the cell that ran has our number from its results.json, and every other cell is an explicit mark,
-never a number."""
+Dev batch, of 2 sequences), then the collector writes the whole table. Checked: the table file has every row
+and column of the config, the cell that ran has our number from its results.json, and every other cell is an
+explicit mark, never a number."""
 
 import csv
 import json
@@ -21,7 +21,9 @@ TINY_PRETRAIN = {"optim.max_steps": 2, "optim.val_check_interval": 2, "optim.lim
                  "scale.pretrain.vocab_size": 1000, "scale.pretrain.max_documents": 30,
                  "scale.pretrain.checkpoint_every_n_steps": None, "data.batch_size": 8}
 FAST = {"+trainer.fast_dev_run": True, "+trainer.enable_model_summary": False,
-        "+trainer.num_sanity_val_steps": 0, "trainer.enable_progress_bar": False}
+        "+trainer.num_sanity_val_steps": 0, "trainer.enable_progress_bar": False,
+        # fast_dev_run's one train and one Dev batch, of 2 sequences: Table 7's are 512-token CoNLL windows
+        "data.batch_size": 2}
 SHARED_DATA_FREE = set(DEMOS)  # the demo's tasks are written from the embedded corpus
 # Table 5's smoke config runs end to end in test_tables_e2e.py (the CLI, resumed); Figure 4's path in its
 # budget rehearsal (test_tables_plan.py), its smoke checkpoints checked against the schedule by its smoke plan
@@ -70,6 +72,7 @@ def test_table_config_runs_one_cell_through_hydra_multirun_and_collects_every_ro
     swept, folder = sweep.jobs()[0]  # the first job of the grid, in the folder the full table expects it
     sweep.params = dict(item.split("=", 1) for item in swept)
     assert sweep.jobs() == [(swept, folder)]
+    assert not set(FAST) & set(sweep.params)  # a swept key would name another folder
     sweep.overrides.update(FAST)
     counts = run_sweep(sweep, stage_launcher(launcher, "finetune"))
     assert counts["complete"] == 1, job_state(folder)
