@@ -14,7 +14,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig, OmegaConf
+from omegaconf import DictConfig
 
 
 def _whole(value: Any) -> bool:
@@ -187,6 +187,9 @@ SCHEMAS = {"optim": OptimConfig, "model": ModelConfig, "data": DataConfig, "spee
            "network": NetworkConfig}
 
 
+_ABSENT = object()
+
+
 def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)  # warmup_ratio=5 reads back as 5.0
 
@@ -196,10 +199,16 @@ def _out_of_range(node: Any, name: str, schema: type | None = None) -> list[str]
     ``schema``) whose value is out of its declared range."""
     schema = schema or type(node)
     wrong = []
+    keys = set(node.keys()) if isinstance(node, DictConfig) else None
     for spec in fields(schema):
-        if isinstance(node, DictConfig) and (spec.name not in node or OmegaConf.is_missing(node, spec.name)):
+        if keys is None:
+            value = getattr(node, spec.name)
+        elif spec.name not in keys:  # asked of keys(): OmegaConf raises (and formats) inside `in` and get
             continue
-        value = node[spec.name] if isinstance(node, DictConfig) else getattr(node, spec.name)
+        else:  # a ??? key is not checked; get resolves an interpolation once (a plan checks thousands)
+            value = node.get(spec.name, _ABSENT)
+            if value is _ABSENT:
+                continue
         if "test" in spec.metadata and value is not None and not spec.metadata["test"](value):
             wrong.append(f"{name}.{spec.name}={_shown(value)}: expected {spec.metadata['expected']}")
     return wrong
