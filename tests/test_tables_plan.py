@@ -153,13 +153,28 @@ def test_a_run_composed_in_hydras_two_steps_is_the_config_hydra_composes():
     assert derived.data.max_seq_length == 512  # ${model.max_position}, resolved on the derived config
 
 
+@pytest.fixture(scope="module")
+def planned(tmp_path_factory):
+    """``planned(table, scale)``: the table as configured (every external checkpoint given) and its plan, made
+    once for the tests of this module that read them; none changes either."""
+    root, made = tmp_path_factory.mktemp("planned"), {}
+
+    def table_and_plan(name: str, scale: str):
+        if (name, scale) not in made:
+            table = build(name, scale, root, inits={"*": "/ckpt/given"})
+            made[name, scale] = table, make_plan(table)
+        return made[name, scale]
+
+    return table_and_plan
+
+
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", SCALES)
-def test_every_table_plans_at_every_scale(scale, tmp_path):
+def test_every_table_plans_at_every_scale(scale, planned):
     """Every run of every table composes, its checkpoints exist in its schedule, its lengths fit its
     positions."""
     for name in TABLES:
-        plan = make_plan(build(name, scale, tmp_path, inits={"*": "/ckpt/given"}))
+        plan = planned(name, scale)[1]
         phases = [r["phase"] for r in plan["runs"] if r["kind"] == "pretrain"]
         assert phases == ([None] * len(phases) if scale == "smoke" else [1, 2] * (len(phases) // 2)), name
         assert all(r["steps"] > 0 and r["flops"] > 0 for r in plan["runs"]), name
@@ -290,12 +305,12 @@ def test_each_data_cache_is_charged_once_to_the_first_run_that_builds_it(tmp_pat
 
 
 @pytest.mark.slow
-def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tmp_path):
+def test_fine_tuning_is_planned_at_the_measured_padded_length_not_the_maximum(tmp_path, planned):
     """Table 5's SST-2 (sentences of ~10 tokens; v2 A.3's grid of batches 16 and 32) costs a fraction of its
     128-token maximum; the released code's fixed padding (speed.padding=max_length) pays the whole length."""
-    table = build("table5", "budget", tmp_path)
+    table, plan = planned("table5", "budget")  # Table 5 starts from no external checkpoint
     lengths = table.spec["token_lengths"]
-    sst2 = [r for r in make_plan(table)["runs"] if "/sst2/" in r["name"]]
+    sst2 = [r for r in plan["runs"] if "/sst2/" in r["name"]]
     assert {re.search(r"data.batch_size-(\d+)", r["name"]).group(1) for r in sst2} == {"16", "32"}
     for run in sst2:
         batch = int(re.search(r"data.batch_size-(\d+)", run["name"]).group(1))
