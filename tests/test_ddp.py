@@ -15,8 +15,8 @@ from bert_repro.lifecycle.reliability import safe_load
 from .conftest import train_py
 
 
-def train(*overrides, timeout=900):
-    proc = train_py(*overrides, timeout=timeout, new_process=True)  # DDP ranks: processes
+def train(*overrides, timeout=900, new_process=True):
+    proc = train_py(*overrides, timeout=timeout, new_process=new_process)  # DDP ranks: processes
     return proc, proc.stdout + proc.stderr
 
 
@@ -30,11 +30,14 @@ def rte_common(tmp, shared_data, minilm_dir) -> list[str]:
             f"paths.shared_data={shared_data}", f"paths.cache_dir={tmp / 'cache'}"]
 
 
-def train_runs(tmp, common: list[str], runs: dict[str, list[str]]) -> dict[str, dict]:
-    """Each of ``runs`` (name: its own overrides) trained into ``tmp``/name: their results.json."""
+def train_runs(tmp, common: list[str], runs: dict[str, list[str]],
+               here: tuple[str, ...] = ()) -> dict[str, dict]:
+    """Each of ``runs`` (name: its own overrides) trained into ``tmp``/name: their results.json. Those named
+    in ``here`` (one process, one device) run in this process; the others in processes of their own, as
+    ranks need."""
     results = {}
     for name, overrides in runs.items():
-        proc, output = train(*common, *overrides, f"hydra.run.dir={tmp / name}")
+        proc, output = train(*common, *overrides, f"hydra.run.dir={tmp / name}", new_process=name not in here)
         assert proc.returncode == 0, output[-3000:]
         results[name] = json.loads((tmp / name / "results.json").read_text())
     return results
@@ -52,7 +55,8 @@ def max_difference(a: dict, b: dict) -> float:
 def rte(tmp_path_factory, shared_data, minilm_dir):
     tmp = tmp_path_factory.mktemp("ddp")
     return tmp, train_runs(tmp, rte_common(tmp, shared_data, minilm_dir), {"one": ["trainer=cpu"],
-                                                                           "two": ["trainer=ddp_cpu"]})
+                                                                           "two": ["trainer=ddp_cpu"]},
+                           here=("one",))
 
 
 def test_two_processes_train_like_one_with_the_same_global_batch(rte):

@@ -4,9 +4,6 @@ the same weights; its checkpoint converts to Hugging Face format. torch 2.13 run
 (32-true); the GPU check (benchmarks/gpu_check.py) runs trainer=fsdp in bf16 on a GPU. The strategies'
 arguments from speed: and the mesh are checked without a run."""
 
-import subprocess
-import sys
-
 import pytest
 
 from bert_repro.convert import load_checkpoint
@@ -14,6 +11,7 @@ from bert_repro.lifecycle.checks import UsageError, check_inputs
 from bert_repro.lifecycle.keys import is_science
 from bert_repro.lifecycle.trainer import build_strategy
 
+from .conftest import run_py
 from .test_config import compose_cfg
 from .test_ddp import max_difference, rte_common, train_runs, weights
 
@@ -30,7 +28,8 @@ def fsdp(tmp_path_factory, shared_data, minilm_dir):
     half = tmp / "half" / "checkpoints" / "last.ckpt"
     return tmp, train_runs(tmp, common, {"one": ["trainer=cpu"],
                                          "half": ["trainer=fsdp_cpu", *STOP_AFTER_EPOCH_1],
-                                         "resumed": ["trainer=fsdp_cpu", f"ckpt_path={half}"]})
+                                         "resumed": ["trainer=fsdp_cpu", f"ckpt_path={half}"]},
+                            here=("one",))
 
 
 @pytest.mark.e2e
@@ -50,9 +49,8 @@ def test_two_sharded_processes_train_like_one_across_a_resume(fsdp):
 def test_a_sharded_runs_checkpoint_converts_to_hugging_face(fsdp, tmp_path):
     tmp, _ = fsdp
     out = tmp_path / "hf"
-    proc = subprocess.run([sys.executable, "-m", "bert_repro.convert", "to-hf",
-                           str(tmp / "resumed" / "checkpoints" / "last.ckpt"), str(out)],
-                          capture_output=True, text=True, timeout=300)
+    proc = run_py("to-hf", str(tmp / "resumed" / "checkpoints" / "last.ckpt"), str(out),
+                  module="bert_repro.convert")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     exported, reference = load_checkpoint(out), load_checkpoint(tmp / "one" / "checkpoints" / "last.ckpt")
     assert exported.state_dict.keys() == reference.state_dict.keys()  # whole tensors, no shards or DTensors

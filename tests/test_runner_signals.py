@@ -100,17 +100,22 @@ def start_runner(tmp_path):
     """Starts the table runner on the stand-in; afterwards, kills what a failing test left running."""
     started = []
 
-    def start(mode: str = "") -> tuple[subprocess.Popen, Path]:
+    def start(mode: str = "", warm: bool = True) -> tuple[subprocess.Popen, Path]:
         stand_in = tmp_path / "train.py"
         stand_in.write_text(STAND_IN)
-        env = {**os.environ, "STAND_IN": mode}
+        # cold (BERT_REPRO_WARM=0): the stand-in started as a plain process, and no forkserver importing torch
+        env = {**os.environ, "STAND_IN": mode, **({} if warm else {"BERT_REPRO_WARM": "0"})}
+        # Table 5 cut to its first row and MRPC (TINY): the runner composes 3 jobs before the first launch,
+        # not 23
         cmd = [sys.executable, "-c", DRIVER, str(stand_in), "run", "table5", "--scale", "smoke", "--logger",
-               "none", "--runs-dir", str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+               "none", *(f"--set={s}" for s in TINY), "--runs-dir", str(tmp_path / "runs"),
+               "--results-dir", str(tmp_path / "results")]
         proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
                                 text=True)
         started.append(proc)
         # Table 5's `none` pre-training, in the shared store (spec.build: <runs>/pretrain/<scale>/<name>)
-        return proc, build("table5", "smoke", tmp_path / "runs", logger="none").sweeps["pretrain/none"].folder
+        return proc, build("table5", "smoke", tmp_path / "runs", sets=TINY,
+                           logger="none").sweeps["pretrain/none"].folder
 
     yield start
     kill_left(tmp_path)
@@ -136,7 +141,9 @@ def test_ctrl_c_reaches_the_sweep_once_as_sigterm_and_leaves_no_process(start_ru
 
 @pytest.mark.e2e
 def test_a_second_signal_kills_a_sweep_that_does_not_stop(start_runner):
-    proc, sweep = start_runner("stubborn")
+    """A cold-started sweep: the stop reaches the runner's other way of starting a run (the Ctrl-C test's
+    and the real runs' sweeps are forked warm)."""
+    proc, sweep = start_runner("stubborn", warm=False)
     wait_for(sweep / "child.json", proc)
     child = json.loads((sweep / "child.json").read_text())
     proc.send_signal(signal.SIGTERM)
@@ -210,6 +217,7 @@ def test_a_failed_job_is_read_from_its_results_json_and_failed_json_holds_the_la
     stand_in = tmp_path / "train.py"
     stand_in.write_text(FAILING)
     monkeypatch.setattr(runner, "TRAIN", stand_in)
+    monkeypatch.setenv("BERT_REPRO_WARM", "0")  # a plain process: no forkserver importing torch for it
     sweep = table5.sweeps["pretrain/none"]
     folder = sweep.jobs()[0][1]
     assert runner.run_sweep(sweep, {"+mode": mode}) == {"skipped": 0, "complete": 0, "failed": 1}
