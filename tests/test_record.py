@@ -53,7 +53,8 @@ def test_the_per_epoch_history_travels_in_the_checkpoint():
 def test_a_run_stopped_after_epoch_one_reports_the_whole_run(tmp_path, minilm_dir, shared_data):
     """SIGTERM once epoch 1's checkpoint exists, rerun the command: an uninterrupted run's record."""
     args = ["task=mrpc", "model=tiny", f"data.tokenizer={minilm_dir / 'vocab.txt'}",
-            "data.max_train_examples=1200", "optim.epochs=3", "optim.limit_val_batches=2", "logger=none",
+            # 10 steps an epoch: the signal, sent at epoch 0's checkpoint, lands with two epochs to go
+            "data.max_train_examples=320", "optim.epochs=3", "optim.limit_val_batches=2", "logger=none",
             # recent-<step>.ckpt: epoch 1's checkpoint, the moment to stop
             "trainer.enable_progress_bar=false", "checkpoint.keep_recent=1"]
     full, stopped = tmp_path / "full", tmp_path / "stopped"

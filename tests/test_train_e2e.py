@@ -105,6 +105,8 @@ def test_init_from_hf_directory_takes_its_vocab_and_reports_missing_heads(tmp_pa
     assert results["missing_heads"] == ["mlm", "nsp"] and results["model_config"]["vocab_size"] == 30522
     vocab = load_checkpoint(out / "checkpoints" / "last.ckpt").vocab  # resolved once, saved with the module
     assert vocab[101:104] == ["[CLS]", "[SEP]", "[MASK]"]  # the checkpoint's own vocabulary, in its own order
+    # the CSV log names that vocabulary by its size: spelled out, each write of hparams.yaml took seconds
+    assert "tokenizer: the run's vocabulary (30522 tokens)" in (out / "csv" / "hparams.yaml").read_text()
     # a model shape that does not match the checkpoint is refused with both shapes named
     proc, _ = train(tmp_path, "minilm_wrong_shape", *minilm[1:], "model.hidden_size=256", "model.num_heads=4",
                     corpus=str(shared_data / "pretrain_text" / "sample_text.txt"))

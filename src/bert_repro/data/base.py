@@ -72,7 +72,19 @@ def hub_split(hub: dict, split: str, cache_dir: Path, local_key: str) -> Dataset
                             cache_dir=str(cache_dir / "hub"))
 
 
-class FineTuningDataModule(L.LightningDataModule):
+class VocabularyBySize(L.LightningDataModule):
+    """The base of every DataModule: its ``tokenizer`` argument may be the run's vocabulary, a list of some
+    30k tokens, which loggers record by its size (a CSV logger's hparams.yaml spelled out each token)."""
+
+    @property
+    def hparams_initial(self) -> AttributeDict:
+        hp = super().hparams_initial
+        if isinstance(hp.get("tokenizer"), (list, tuple)):
+            hp["tokenizer"] = f"the run's vocabulary ({len(hp['tokenizer'])} tokens)"
+        return hp
+
+
+class FineTuningDataModule(VocabularyBySize):
     """A subclass checks its arguments, then calls ``super().__init__()``, which saves them as ``hparams``
     (Lightning collects the subclass's arguments; they must include tokenizer, lowercase, batch_size, seed,
     num_workers and cache_dir). ``tokenizer`` is the run's vocabulary as a list of tokens (run.resolve_vocab),
@@ -99,13 +111,6 @@ class FineTuningDataModule(L.LightningDataModule):
         self.vocab: list[str] | None = None
         self._tokenizer: Tokenizer | None = None
         self.datasets: dict[str, Dataset] = {}
-
-    @property
-    def hparams_initial(self) -> AttributeDict:  # what loggers record: the vocabulary by its size
-        hp = super().hparams_initial
-        if isinstance(hp.get("tokenizer"), (list, tuple)):
-            hp["tokenizer"] = f"the run's vocabulary ({len(hp['tokenizer'])} tokens)"
-        return hp
 
     def prepare_tokenizer(self) -> Tokenizer:
         """``tokenizer``: the run's vocabulary (a list of tokens, run.resolve_vocab), or a file or folder."""

@@ -10,7 +10,6 @@ import time
 from contextlib import contextmanager
 from pathlib import Path
 
-import lightning as L
 import numpy as np
 import pyarrow.compute as pc
 import torch
@@ -20,7 +19,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from bert_repro.data import instances
-from bert_repro.data.base import HELD_OUT_SEED, cache_key
+from bert_repro.data.base import HELD_OUT_SEED, VocabularyBySize, cache_key
 from bert_repro.data.batching import eval_loader, train_loader
 from bert_repro.data.corpus import (
     default_cache_dir,
@@ -133,7 +132,7 @@ class PretrainingCollator:
         return {k: torch.from_numpy(v) for k, v in batch.items()}
 
 
-class PretrainDataModule(L.LightningDataModule):
+class PretrainDataModule(VocabularyBySize):
     """Masked LM + NSP pre-training data (§3.3) and its ablations: No NSP, LTR (§5.1), MASK/SAME/RND
     shares (v2 C.2), static vs dynamic masking, whole-word masking.
 
