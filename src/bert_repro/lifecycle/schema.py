@@ -187,9 +187,6 @@ SCHEMAS = {"optim": OptimConfig, "model": ModelConfig, "data": DataConfig, "spee
            "network": NetworkConfig}
 
 
-_ABSENT = object()
-
-
 def _shown(value: Any) -> str:
     return f"{value:g}" if isinstance(value, float) else str(value)  # warmup_ratio=5 reads back as 5.0
 
@@ -201,14 +198,10 @@ def _out_of_range(node: Any, name: str, schema: type | None = None) -> list[str]
     wrong = []
     keys = set(node.keys()) if isinstance(node, DictConfig) else None
     for spec in fields(schema):
-        if keys is None:
-            value = getattr(node, spec.name)
-        elif spec.name not in keys:  # asked of keys(): OmegaConf raises (and formats) inside `in` and get
+        if keys is not None and spec.name not in keys:  # asked of keys(): OmegaConf raises inside `in`
             continue
-        else:  # a ??? key is not checked; get resolves an interpolation once (a plan checks thousands)
-            value = node.get(spec.name, _ABSENT)
-            if value is _ABSENT:
-                continue
+        # get resolves an interpolation once (a plan checks thousands); a ??? key reads as None, not checked
+        value = getattr(node, spec.name) if keys is None else node.get(spec.name)
         if "test" in spec.metadata and value is not None and not spec.metadata["test"](value):
             wrong.append(f"{name}.{spec.name}={_shown(value)}: expected {spec.metadata['expected']}")
     return wrong
