@@ -28,3 +28,33 @@ def test_both_sides_compute_the_same_loss(objective):
     with torch.no_grad():
         torch.testing.assert_close(our_step(ours, b, objective), their_step(theirs.eval(), b, objective),
                                    atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_real_lengths_pad_to_the_longest_and_keep_the_loss():
+    """--lengths: a batch of real row lengths is padded to its longest, each row predicts the released
+    min(masked, 15 %) positions, and the reference and our unpadded path score it as our padded path does."""
+    transformers = pytest.importorskip("transformers")
+    transformers.logging.set_verbosity_error()
+    from bert_repro.speed import SpeedOptions
+
+    config = BertConfig(vocab_size=1200, hidden_size=64, num_layers=2, num_heads=4)
+    b = make_batch(config, batch=4, seq=64, masked=5, device="cpu", lengths=[9, 40, 20, 5])
+    assert b["input_ids"].shape == (4, 40)
+    assert b["attention_mask"].sum(1).tolist() == [9, 40, 20, 5]
+    assert b["predicted"].sum(1).tolist() == [1, 5, 3, 1]
+    assert ((b["labels"] != -100).sum(1) == b["predicted"].sum(1)).all()
+    losses = []
+    for unpad in (False, True):
+        torch.manual_seed(0)
+        model = BertForPreTraining(config, speed=SpeedOptions(unpad=unpad)).eval()
+        with torch.no_grad():
+            losses.append(our_step(model, b))
+    hf_kwargs = {k: v for k, v in hf_config(config, "BertForPreTraining").items()
+                 if not k.startswith("bert_repro")}
+    theirs = transformers.BertForPreTraining(transformers.BertConfig(**hf_kwargs, attn_implementation="sdpa"))
+    theirs.load_state_dict(ours_to_hf(model.state_dict()), strict=False)
+    with torch.no_grad():
+        losses.append(their_step(theirs.eval(), b))
+    torch.testing.assert_close(losses[1], losses[0], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(losses[2], losses[0], atol=1e-4, rtol=1e-4)

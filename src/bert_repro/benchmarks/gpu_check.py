@@ -8,14 +8,16 @@ fails, runs out of memory or hangs is recorded and the next one runs. After ever
 are written to experiments/results/gpu/<device>-<date>.json and a Markdown summary beside it; the last
 line printed is the JSON's path. The steps:
 
-  bench-*        ours vs transformers (sdpa, bf16): base and large at 128 and 512 tokens, tokens/s, MFU and
-                 ratio; eager and compiled, padded and unpadded (benchmarks/train_step.py)
-  max-batch      the largest per-device batch of large at 128 and 512, with and without checkpointing
-  pretrain-300   300 bf16 pre-training steps of base on the shared text: the loss falls, MFU logged, no NaN
+  bench-*        ours vs transformers (sdpa, bf16), 16,384 tokens a batch: tokens/s, MFU against the device's
+                 dense bf16 peak, ratio, and the first loss; base and large at 128 and 512 tokens, each padded
+                 then unpadded; unpadding on real lengths (WikiText-2's pre-training instances, MRPC's
+                 examples); compiled, padded and unpadded (benchmarks/train_step.py)
   mrpc-bf16      MRPC fine-tuned in bf16 from all-MiniLM-L6-v2; Dev accuracy against the same run in fp32 on
                  CPU, read from --cpu-reference (written beforehand by `--cpu-reference-run`)
+  pretrain-300   300 bf16 pre-training steps of base on the shared text: the loss falls, MFU logged, no NaN
   ddp, fsdp      one training step under trainer=ddp (bf16 gradient all-reduce) and trainer=fsdp (FSDP2) on
                  the single GPU
+  max-batch      the largest per-device batch of large at 128 and 512, with and without checkpointing
   fp8            one Transformer Engine FP8 matmul step, only where transformer_engine imports
 
 Without CUDA it exits at once with a message (status 2).
@@ -28,6 +30,7 @@ import csv
 import functools
 import json
 import math
+import os
 import platform
 import re
 import subprocess
@@ -71,7 +74,9 @@ def json_lines(stdout: str) -> list[dict]:
     return rows
 
 
-def bench(models: list[str], seqs: list[int], *flags: str, batch: int = 32) -> Callable[[Path], list[str]]:
+def bench(
+    models: list[str], seqs: list[int], *flags: str, tokens: int = 16384
+) -> Callable[[Path], list[str]]:
     def command(folder: Path) -> list[str]:
         argv = [
             PY,
@@ -81,8 +86,8 @@ def bench(models: list[str], seqs: list[int], *flags: str, batch: int = 32) -> C
             "cuda",
             "--precision",
             "bf16",
-            "--batch",
-            str(batch),
+            "--tokens",
+            str(tokens),
             "--steps",
             "6",
             "--warmup",
@@ -153,27 +158,24 @@ def steps(data: Path, cpu_reference: Path) -> list[Step]:
         f"paths.shared_data={data}",
     )
     return [
-        Step("bench-eager-padded", 70, bench(["base", "large"], [128, 512])),
-        Step("bench-eager-unpadded", 60, bench(["base", "large"], [128, 512], "--unpad")),
+        Step("bench-eager", 120, bench(["base", "large"], [128, 512], "--compare-unpad")),
+        # unpadding on real lengths: the pre-training instances of real text, and a GLUE task's examples
+        Step(
+            "bench-lengths-pretrain",
+            60,
+            bench(
+                ["base"],
+                [128],
+                "--compare-unpad",
+                "--lengths",
+                "pretrain",
+                "--data",
+                f"data.corpus=wikitext:{text}",
+            ),
+        ),
+        Step("bench-lengths-mrpc", 50, bench(["base"], [128], "--compare-unpad", "--lengths", "mrpc")),
         Step("bench-compiled-padded", 75, bench(["base"], [128], "--compile")),
         Step("bench-compiled-unpadded", 60, bench(["base"], [128], "--compile", "--unpad")),
-        Step("max-batch", 50, bench(["large"], [128, 512], "--max-batch")),
-        Step(
-            "pretrain-300",
-            100,
-            train(
-                "task=pretrain",
-                "model=base",
-                "trainer=gpu",
-                "scale=smoke",
-                f"scale.pretrain.corpus=wikitext:{text}",
-                f"data.tokenizer={minilm}",
-                "scale.pretrain.max_steps=300",
-                "scale.pretrain.val_check_interval=300",
-                "speed.num_proc=8",
-            ),
-            read_pretraining,
-        ),
         Step(
             "mrpc-bf16",
             70,
@@ -190,10 +192,31 @@ def steps(data: Path, cpu_reference: Path) -> list[Step]:
             ),
             lambda stdout, folder: compare_mrpc(read_results(stdout, folder), cpu_reference),
         ),
+        Step(
+            "pretrain-300",
+            100,
+            train(
+                "task=pretrain",
+                "model=base",
+                "trainer=gpu",
+                "scale=smoke",
+                f"scale.pretrain.corpus=wikitext:{text}",
+                f"data.tokenizer={minilm}",
+                "scale.pretrain.max_steps=300",
+                "scale.pretrain.val_check_interval=300",
+                "speed.num_proc=8",
+            ),
+            read_pretraining,
+        ),
         # the bf16 all-reduce hook too: torch 2.13 registers it on CUDA only (tests/test_ddp.py skips on CPU)
-        Step("ddp", 40, train(*one_step, "trainer=ddp", "trainer.devices=1", "speed.grad_allreduce=bf16"),
-             read_results),
+        Step(
+            "ddp",
+            40,
+            train(*one_step, "trainer=ddp", "trainer.devices=1", "speed.grad_allreduce=bf16"),
+            read_results,
+        ),
         Step("fsdp", 40, train(*one_step, "trainer=fsdp", "trainer.devices=1"), read_results),
+        Step("max-batch", 50, bench(["large"], [128, 512], "--max-batch")),
         Step("fp8", 25, lambda folder: [PY, "-c", FP8_STEP]),
     ]
 
@@ -244,11 +267,14 @@ def run_step(step: Step, folder: Path, limit_s: float) -> dict:
             tail = (proc.stderr or proc.stdout).strip().splitlines()[-15:]
             return record | {"status": "failed", "returncode": proc.returncode, "error": "\n".join(tail)}
         return record | {"status": "ok", "results": step.read(proc.stdout, folder)}
-    except subprocess.TimeoutExpired:
+    except subprocess.TimeoutExpired as timeout:
+        printed = timeout.stdout or ""  # bytes on POSIX, even with text=True
+        printed = printed.decode(errors="replace") if isinstance(printed, bytes) else printed
         return record | {
             "status": "timeout",
             "seconds": round(time.perf_counter() - start, 1),
             "error": f"over its {limit_s:.0f} s limit",
+            "results": {"lines": json_lines(printed)},  # what a bench measured before the limit
         }
     except Exception as error:  # a step's reader or launcher: recorded, the others still run
         return record | {
@@ -262,7 +288,8 @@ def summary_markdown(report: dict) -> str:
     lines = [
         f"# GPU check: {report['device']} ({report['date']})",
         "",
-        f"torch {report['torch']}, CUDA {report['cuda']}, budget {report['budget_s']} s, "
+        f"torch {report['torch']}, CUDA {report['cuda']}, driver {report.get('driver')}, "
+        f"budget {report['budget_s']} s, "
         f"used {report['elapsed_s']} s",
         "",
         "| step | status | s | result |",
@@ -272,10 +299,12 @@ def summary_markdown(report: dict) -> str:
         result = step.get("error") or ""
         for row in (step.get("results") or {}).get("lines", []):
             if "ratio" in row:
+                lengths = "" if row.get("lengths", "synthetic") == "synthetic" else f" {row['lengths']}"
                 result += (
                     f"{row['model']}/{row['seq']}{' unpad' if row.get('unpad') else ''}"
-                    f"{' compiled' if row.get('compile') else ''}: {row['ours_tokens_per_s']:.0f} tok/s, "
-                    f"MFU {row['ours_mfu']:.2f}, {row['ratio']:.2f}x; "
+                    f"{' compiled' if row.get('compile') else ''}{lengths}: "
+                    f"{row['ours_tokens_per_s']:.0f} tok/s, MFU {row['ours_mfu']:.2f}, {row['ratio']:.2f}x, "
+                    f"loss {row.get('ours_loss')}; "
                 )
             elif "largest_batch" in row:
                 result += f"{row['model']}/{row['seq']} ckpt={row['checkpointing']}: {row['largest_batch']}; "
@@ -302,6 +331,15 @@ def device_slug(name: str) -> str:
     return re.sub(r"[^a-z0-9]+", "-", name.lower()).strip("-") or "gpu"
 
 
+def driver_version() -> str | None:
+    """The NVIDIA driver's version as nvidia-smi reports it (torch does not expose it)."""
+    try:
+        query = ["nvidia-smi", "--query-gpu=driver_version", "--format=csv,noheader"]
+        return subprocess.run(query, capture_output=True, text=True, timeout=20).stdout.strip() or None
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+
+
 def check(out_dir: Path, budget_s: float, plan: list[Step], device: str) -> Path:
     """Run ``plan`` within ``budget_s``, writing the JSON and Markdown after every step; returns the
     JSON's path."""
@@ -313,6 +351,7 @@ def check(out_dir: Path, budget_s: float, plan: list[Step], device: str) -> Path
         "date": date,
         "torch": torch.__version__,
         "cuda": torch.version.cuda,
+        "driver": driver_version(),
         "budget_s": budget_s,
         "elapsed_s": 0.0,
         "steps": [],
@@ -341,10 +380,16 @@ def best_mfu(out_dir: Path, conf_dir: Path) -> dict[tuple[int, int], tuple[float
         try:
             steps = json.loads(path.read_text()).get("steps", [])
         except (OSError, json.JSONDecodeError) as err:
-            raise ValueError(f"{path}: {err}; expected `python -m bert_repro.benchmarks.gpu_check`'s "
-                             "report") from None
+            raise ValueError(
+                f"{path}: {err}; expected `python -m bert_repro.benchmarks.gpu_check`'s report"
+            ) from None
         for row in (row for step in steps for row in (step.get("results") or {}).get("lines", [])):
-            if row.get("device") == "cuda" and row.get("ours_mfu"):
+            # the plan prices full rows: rows of a real length distribution are unpadding's measurement
+            if (
+                row.get("device") == "cuda"
+                and row.get("ours_mfu")
+                and row.get("lengths", "synthetic") == "synthetic"
+            ):
                 key = (width(row["model"]), int(row["seq"]))
                 found[key] = max(found.get(key, (0.0, "")), (float(row["ours_mfu"]), f"bench ({path.name})"))
     return found
@@ -371,9 +416,11 @@ def cpu_reference_run(data: Path, out: Path) -> None:
         results = read_results("", Path(tmp))
     if results["final"].get("val/top_class_share", 0.0) >= 1.0:
         acc = results["final"]["val/acc"]
-        raise SystemExit(f"error: the CPU reference run predicts one class for every Dev example (val/acc "
-                         f"{acc:.4f}): it cannot tell a bf16 run that learns from one that does not; nothing "
-                         f"written to {out}")
+        raise SystemExit(
+            f"error: the CPU reference run predicts one class for every Dev example (val/acc "
+            f"{acc:.4f}): it cannot tell a bf16 run that learns from one that does not; nothing "
+            f"written to {out}"
+        )
     reference = {
         "acc": results["final"]["val/acc"],
         "final": results["final"],
@@ -418,6 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    os.environ.setdefault("BERT_REPRO_SHARED_DATA", str(args.data.resolve()))  # --lengths' data (lengths.py)
     path = check(args.out, args.budget_s, steps(args.data, args.cpu_reference), torch.cuda.get_device_name(0))
     print(path)
     return 0

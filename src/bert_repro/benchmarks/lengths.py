@@ -24,7 +24,7 @@ from bert_repro.tables import REPO
 LENGTH_TABLE = "table1"  # a table whose smoke task data serves every task
 
 
-def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
+def measure_lengths(task: str, max_seq_length: int = 512, overrides: list[str] = ()) -> list[int]:
     from hydra import compose
 
     from bert_repro.lifecycle.build import build_data
@@ -40,7 +40,7 @@ def measure_lengths(task: str, max_seq_length: int = 512) -> list[int]:
         overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
                      f"paths.shared_data={shared}", f"paths.cache_dir={scratch}",
                      f"paths.output_dir={scratch}", f"data.tokenizer={vocab_file}",
-                     *(f"{k}={v}" for k, v in data.items())]
+                     *(f"{k}={v}" for k, v in data.items()), *overrides]
         with composing():
             cfg = compose("train", overrides)
         vocab, lowercase, _ = resolve_vocab(cfg, None)

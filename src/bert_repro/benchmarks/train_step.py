@@ -24,6 +24,7 @@ medians and the median of the per-pair ratios are reported as one JSON line per 
 from __future__ import annotations
 
 import argparse
+import itertools
 import json
 import statistics
 import time
@@ -34,7 +35,8 @@ import torch
 import torch.nn.functional as F
 
 from bert_repro.convert import hf_config
-from bert_repro.flops import matmul_probe, training_flops
+from bert_repro.data.batching import LENGTH_PROBS, PadCollator
+from bert_repro.flops import accelerator_peak_flops, matmul_probe, training_flops
 from bert_repro.model import BertConfig, BertForPreTraining
 from bert_repro.speed import SpeedOptions, compile_model
 
@@ -63,21 +65,32 @@ def model_config(name: str, causal: bool = False, conf_dir: Path = CONF_DIR) -> 
 
 
 def make_batch(config: BertConfig, batch: int, seq: int, masked: int, device: str,
-               pairs: bool = True) -> dict[str, torch.Tensor]:
+               pairs: bool = True, lengths: list[int] | None = None) -> dict[str, torch.Tensor]:
     """Sentence pairs (one segment unless ``pairs``) with a few padded positions at the end of most rows and
-    ``masked`` predictions per row; ``next_labels`` are the left-to-right LM's targets (-100 on padding)."""
+    ``masked`` predictions per row; ``next_labels`` are the left-to-right LM's targets (-100 on padding).
+    ``lengths``: each row's real tokens instead (a real distribution, --lengths); the batch is then padded
+    to its longest as PadCollator pads, and a row predicts the released rule's min(masked, 15 % of its
+    tokens)."""
     g = torch.Generator().manual_seed(0)
-    lengths = seq - torch.randint(0, max(1, seq // 16), (batch,), generator=g)  # up to 8 pads at seq 128
-    lengths[0] = seq
+    if lengths is None:
+        lengths = seq - torch.randint(0, max(1, seq // 16), (batch,), generator=g)  # up to 8 pads at seq 128
+        lengths[0] = seq
+        counts = torch.full((batch,), masked)
+    else:
+        seq = PadCollator().padded_length(lengths)
+        lengths = torch.tensor(lengths)
+        counts = (lengths * 0.15).round().long().clamp(1, masked)  # the released num_to_predict
     real = torch.arange(seq)[None] < lengths[:, None]  # (B, T)
     ids = torch.randint(1000, config.vocab_size, (batch, seq), generator=g) * real
     types = (torch.arange(seq)[None] >= (lengths[:, None] // 2)).long() * real * pairs
-    positions = torch.stack([1 + torch.randperm(int(n) - 1, generator=g)[:masked].sort().values
-                             for n in lengths])
+    predicted = torch.arange(masked)[None] < counts[:, None]  # (B, P): the slots that hold a prediction
+    positions = torch.stack([F.pad(1 + torch.randperm(n - 1, generator=g)[:k].sort().values, (0, masked - k))
+                             for n, k in zip(lengths.tolist(), counts.tolist())])  # empty slots: [CLS]
     targets = ids.gather(1, positions)  # (B, P)
-    labels = torch.full_like(ids, -100).scatter(1, positions, targets)  # (B, T): HF's form
+    labels = torch.full_like(ids, -100).scatter(1, positions, targets.masked_fill(~predicted, -100))  # HF's
     tensors = {"input_ids": ids, "token_type_ids": types, "attention_mask": real.long(),
-               "masked_positions": positions, "mlm_targets": targets, "labels": labels,
+               "masked_positions": positions, "predicted": predicted, "mlm_targets": targets,
+               "labels": labels,
                "next_sentence_label": torch.randint(0, 2, (batch,), generator=g),
                "next_labels": ids.masked_fill(~real, -100)}  # HF's causal loss shifts these itself
     return {k: v.to(device) for k, v in tensors.items()}
@@ -93,8 +106,7 @@ def our_step(model: BertForPreTraining, b: dict[str, torch.Tensor],
                            b["attention_mask"][:, 1:].bool())
         targets = b["input_ids"][:, 1:][real]  # (N,)
     else:
-        positions = b["masked_positions"]
-        real = torch.ones_like(positions, dtype=torch.bool)  # every one of the P slots is a prediction here
+        positions, real = b["masked_positions"], b["predicted"]
         targets = b["mlm_targets"][real]
     out = model(b["input_ids"], b["token_type_ids"], b["attention_mask"], masked_positions=positions,
                 prediction_mask=real)
@@ -142,6 +154,30 @@ def peak_probe(device: str, precision: str) -> Callable[[], float]:
     return matmul_probe(device, n=8192 if device.startswith("cuda") else 2048, reps=5, dtype=dtype)
 
 
+def real_lengths(source: str, seq: int, batch: int, overrides: list[str]) -> list[int]:
+    """``batch`` row lengths drawn from the train examples of task ``source`` (``pretrain``: its instances),
+    as the run's own data path makes them at ``seq`` tokens (benchmarks/lengths.py; ``overrides`` choose the
+    data, e.g. data.corpus=wikitext:<file>)."""
+    import numpy as np
+
+    from bert_repro.benchmarks.lengths import measure_lengths
+
+    quantiles = measure_lengths(source, seq, overrides)
+    drawn = np.interp(np.random.default_rng(0).random(batch), LENGTH_PROBS, quantiles)
+    return np.clip(np.ceil(drawn), 3, seq).astype(int).tolist()  # [CLS] a [SEP] at least
+
+
+def first_loss(step: Callable[[], torch.Tensor], model: torch.nn.Module, device: str,
+               precision: str) -> float:
+    """The loss before any update, without dropout: equal for padded and unpadded runs of the same weights."""
+    model.eval()
+    bf16 = precision == "bf16"
+    with torch.no_grad(), torch.autocast(device.split(":")[0], dtype=torch.bfloat16, enabled=bf16):
+        loss = float(step())
+    model.train()
+    return loss
+
+
 def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = False,
                checkpointing: bool = False, compile: bool = False, readable: bool = False,
                attention: str = "auto") -> BertForPreTraining:
@@ -157,7 +193,8 @@ def build_ours(config: BertConfig, objective: str, device: str, unpad: bool = Fa
 def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmup: int, device: str,
           fused: bool, objective: str = "mlm_nsp", precision: str = "fp32", peak_tflops: float | None = None,
           unpad: bool = False, checkpointing: bool = False, compile: bool = False, readable: bool = False,
-          attention: str = "auto", conf_dir: Path = CONF_DIR) -> dict:
+          attention: str = "auto", conf_dir: Path = CONF_DIR, lengths: list[int] | None = None,
+          lengths_from: str = "synthetic") -> dict:
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -177,28 +214,33 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
            "fused": True if fused else None}
     ours_opt, their_opt = torch.optim.AdamW(ours.parameters(), **opt), torch.optim.AdamW(theirs.parameters(),
                                                                                          **opt)
-    b = make_batch(config, batch, seq, masked, device, pairs=objective == "mlm_nsp")
+    b = make_batch(config, batch, seq, masked, device, pairs=objective == "mlm_nsp", lengths=lengths)
+    seq = b["input_ids"].shape[1]  # with ``lengths``: the batch's longest
     runs = {"ours": (lambda: our_step(ours, b, objective), ours_opt),
             "ref": (lambda: their_step(theirs, b, objective), their_opt)}
+    losses = {side: first_loss(step, model, device, precision)
+              for (side, (step, _)), model in zip(runs.items(), (ours, theirs))}
     for _ in range(warmup):
         for step, optimizer in runs.values():
             timed(step, optimizer, device, precision)
-    probe = None if peak_tflops else peak_probe(device, precision)
+    probe = peak_probe(device, precision)
     times, probes = {"ours": [], "ref": []}, []
     for i in range(steps):
         for side in ("ours", "ref") if i % 2 == 0 else ("ref", "ours"):  # A B, B A: neither always goes first
             times[side].append(timed(*runs[side], device, precision))
-        if probe is not None:
-            probes.append(probe())
+        probes.append(probe())
     ours_s, ref_s = statistics.median(times["ours"]), statistics.median(times["ref"])
     paired = statistics.median(r / o for o, r in zip(times["ours"], times["ref"]))  # robust to load drifting
     tokens = batch * seq
     real = int(b["attention_mask"].sum())
-    predictions = int(b["attention_mask"][:, 1:].sum()) if objective == "ltr" else batch * masked
+    predictions = int(b["attention_mask"][:, 1:].sum()) if objective == "ltr" else int(b["predicted"].sum())
     model_flops = training_flops(config, real, seq, predictions)  # the same work for both sides
-    if peak_tflops:
-        peak, peak_source = peak_tflops * 1e12, "given"
-    else:
+    dtype = torch.bfloat16 if precision == "bf16" else torch.float32
+    # an accelerator's MFU is against its datasheet's dense peak, as the plan's (flops.PEAK_TFLOPS)
+    peak, peak_source = ((peak_tflops * 1e12, "given") if peak_tflops else
+                         accelerator_peak_flops(torch.device(device), dtype) if device.startswith("cuda") else
+                         (None, ""))
+    if not peak:
         peak, peak_source = (max(probes),
                              f"measured {'bf16' if precision == 'bf16' else 'fp32'} matmul, best of {steps}")
     return {
@@ -207,12 +249,15 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
         "threads": torch.get_num_threads(), "fused_adamw": fused, "unpad": unpad,
         "checkpointing": checkpointing,
         "compile": compile, "readable": readable, "attention": attention, "steps": steps,
+        "lengths": lengths_from, "real_tokens": real,
         "ours_tokens_per_s": round(tokens / ours_s, 1), "ref_tokens_per_s": round(tokens / ref_s, 1),
+        "ours_loss": round(losses["ours"], 5), "ref_loss": round(losses["ref"], 5),
         "ratio": round(ref_s / ours_s, 3), "paired_ratio": round(paired, 3),
         "ours_step_ms": round(1e3 * ours_s, 1), "ref_step_ms": round(1e3 * ref_s, 1),
         "ours_train_tflops": round(model_flops / ours_s / 1e12, 4),
         "ref_train_tflops": round(model_flops / ref_s / 1e12, 4),
         "peak_tflops": round(peak / 1e12, 4), "peak_source": peak_source,
+        "matmul_tflops": round(max(probes) / 1e12, 4),
         "ours_mfu": round(model_flops / ours_s / peak, 3), "ref_mfu": round(model_flops / ref_s / peak, 3),
     }
 
@@ -272,6 +317,15 @@ def main(argv: list[str] | None = None) -> None:
                             f"{o}: vs transformers {r}" for o, r in REFERENCE.items()))
     parser.add_argument("--seq", type=int, action="append", help="sequence length; repeatable (default: 128)")
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--tokens", type=int, help="tokens a batch instead of --batch: tokens // seq rows")
+    parser.add_argument("--lengths", metavar="TASK",
+                        help="row lengths drawn from TASK's train examples (pretrain: its instances) as the "
+                             "run's data path makes them (default: full rows, a few pads)")
+    parser.add_argument("--data", action="append", default=[], metavar="KEY=VALUE",
+                        help="a Hydra override for --lengths' data, e.g. data.corpus=wikitext:<file>; "
+                             "repeatable")
+    parser.add_argument("--compare-unpad", action="store_true",
+                        help="each configuration padded, then unpadded (--unpad), on the same batch")
     parser.add_argument("--masked", type=int, help="predictions per sequence (default: 20 at 128, 80 at 512)")
     parser.add_argument("--steps", type=int, default=10, help="timed steps per side")
     parser.add_argument("--warmup", type=int, default=2)
@@ -299,6 +353,8 @@ def main(argv: list[str] | None = None) -> None:
     if args.threads:
         torch.set_num_threads(args.threads)
     for seq in args.seq or [128]:
+        batch = args.tokens // seq if args.tokens else args.batch
+        lengths = real_lengths(args.lengths, seq, batch, args.data) if args.lengths else None
         for name in args.model or ["small", "base"]:
             if args.max_batch:
                 for checkpointing in (False, True):
@@ -308,11 +364,13 @@ def main(argv: list[str] | None = None) -> None:
                                                                      checkpointing, conf_dir=args.conf)}),
                           flush=True)
                 continue
-            for objective in args.objective or ["mlm_nsp"]:
-                print(json.dumps(bench(name, args.batch, seq, args.masked, args.steps, args.warmup,
+            for objective, unpad in itertools.product(args.objective or ["mlm_nsp"],
+                                                      (False, True) if args.compare_unpad else (args.unpad,)):
+                print(json.dumps(bench(name, batch, seq, args.masked, args.steps, args.warmup,
                                        args.device, args.fused, objective, args.precision, args.peak_tflops,
-                                       args.unpad, args.checkpointing, args.compile, args.readable,
-                                       args.attention, args.conf)), flush=True)
+                                       unpad, args.checkpointing, args.compile, args.readable,
+                                       args.attention, args.conf, lengths, args.lengths or "synthetic")),
+                      flush=True)
 
 
 if __name__ == "__main__":
