@@ -146,7 +146,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
                              "train_sizes, and no data.max_train_examples (or data.train_examples)")
         examples = min(sizes.get(task, cap), cap or sizes[task])
-        choices = 4 if task == "swag" else 1  # SWAG: four [CLS] A [SEP] B_i sequences
+        choices = int(cfg.task.get("num_choices") or 1)  # SWAG: four [CLS] A [SEP] B_i sequences
         per_epoch = math.ceil(examples / batch)
         steps = int(optim.max_steps) if (optim.max_steps or -1) > 0 else per_epoch * int(optim.epochs)
         # each device pads its own share of the batch; the released code's fixed 128: speed.padding=max_length
