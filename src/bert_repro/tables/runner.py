@@ -62,7 +62,7 @@ class Interrupted(Exception):
 
 def _signal_group(pid: int, signum: int) -> None:
     with suppress(ProcessLookupError):  # the whole group has ended
-        os.killpg(pid, signum)
+        os.killpg(pid, signum)  # a child started in a session of its own leads a group of its own pid
 
 
 class Children:
@@ -346,7 +346,8 @@ def _watch_slurm(said: list[str], done: threading.Event) -> None:
         since = None if ok and "DOWN" not in answer else since or time.monotonic()
         if since is not None and time.monotonic() - since >= SILENT_S:
             said.append(answer or "no answer")
-            return CHILDREN.stop(signal.SIGTERM)
+            CHILDREN.stop(signal.SIGTERM)
+            return
 
 
 def run_table(table: Table, launcher: dict | None = None, force: bool = False,
