@@ -437,8 +437,6 @@ def test_critical_path_is_a_sweeps_cost_plus_its_costliest_chain(table5):
 
 
 def test_a_launchers_threads_reach_each_process_as_omp_num_threads(table5, monkeypatch):
-    from bert_repro.tables import children
-
     seen = []
 
     def fake_warm(cmd, env=None, **kwargs):  # what a run is started with, warm or not
@@ -448,8 +446,8 @@ def test_a_launchers_threads_reach_each_process_as_omp_num_threads(table5, monke
         return real_popen(["true"], **kwargs)
 
     real_popen = subprocess.Popen
-    monkeypatch.setattr(children.warm, "start", fake_warm)
-    monkeypatch.setattr(children.subprocess, "Popen", fake_popen)
+    monkeypatch.setattr(runner.warm, "start", fake_warm)
+    monkeypatch.setattr(runner.subprocess, "Popen", fake_popen)
     monkeypatch.delenv("OMP_NUM_THREADS", raising=False)
     sweep = table5.sweeps["pretrain/none"]
     runner._launch(sweep, [], runner.stage_launcher({"threads": 1, "common": {"hydra/launcher": "basic"}},

@@ -141,7 +141,7 @@ def test_a_run_composed_in_hydras_two_steps_is_the_config_hydra_composes():
     from hydra import compose
     from omegaconf import OmegaConf
 
-    from bert_repro.tables.compose import compose_run, composing
+    from bert_repro.tables.spec import compose_run, composing
 
     args = ["scale=budget", "task=conll2003", "ablation=feature_concat_last_four", "model=L6_H768_A3",
             "optim.lr=3e-5", "seed=2", "init=/ckpt/given", "+trainer.num_sanity_val_steps=0"]

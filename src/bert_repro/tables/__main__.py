@@ -17,9 +17,8 @@ import time
 from pathlib import Path
 
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
-from bert_repro.tables.children import Interrupted
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
-from bert_repro.tables.runner import failed_jobs, run_table
+from bert_repro.tables.runner import Interrupted, failed_jobs, run_table
 from bert_repro.tables.spec import build
 
 

@@ -1,17 +1,13 @@
-"""``ACTION=plan``: every run a table will launch, and what it costs, before anything runs.
-
-Each job is composed as src/train.py composes it and checked as a run checks it; each fact is asked of its
-owner on that config. A run's GPU-hours: compute (FLOPs at the bf16 peak x the measured MFU, else the table's
-``assumed_mfu``), comm (DDP's ring all-reduce, 2 (n-1)/n x gradient bytes a step over the slowest link, not
-overlapped: an upper bound) and eval (the Dev forward passes); beside them CPU-core-hours of data preparation
-and disk, each data cache charged to the first run that builds it (docs/tables.md).
-"""
+"""``ACTION=plan``: every run a table will launch, and what it costs, each fact asked of its owner on the
+config Hydra composes for the run. GPU-hours: compute (FLOPs at the bf16 peak x the measured MFU, else the
+table's ``assumed_mfu``), comm (DDP's ring all-reduce over the slowest link, not overlapped: an upper bound)
+and eval; beside them CPU-core-hours of data preparation and disk (docs/tables.md)."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass, replace
+from dataclasses import dataclass
 from pathlib import Path
 
 from hydra.errors import HydraException
@@ -19,8 +15,7 @@ from omegaconf import OmegaConf
 
 from bert_repro.flops import PEAK_TFLOPS, training_flops
 from bert_repro.tables import CONF_DIR, REPO, TableError
-from bert_repro.tables.compose import compose_job, composing
-from bert_repro.tables.spec import Sweep, Table
+from bert_repro.tables.spec import Sweep, Table, compose_job, composing
 
 # bf16 peak (flops.PEAK_TFLOPS), GB/s a GPU, one way, over NVLink and over InfiniBand (a NIC a GPU):
 # H100/H200 NVLink 4 (900 GB/s both ways), NDR 400 Gb/s; A100 NVLink 3 (600 GB/s), HDR 200 Gb/s
@@ -49,10 +44,10 @@ class Run:
     devices: int
     nodes: int
     hidden: int
-    disk_gb: float  # the checkpoints it keeps; with charge_data_once, the data caches it builds
+    disk_gb: float  # the checkpoints it keeps, and the data caches it builds first
     folder: str  # the run folder: the same pre-training in two tables is one folder
     data: dict  # pre-training data caches: key -> (CPU-core-hours, bytes)
-    prep_hours: float = 0.0  # CPU-core-hours, set by charge_data_once
+    prep_hours: float = 0.0  # CPU-core-hours, of the data caches it builds first
 
 
 def cpu_rates() -> dict:
@@ -88,21 +83,6 @@ def row(run: Run, accelerator: str, mfu: dict) -> dict:
             "devices": n, "interconnect": link, "folder": run.folder}
 
 
-def _composed(sweep: Sweep, swept: list[str], copies: dict):
-    """The run's config as src/train.py composes it, checked as a run checks it (lifecycle/schema.check)."""
-    from bert_repro.lifecycle.schema import check
-
-    where = f"{sweep.name} {' '.join(swept)}"
-    try:
-        cfg = compose_job(sweep.compose_args(), swept, copies)
-        check(cfg)
-    except HydraException as err:
-        raise TableError(f"{where}: does not compose ({err})") from None
-    except ValueError as err:
-        raise TableError(f"{where}: {err}") from None
-    return cfg
-
-
 def _val_sequences(limit, batch: int, available: int) -> int:
     """Dev sequences one evaluation reads: optim.limit_val_batches (batches, or a share) of ``available``."""
     if isinstance(limit, int) and not isinstance(limit, bool):
@@ -111,12 +91,20 @@ def _val_sequences(limit, batch: int, available: int) -> int:
 
 
 def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> Run:
-    """One job's run; ``facts``: the table's FACTS and the CPU's data rates."""
+    """One job's run, composed as src/train.py composes it and checked as it checks it (schema.check);
+    ``facts``: the table's FACTS and the CPU's data rates."""
     from bert_repro.data.batching import PadCollator
     from bert_repro.lifecycle.callbacks import kept_bytes_per_parameter
+    from bert_repro.lifecycle.schema import check
     from bert_repro.model import BertConfig, checkpoint_parameters
 
-    cfg = _composed(sweep, swept, cache.setdefault("copies", {}))
+    try:
+        cfg = compose_job(sweep.compose_args(), swept, cache.setdefault("copies", {}))
+        check(cfg)
+    except HydraException as err:
+        raise TableError(f"{sweep.name} {' '.join(swept)}: does not compose ({err})") from None
+    except ValueError as err:
+        raise TableError(f"{sweep.name} {' '.join(swept)}: {err}") from None
     optim, data, pretraining = cfg.optim, cfg.data, sweep.stage == "pretrain"
     seq, batch = int(data.max_seq_length), int(data.batch_size)
     # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
@@ -158,7 +146,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
             raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
                              "train_sizes, and no data.max_train_examples (or data.train_examples)")
         examples = min(sizes.get(task, cap), cap or sizes[task])
-        choices = 4 if task == "swag" else 1  # SWAG: four [CLS] A [SEP] B_i sequences
+        choices = int(cfg.task.get("num_choices") or 1)  # SWAG: four [CLS] A [SEP] B_i sequences
         per_epoch = math.ceil(examples / batch)
         steps = int(optim.max_steps) if (optim.max_steps or -1) > 0 else per_epoch * int(optim.epochs)
         # each device pads its own share of the batch; the released code's fixed 128: speed.padding=max_length
@@ -216,21 +204,9 @@ def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[fl
     return caches
 
 
-def charge_data_once(runs: list[Run]) -> list[Run]:
-    """Each data cache's hours and disk on the first run that builds it; the runs after it read it."""
-    built: set[str] = set()
-    out = []
-    for run in runs:
-        fresh = [cost for key, cost in run.data.items() if key not in built]
-        built.update(run.data)
-        out.append(replace(run, prep_hours=sum(hours for hours, _ in fresh),
-                           disk_gb=run.disk_gb + sum(size for _, size in fresh) / 1e9))
-    return out
-
-
 def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[Run]]:
-    """Every job's run, unpriced: each run folder once, and every table's runs as asked (a shared
-    pre-training as often as tables ask for it). More than MAX_RUNS jobs only with ``yes``."""
+    """Every job's run, unpriced: each run folder once, each data cache charged to the first run that builds
+    it; and every table's runs as asked (a shared pre-training as often as asked). MAX_RUNS, or ``yes``."""
     jobs = [(one, sweep, job) for one in tables for sweep in one.sweeps.values() for job in sweep.jobs()]
     if len(jobs) > MAX_RUNS and not yes:
         raise TableError(f"{'+'.join(t.name for t in tables)}: {len(jobs):,} runs, more than {MAX_RUNS:,}; "
@@ -243,7 +219,12 @@ def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[R
             run = plan_job(sweep, swept, folder, facts, cache)
             asked.append(run)
             planned.setdefault(run.folder, run)
-    return charge_data_once(list(planned.values())), asked
+    built: set[str] = set()
+    for run in planned.values():
+        fresh = [cost for key, cost in run.data.items() if key not in built]
+        built.update(run.data)
+        run.prep_hours, run.disk_gb = sum(h for h, _ in fresh), run.disk_gb + sum(b for _, b in fresh) / 1e9
+    return list(planned.values()), asked
 
 
 def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False) -> dict:
@@ -252,8 +233,6 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
     from bert_repro.benchmarks import gpu_check  # torch: not for `collect`, whose CLI imports this module
 
     tables = table if isinstance(table, list) else [table]
-    if accelerator not in ACCELERATORS:
-        raise TableError(f"unknown ACCELERATOR {accelerator!r}; expected one of {', '.join(ACCELERATORS)}")
     spec = tables[0].spec
     try:
         measured = gpu_check.best_mfu(REPO / gpu_check.OUT_DIR, CONF_DIR)

@@ -1,7 +1,6 @@
-"""Progress over a table's jobs, read from their folders (done: a result or the runner's failure record), so
-it counts the jobs a multirun finishes one by one: one line each time the count or the running sweeps change,
-with an ETA, and the running runs' own progress lines (step, tokens/s, ETA, Dev) from their launch logs. The
-runner refreshes it every ``every_s``, and as sweeps start and end."""
+"""Progress over a table's jobs, read from their folders (done: a result or a failure record): a line each
+time the count or the running sweeps change, with an ETA, and the running runs' own progress lines passed on
+from their launch logs."""
 
 from __future__ import annotations
 
@@ -47,8 +46,8 @@ class TableProgress:
         return self._walls[folder]
 
     def line(self) -> tuple[int, int, str]:
-        """(done, total, ETA): the work left at the rate of the work finished in this launch, a job's work its
-        weight at the seconds per weight of its kind's finished jobs (of all, while none of its kind is)."""
+        """(done, total, ETA): the work left, a job's its weight at the seconds per weight of its kind's jobs
+        finished in this launch (of all kinds, while none of its kind is)."""
         done = {f for f in self.folders if self._done(f)}
         timed = {f: w for f in done - self.before if (w := self._wall(f)) is not None and self.weights[f]}
         cost = self.weights

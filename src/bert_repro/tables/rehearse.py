@@ -1,11 +1,7 @@
 """``ACTION=rehearse``: a budget or paper table's plan shrunk to minutes on this CPU, as
-conf/table_scale/rehearsal.yaml composes it over the table at its real scale, run by the table runner.
-
-Kept: every sweep, each pre-training phase and its length, the checkpoint cadence (step-<N>.ckpt becomes
-step-<N/D>.ckpt, D dividing every step count), the checkpoint each fine-tuning starts from, the selection;
-``grid="first"`` runs each grid's first point only, ``"full"`` every point. It states its planned wall time
-before it runs, and afterwards checks each fine-tuning's checkpoint holds the step and length the plan says.
-"""
+conf/table_scale/rehearsal.yaml composes it, run by the table runner. Kept: every sweep, each pre-training
+phase and length, the checkpoints (step-<N>.ckpt becomes step-<N/D>.ckpt) and the selection; each grid's first
+point (or all). It states its planned wall time first and checks the checkpoints' steps and lengths after."""
 
 from __future__ import annotations
 
@@ -19,25 +15,23 @@ from omegaconf import OmegaConf
 
 from bert_repro.lifecycle.folder import RunFolder, step_checkpoint_name, step_of
 from bert_repro.tables import CONF_DIR, TableError
-from bert_repro.tables.compose import compose_once, composing
 from bert_repro.tables.plan import make_plan, plan_work
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec
+from bert_repro.tables.spec import Sweep, Table, build, compose_once, composing, flatten, load_spec
 
 OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d, replace=True)
 OmegaConf.register_new_resolver("gcd", math.gcd, replace=True)
 
 
 def _composed(table: Table, *args: str):
-    """conf/table_scale/rehearsal.yaml over ``table`` at its scale (``args``: rehearsal.divisor=D)."""
     with composing():
         return compose_once("tables", [f"table={table.name}", f"scale={table.scale}", "table_scale=rehearsal",
                                        *args])
 
 
 def divisor(table: Table) -> int:
-    """D: the longest pre-training over the rehearsal's ``longest`` steps, rounded so that every step count of
-    the schedule (steps, phase 1, checkpoint cadence, the checkpoints the spec names) divides by it."""
+    """D: the longest pre-training over the rehearsal's ``longest`` steps, lowered to divide every step count
+    of the schedule (steps, phase 1, checkpoint cadence, the checkpoints the spec names)."""
     schedules = [s.schedule for s in table.sweeps.values() if s.stage == "pretrain"]
     if not schedules:
         return 1
@@ -49,8 +43,7 @@ def divisor(table: Table) -> int:
 
 
 def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[str] | None = None) -> Table:
-    """The rehearsal's table: the same sweeps (``sets``: the table's --set) over <runs>/rehearsal, each run's
-    overrides followed by the rehearsal's."""
+    """The same sweeps (``sets``: the table's --set) over <runs>/rehearsal, the rehearsal's overrides last."""
     rehearsal = OmegaConf.to_container(_composed(table, f"rehearsal.divisor={d}").rehearsal, resolve=True)
     task_data = load_spec(table.name, "smoke")["task_data"]  # the local files
     # a store of its own per divisor: a shrunk pre-training depends on D beside the real one's science
@@ -79,8 +72,7 @@ def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[
 
 
 def check_steps(table: Table, small: Table, d: int) -> list[str]:
-    """Each fine-tuning's checkpoint holds the global step the plan gives it (real step / D), and was trained
-    (its data's max_seq_length) at the position length the plan says."""
+    """Each fine-tuning's checkpoint holds the plan's global step / D, trained at the plan's length."""
     from bert_repro.convert.safe import safe_torch_load
 
     problems = []
@@ -115,24 +107,19 @@ def cpu_speed() -> dict:
 
 
 def compute_seconds(small: Table, flops_per_s: float) -> dict[str, float]:
-    """Each rehearsed job's seconds of compute at ``flops_per_s``, by run name."""
-    seconds = {}
-    for run in plan_work([small])[0]:
-        if run.allreduce_bytes:
-            raise TableError(f"{run.name}: all-reduces over several processes: no gloo bandwidth measured")
-        seconds[run.name] = (run.flops + run.lstm_flops + run.eval_flops) / flops_per_s
-    return seconds
+    """Each rehearsed job's seconds of compute at ``flops_per_s`` (one process: no all-reduce) by name."""
+    runs = plan_work([small])[0]
+    return {run.name: (run.flops + run.lstm_flops + run.eval_flops) / flops_per_s for run in runs}
 
 
 def _kind(sweep: Sweep) -> str:
-    """A kind of run, which shares its fixed costs: pre-training, or fine-tuning one task (SQuAD's set-up is
-    twice GLUE's)."""
+    """A kind of run shares its fixed costs: pre-training, or fine-tuning one task (SQuAD's set-up: 2x)."""
     return sweep.stage if sweep.stage == "pretrain" else f"{sweep.stage}: {sweep.overrides.get('task')}"
 
 
 def planned_s(sweep: Sweep, compute: dict[str, float], fixed: dict) -> dict[str, float]:
-    """Each job's seconds on this model: its compute and set-up, and its share of its sweep's process
-    start-up; a kind of run ``fixed`` has not measured costs its compute only."""
+    """Each job's seconds: its compute and set-up, and its share of its sweep's process start-up (``fixed``'s:
+    none for a kind not measured yet)."""
     cost, names = fixed.get(_kind(sweep), {}), [f"{sweep.name}/{f.name}" for _, f in sweep.jobs()]
     return {n: compute[n] + cost.get("setup_s", 0.0) + cost.get("startup_s", 0.0) / len(names) for n in names}
 
@@ -148,9 +135,9 @@ def measured_fixed(rehearsals: Path) -> dict:
 
 
 def calibrate(small: Table, summary: list[dict], compute: dict[str, float]) -> dict:
-    """Planned vs measured seconds of each job of the sweeps that ran whole here (``summary``: run_table's),
-    each kind's start-up (a sweep's wall time less its jobs' results.json wall_time_s) and set-up measured on
-    its second sweep (the first also builds the caches the others read); ``held_out``: the other sweeps'."""
+    """Planned vs measured seconds of each job of the sweeps that ran whole, each kind's start-up (a sweep's
+    wall time less its jobs') and set-up measured on its second sweep (the first also builds the caches the
+    others read); ``held_out``: the other sweeps'."""
     walls = {line["sweep"]: line for line in summary}
     ran = []  # (sweep, its process's start-up, each job's wall time)
     for sweep in small.sweeps.values():
@@ -179,8 +166,7 @@ def calibrate(small: Table, summary: list[dict], compute: dict[str, float]) -> d
 
 def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False, grid: str = "first",
              sets: list[str] | None = None) -> tuple[Table, Path]:
-    """Plan (the spec checked at its real scale), shrink, state the planned wall time, run, check; returns the
-    table to collect and where."""
+    """Plan at the real scale, shrink, state the planned time, run, check: the table to collect, and where."""
     if table.scale == "smoke":
         raise TableError("ACTION=rehearse shrinks budget or paper scale; SCALE=smoke runs as it is")
     start = time.time()

@@ -1,11 +1,10 @@
 """Runs a table's sweeps through ``src/train.py -m``, each after the pre-training it starts from.
 
-Every job is composed and checked first, as src/train.py would; one wrong job stops the table before any work.
-A job is complete when its folder holds a result of its science as composed now (RunFolder.result_for), so a
-relaunch after an edit reruns exactly the changed jobs and those after a pre-training that runs again; their
-earlier results (and all that --force reruns) are set aside in their folders (RunFolder.set_aside), never
-deleted. Folder locks keep a second runner out. A launcher block's ``sweeps_at_once`` and ``threads`` set
-sweeps side by side and torch threads.
+Every job is composed and checked first; a job whose folder holds a result of its science as composed now is
+complete, so a relaunch after an edit reruns exactly the changed jobs (earlier results are set aside, never
+deleted). Each child leads a process group of its own, so a Ctrl-C reaches the runner alone: SIGTERM or
+SIGINT sends each group SIGTERM once (the runs checkpoint and exit), kills what is left after ``GRACE_S`` and
+ends in ``Interrupted``; a second signal kills at once. Under submitit_slurm a child is submitit's waiter.
 """
 
 from __future__ import annotations
@@ -13,6 +12,7 @@ from __future__ import annotations
 import logging
 import os
 import re
+import shlex
 import signal
 import subprocess
 import sys
@@ -20,7 +20,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager
+from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
 from hydra import compose
@@ -35,10 +35,9 @@ from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
-from bert_repro.tables.children import CHILDREN, Interrupted, live_processes
-from bert_repro.tables.compose import compose_run, composing
+from bert_repro.tables import REPO, TableError
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.spec import REPO, Sweep, Table, TableError, flatten, hydra_value
+from bert_repro.tables.spec import Sweep, Table, compose_run, composing, flatten, hydra_value
 
 log = logging.getLogger(__name__)
 
@@ -47,6 +46,91 @@ LOG = "launch.log"  # every launch of a sweep, appended: the children's stdout a
 THREADS = "threads"  # a launcher block's torch threads per process (OMP_NUM_THREADS), not a Hydra override
 NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
 PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is named within a minute
+GRACE_S = 300.0  # a batch to finish and a large checkpoint to be written (a scheduler may kill sooner)
+
+
+class Interrupted(Exception):
+    """The runner was told to stop: its children were stopped, and no job was marked failed."""
+
+    def __init__(self, signum: int, stopped: list[str] | None = None):
+        self.signum = signum
+        running = f" ({', '.join(stopped)})" if stopped else ""
+        super().__init__(f"{signal.Signals(signum).name} received: the table's running sweeps{running} were "
+                         "stopped, each run saving a checkpoint first where it had started training; nothing "
+                         "was marked failed. Run the same command again to resume: finished runs are kept")
+
+
+def _signal_group(pid: int, signum: int) -> None:
+    with suppress(ProcessLookupError):  # the whole group has ended
+        os.killpg(pid, signum)  # a child started in a session of its own leads a group of its own pid
+
+
+class Children:
+    def __init__(self) -> None:
+        self.procs: set = set()
+        self.signum: int | None = None  # the signal that stops the table, once one came
+        self.stopped_at: float | None = None
+
+    def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log):
+        """``cmd``, its output appended to the open file ``log``, forked warm where it can be (warm.py)."""
+        if self.signum is not None:
+            raise Interrupted(self.signum)
+        proc = warm.start(cmd, cwd=cwd, env=env, stdout=log.name) or subprocess.Popen(
+            cmd, start_new_session=True, cwd=cwd, env=env, stdout=log, stderr=subprocess.STDOUT)
+        self.procs.add(proc)
+        if self.signum is not None:  # the signal came while it started, before it was in self.procs
+            _signal_group(proc.pid, signal.SIGTERM)
+        return proc
+
+    def wait(self, proc) -> int:
+        """Its exit code; once stopping, its group is killed after GRACE_S, and any leftovers on exit."""
+        try:
+            while True:
+                try:
+                    return proc.wait(timeout=1.0)  # polls: the signal arrives in another thread
+                except subprocess.TimeoutExpired:
+                    if self.stopped_at is not None and time.monotonic() > self.stopped_at + GRACE_S:
+                        _signal_group(proc.pid, signal.SIGKILL)
+        finally:
+            self.procs.discard(proc)
+            if self.signum is not None:
+                _signal_group(proc.pid, signal.SIGKILL)
+
+    def stop(self, signum: int, frame=None) -> None:
+        """The SIGTERM / SIGINT handler: no I/O here (the main thread may be inside a print)."""
+        first = self.signum is None
+        if first:
+            self.signum, self.stopped_at = signum, time.monotonic()
+        for proc in list(self.procs):
+            _signal_group(proc.pid, signal.SIGTERM if first else signal.SIGKILL)
+
+    @contextmanager
+    def handling_signals(self):
+        """``stop`` handles SIGTERM and SIGINT while the table runs (in the main thread: only it may)."""
+        main = threading.current_thread() is threading.main_thread()
+        previous = {s: signal.signal(s, self.stop) for s in (signal.SIGTERM, signal.SIGINT)} if main else {}
+        try:
+            yield self
+        finally:
+            for sig, handler in previous.items():
+                signal.signal(sig, handler)
+            self.signum = self.stopped_at = None  # the next table in this process starts afresh
+
+
+CHILDREN = Children()
+
+
+def live_processes(folder: Path) -> list[int]:
+    """The processes sweeping into ``folder`` (``hydra.sweep.dir=``): a killed runner's, or another's."""
+    needle, pids = f"hydra.sweep.dir={folder}", []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (entry / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
+            args = shlex.split(args[0]) if len(args) == 1 else args  # a warm run's: one string (setproctitle)
+        except (OSError, ValueError):  # it ended while we looked, is not ours to read, or is not shell words
+            continue
+        pids += [int(entry.name)] if needle in args else []
+    return sorted(pids)
 
 
 def job_state(folder: Path) -> tuple[str, str | None]:
@@ -71,13 +155,12 @@ def composing_jobs():
 
 
 def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
-    """The job's science as src/train.py composes it now (within ``composing_jobs``), checked as the run
-    checks it (writing nothing); a job that does not compose, holds a value a run refuses or names data that
-    is not there is a TableError naming it."""
+    """The job's science as src/train.py composes it now (within ``composing_jobs``), checked as its run
+    will check it, writing nothing; what fails is a TableError naming the job."""
     where = " ".join([sweep.name, *swept])
     try:
         cfg = compose_run([*sweep.compose_args(), *swept])
-        validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))  # as its run will; writes nothing
+        validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                  for k in cfg if is_science(k)}
     except (HydraException, OmegaConfBaseException, UsageError, ValueError) as err:
@@ -91,8 +174,8 @@ def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
 
 
 def launch_error(output: str) -> str:
-    """What a failed launch's output says went wrong: the error src/train.py logged before stopping the whole
-    sweep (checks.SweepUsageError), else the exception, else Hydra's compose error."""
+    """What a failed launch's output says went wrong: the error src/train.py logged (checks.SweepUsageError),
+    else the exception, else Hydra's compose error."""
     logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
     if logged:
         return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
@@ -100,13 +183,6 @@ def launch_error(output: str) -> str:
              and not re.match(r"^\[\d{4}-\d\d-\d\d ", s) and not s.startswith(NOISE)]
     crashed = "Error executing job" in output or "Traceback" in output
     return (lines[-1] if crashed else lines[0]) if lines else "the run failed without output"
-
-
-def unrecorded(code: int, output: str) -> str:
-    """Why a launch left a job without a result: a signal killed it, it failed, or it never reached it."""
-    if code < 0:
-        return f"the run was killed by {signal.Signals(-code).name} before writing its result"
-    return launch_error(output) if code else "the launcher ran no job here"
 
 
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
@@ -173,15 +249,16 @@ def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] |
         for _, folder in members:  # src/train.py recorded every job it ran; the launch says why one is not
             run = RunFolder(folder)
             if not run.results.is_file() and not run.failed.is_file():
-                run.fail(unrecorded(code, output), output)
+                why = launch_error(output) if code > 0 else "the launcher ran no job here" if not code else \
+                    f"the run was killed by {signal.Signals(-code).name} before writing its result"
+                run.fail(why, output)
             counts["complete" if job_state(folder)[0] == "complete" else "failed"] += 1
     return counts
 
 
 def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[tuple[Path, str]]]:
-    """Every sweep's jobs to run, and the folders whose earlier results make way for them with why, every job
-    composed and checked first: a complete result of its science now is not run again, unless ``force`` or
-    its pre-training runs again."""
+    """Every sweep's jobs to run, and the folders whose earlier results make way for them with why; a complete
+    result of its science now is not run again, unless ``force`` or its pre-training runs again."""
     rerun: set[str] = set()  # pre-training sweeps that run again in this launch
     todo: dict[str, list] = {}
     moves: list[tuple[Path, str]] = []
@@ -217,7 +294,7 @@ def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
 
 
 def sweep_costs(plan: dict) -> dict[str, float]:
-    """The plan's FLOPs of each sweep (tables.plan.make_plan), summed over its jobs."""
+    """The plan's FLOPs of each sweep, summed over its jobs."""
     costs: Counter[str] = Counter()
     for run in plan["runs"]:
         costs[run["name"].rsplit("/", 1)[0]] += run["flops"]
@@ -229,8 +306,8 @@ def failed_jobs(table: Table) -> list[str]:
 
 
 def _hold(table: Table, todo: dict) -> ExitStack:
-    """The table's folder and each store pre-training it uses, locked for the runner's life (a second runner,
-    a --force among them, is refused), once no live process sweeps into or holds the folders to run."""
+    """The table's folder and each store pre-training it uses, locked for the runner's life, once no live
+    process sweeps into or holds the folders to run; else a TableError naming who holds them."""
     stack = ExitStack()
     try:
         for folder in sorted({table.root} | {s.folder for s in table.sweeps.values()
@@ -256,28 +333,21 @@ def _hold(table: Table, todo: dict) -> ExitStack:
     return stack
 
 
-class Watchdog(threading.Thread):
-    """Asks the SLURM controller every PING_S whether it answers (``scontrol ping``); after SILENT_S without
-    an answer it stops the runner's children (submitit's waiters: the jobs stay with SLURM) and says why."""
-
-    def __init__(self) -> None:
-        super().__init__(daemon=True)
-        self.said: str | None = None
-        self.done = threading.Event()
-
-    def run(self) -> None:
-        since = None
-        while not self.done.wait(PING_S):
-            try:
-                ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_S)
-                said, ok = (ping.stdout + ping.stderr).strip(), ping.returncode == 0
-            except (OSError, subprocess.TimeoutExpired) as err:
-                said, ok = str(err), False
-            since = None if ok and "DOWN" not in said else since or time.monotonic()
-            if since is not None and time.monotonic() - since >= SILENT_S:
-                self.said = said or "no answer"
-                CHILDREN.stop(signal.SIGTERM)
-                return
+def _watch_slurm(said: list[str], done: threading.Event) -> None:
+    """Asks the SLURM controller every PING_S whether it answers; after SILENT_S without an answer, stops
+    the runner's children (submitit's waiters: the jobs stay with SLURM) and says why in ``said``."""
+    since = None
+    while not done.wait(PING_S):
+        try:
+            ping = subprocess.run(["scontrol", "ping"], capture_output=True, text=True, timeout=PING_S)
+            answer, ok = (ping.stdout + ping.stderr).strip(), ping.returncode == 0
+        except (OSError, subprocess.TimeoutExpired) as err:
+            answer, ok = str(err), False
+        since = None if ok and "DOWN" not in answer else since or time.monotonic()
+        if since is not None and time.monotonic() - since >= SILENT_S:
+            said.append(answer or "no answer")
+            CHILDREN.stop(signal.SIGTERM)
+            return
 
 
 def run_table(table: Table, launcher: dict | None = None, force: bool = False,
@@ -293,7 +363,7 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             swept = sweep.params_args() if len(todo[name]) == len(sweep.jobs()) else todo[name][0][0]
             _launch(sweep, swept, stage_launcher(launcher, sweep.stage), dry_run=True)
         return []
-    watchdog = Watchdog()
+    said, done = [], threading.Event()
     with _hold(table, todo):
         for folder, why in moves:
             with RunFolderLock(folder):  # no run may start into it meanwhile
@@ -301,19 +371,19 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             if aside is not None:
                 print(f"{folder}: {why}; moved to {aside} (kept), to run again", flush=True)
         if any("submitit_slurm" in str(v) for v in flatten(launcher).values()):
-            watchdog.start()
+            threading.Thread(target=_watch_slurm, args=(said, done), daemon=True).start()
         try:
             return _sweeps(table, launcher, todo, at_once, plan)
         except Interrupted:
-            if watchdog.said is None:
+            if not said:
                 raise
             left = [name for name, folder in table.jobs().items() if job_state(folder)[0] != "complete"]
             raise TableError(f"the SLURM controller stopped answering for {SILENT_S:.0f} s (scontrol ping: "
-                             f"{watchdog.said}); still queued or running: {', '.join(left)}. Jobs already "
+                             f"{said[0]}); still queued or running: {', '.join(left)}. Jobs already "
                              "submitted stay with SLURM; when it answers again, the same command resumes the "
                              "table") from None
         finally:
-            watchdog.done.set()
+            done.set()
 
 
 def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan: dict | None) -> list[dict]:
@@ -340,7 +410,6 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
 
     if any(todo.values()):
         warm.prestart()  # the first sweep then starts as the others do (and a rehearsal measures that)
-    # SIGTERM / SIGINT stop the children, each saving a checkpoint; the sweeps then end with Interrupted
     with CHILDREN.handling_signals(), progress, ThreadPoolExecutor(at_once) as pool:
         running: dict = {}
         while order or running:

@@ -1,32 +1,120 @@
 """A table as conf/table/<table>.yaml declares it: parts (printed tables) of rows and columns, and the sweeps
-behind them. A pre-training run lives in the shared store ``<runs>/pretrain/<scale>/<store name>/default``
-(named by its science, schedule.store_name: Table 5's ``none`` and Figure 4's ``mlm`` are one run, trained by
-the first table that needs it); a fine-tuning job in ``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept
-overrides>`` (hydra_hooks.run_name), so an interrupted table finds its finished runs again."""
+behind them, each composed by Hydra as src/train.py composes it. A pre-training lives in the shared store
+``<runs>/pretrain/<scale>/<store name>`` (named by its science: Table 5's ``none`` and Figure 4's ``mlm`` are
+one run); a fine-tuning job in ``<runs>/<table>/<scale>/finetune/<row>/<run>/<swept overrides>``."""
 
 from __future__ import annotations
 
+import copy
+import functools
+import hashlib
 import itertools
-from dataclasses import dataclass, field
+import json
+import os
+import tempfile
+from contextlib import contextmanager
+from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
+import hydra
+from hydra import compose, initialize_config_dir
+from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf
+from omegaconf import OmegaConf, read_write
 
 from bert_repro.lifecycle import hydra_hooks
-from bert_repro.lifecycle.folder import LAST, RunFolder
+from bert_repro.lifecycle.folder import LAST, RunFolder, step_checkpoint_name, step_of
+from bert_repro.lifecycle.hydra_hooks import parse_override
+from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_science
 from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401 (re-exported)
-from bert_repro.tables.compose import compose_once, composing
-from bert_repro.tables.schedule import Schedule, schedule_of
 
 SELECTIONS = {  # selection.select's two rules, as a table names them
     "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
     "mean_over_restarts": "mean +- std over fine-tuning restarts of the hyper-parameters best on mean Dev "
                           "(§5.2)",
 }
+STEP_N = step_checkpoint_name(0).replace("0", "<N>")  # the folder's name for a step checkpoint, in words
+# not part of a pre-training's identity: the scale node acts through the keys it interpolates into, and an
+# ablation's name is a label (Table 8's mask_80_10_10 is the default masking, Table 5's none)
+LABELS = ("scale.", "ablation.name")
+CACHE = REPO / ".cache" / "compositions"
+_COMPOSED: dict[tuple[str, ...], Any] = {}
+
+
+@contextmanager
+def composing():
+    """Hydra over conf/ for compose(); Hydra restores the state before it (here: cleared) after."""
+    GlobalHydra.instance().clear()
+    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
+        yield
+
+
+def compose_once(config: str, args: list[str]):
+    """conf/<config>.yaml composed with ``args`` (inside ``composing``), read-only, once a process and kept
+    in .cache/compositions/ keyed by conf/'s files: tables compose the same runs again, ~0.5 s each."""
+    key = (str(CONF_DIR), config, *args)
+    if key not in _COMPOSED:
+        digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
+        path = CACHE / f"{digest[:32]}.yaml"
+        try:  # YAML keeps interpolations and integer keys (JSON would not); loading it runs no code
+            cfg = OmegaConf.load(path)
+            OmegaConf.set_struct(cfg, True)
+        except Exception:  # none yet, or a damaged one: composed again
+            cfg = compose(config, overrides=list(args))
+            CACHE.mkdir(parents=True, exist_ok=True)
+            with tempfile.NamedTemporaryFile("w", dir=CACHE, suffix=".yaml", delete=False) as tmp:
+                tmp.write(OmegaConf.to_yaml(cfg))
+            os.replace(tmp.name, path)
+        OmegaConf.set_readonly(cfg, True)
+        _COMPOSED[key] = cfg
+    return _COMPOSED[key]
+
+
+@functools.cache
+def _tree() -> str:
+    digest = hashlib.sha256()
+    for path in sorted(CONF_DIR.rglob("*.yaml")):
+        digest.update(str(path.relative_to(CONF_DIR)).encode() + b"\0" + path.read_bytes())
+    return digest.hexdigest()
+
+
+def _chooses(override) -> bool:
+    """Hydra's test (hydra._internal.defaults_list): an override of a config group chooses a config."""
+    repo = GlobalHydra.instance().config_loader().repository
+    return repo.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
+
+
+def compose_run(args: list[str]):
+    """conf/train.yaml composed with a run's ``args``, read-only, in Hydra's own two steps: the overrides that
+    choose configs build the defaults list (once for all runs that share them), then Hydra sets the rest."""
+    parsed = [parse_override(arg) for arg in args]
+    chooses = [o for o in parsed if _chooses(o)]
+    base = compose_once("train", [o.input_line for o in chooses])
+    values = [o for o in parsed if o not in chooses]
+    if not values:
+        return base
+    cfg = copy.deepcopy(base)
+    with read_write(cfg):
+        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # typed nodes refuse a wrong value here
+    return cfg
+
+
+def compose_job(fixed: list[str], swept: list[str], copies: dict):
+    """compose_run(fixed + swept), but a sweep's jobs set the same keys, so each job's values are set over
+    the last job's on one copy of the sweep's config (``copies``); a grid choosing configs composes each."""
+    parsed = [parse_override(arg) for arg in swept]
+    if any(map(_chooses, parsed)):
+        return compose_run(fixed + swept)
+    if tuple(fixed) not in copies:
+        copies[tuple(fixed)] = copy.deepcopy(compose_run(fixed))  # compose_run's may be the shared cache's
+        OmegaConf.set_readonly(copies[tuple(fixed)], False)
+    cfg = copies[tuple(fixed)]
+    ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
+    return cfg
 
 
 def hydra_value(value: Any) -> str:
@@ -40,6 +128,71 @@ def hydra_value(value: Any) -> str:
     if isinstance(value, (list, tuple)):
         return "[" + ",".join(map(hydra_value, value)) + "]"
     return str(value)
+
+
+@dataclass(frozen=True)
+class Schedule:
+    """A pre-training's steps and lengths as its composed configs run them: one phase, or v2 A.2's two
+    (``scale.pretrain.two_phase.in_tables``), phase 2 resuming phase 1; a step checkpoint every ``every``."""
+
+    max_steps: int
+    seq_length: int  # single phase: the run's length; two phases: phase 1's
+    every: int | None  # the step checkpoints' cadence (None: none)
+    phase1_steps: int | None = None  # None: one phase
+    phase2_seq_length: int | None = None
+
+    @property
+    def phases(self) -> int:
+        return 1 if self.phase1_steps is None else 2
+
+    def trained_length(self, phase: int) -> int:
+        """The longest sequence the position embeddings of a checkpoint of ``phase`` were trained at."""
+        return self.phase2_seq_length if phase == 2 else self.seq_length
+
+    def checkpoint_step(self, name: str, where: str) -> int:
+        """The global step a checkpoint of this schedule holds; one it never writes is an error."""
+        if name == LAST:
+            return self.max_steps
+        if (step := step_of(name)) is None:
+            raise TableError(f"{where}: checkpoint {name!r}; expected {LAST} or {STEP_N}")
+        if not self.every:
+            raise TableError(f"{where}: {name} is never written: this schedule keeps no step checkpoints "
+                             "(scale.pretrain.checkpoint_every_n_steps is null)")
+        if step % self.every or not 0 < step <= self.max_steps:
+            raise TableError(f"{where}: {name} is never written: the schedule saves {STEP_N} every "
+                             f"{self.every} steps up to {self.max_steps} (N a multiple of {self.every}, "
+                             f"0 < N <= {self.max_steps})")
+        return step
+
+    def phase_of(self, step: int) -> int:
+        return 1 if self.phase1_steps is None or step <= self.phase1_steps else 2
+
+
+def schedule_of(where: str, args: list[str]) -> tuple[Schedule, str]:
+    """The pre-training ``where``'s schedule, read from the configs src/train.py composes for it (the run's,
+    or its two phases'), and its store name: its shape and a hash of its science keys and schedule."""
+    try:
+        run = compose_run(args)
+        two = OmegaConf.select(run, "scale.pretrain.two_phase.in_tables", default=False)
+        phases = [compose_run([*args, f"experiment=pretrain_phase{i}"]) for i in (1, 2)] if two else []
+    except HydraException as err:
+        raise TableError(f"{where}: does not compose ({err})") from None
+    every = run.module.checkpoint_every_n_steps
+    if not phases:
+        schedule = Schedule(int(run.optim.max_steps), int(run.data.max_seq_length), every)
+    else:
+        first, last = int(phases[0].optim.max_steps), int(phases[1].optim.max_steps)
+        if not 0 < first < last:
+            raise TableError(f"{where}: phase 1 runs {first} steps (scale.pretrain.two_phase.phase1_steps); "
+                             f"expected between 0 and max_steps={last}")
+        schedule = Schedule(last, int(phases[0].data.max_seq_length), every, first,
+                            int(phases[1].data.max_seq_length))
+    science = {k: OmegaConf.select(run, k) for k in sorted(flat_keys(OmegaConf.to_container(run)))
+               if is_science(k) and not k.startswith(LABELS)}
+    science["schedule"] = asdict(schedule)
+    digest = hashlib.sha1(json.dumps(science, sort_keys=True, default=str).encode()).hexdigest()[:10]
+    m = run.model
+    return schedule, f"L{m.num_layers}_H{m.hidden_size}_A{m.num_heads}-{digest}"
 
 
 @dataclass
@@ -70,7 +223,7 @@ class Sweep:
 
     def jobs(self) -> list[tuple[list[str], Path]]:
         """Each job's swept overrides (Hydra's sweep values, crossed) and its folder, named as conf/train.yaml
-        names it (hydra_hooks.run_name of the swept keys; runner.command excludes the fixed ones)."""
+        names it (hydra_hooks.run_name of the swept keys)."""
         if not self.params:
             return [([], self.folder / "default")]
         try:
