@@ -11,16 +11,19 @@ import json
 import os
 import re
 import shutil
+import signal
 import subprocess
 import sys
 import time
+from contextlib import suppress
 from pathlib import Path
 
 import pytest
 
+from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.reliability import safe_load
 
-from .conftest import REPO
+from .conftest import REPO, run_py
 from .test_preempt import OVERRIDES
 from .test_resume import command, final, saved_step
 
@@ -191,26 +194,40 @@ def test_a_job_requeued_mid_run_resumes_and_ends_as_the_uninterrupted_run(slurm,
     assert resumed["metrics"]["final"] == reference["metrics"]["final"]
 
 
+def pending(pid: int, sig: signal.Signals) -> bool:
+    """Whether ``sig`` waits undelivered at the stopped process ``pid`` (its pending masks in /proc)."""
+    masks = re.findall(r"^(?:SigPnd|ShdPnd):\s*([0-9a-f]+)$", Path(f"/proc/{pid}/status").read_text(), re.M)
+    return any(int(mask, 16) >> (sig - 1) & 1 for mask in masks)
+
+
 def test_a_job_signalled_before_its_time_limit_requeues_itself_and_resumes(slurm, tmp_path):
     """SLURM's --signal (submitit asks for USR2 signal_delay_s before the limit): last.ckpt, then submitit
     requeues the job (hydra.launcher.max_num_timeout), which resumes from it and finishes."""
-    # still running when the controller signals (it looks every 30 s): fewer steps can end first
-    sweep, steps = tmp_path / "sweep", 1000
+    sweep, steps = tmp_path / "sweep", 100
     overrides = [o for o in OVERRIDES if not o.startswith(("optim.max_steps", "optim.val_check_interval"))]
     waiter = sweep_of_one(sweep, slurm, *overrides, f"optim.max_steps={steps}",
-                          "optim.val_check_interval=200", "hydra.launcher.signal_delay_s=120",
+                          "optim.val_check_interval=50", "hydra.launcher.signal_delay_s=120",
                           f"paths.cache_dir={tmp_path / 'cache'}")
     run = sweep / "run"
     wait_for(lambda: saved_step(run) >= 5, "a step checkpoint of the SLURM job")
+    # the training process held (SIGSTOP) until the controller's signal reaches it: the controller looks
+    # every 30 s, and a run left going would have to outlast that on any CPU
+    pid = json.loads(RunFolder(run).lock.read_text())["pid"]
+    os.kill(pid, signal.SIGSTOP)
     (job,) = job_ids(sweep)
     ran = sum(int(x) * 60 ** i for i, x in enumerate(reversed(job_record(slurm, job)["RunTime"].split(":"))))
     # the limit 1-2 minutes away: inside signal_delay_s, so the controller signals the job at its next pass
     scontrol(slurm, "update", f"JobId={job}", f"TimeLimit={ran // 60 + 2}")
+
+    def requeued() -> bool:
+        with suppress(OSError):  # the process gone: woken by SLURM itself, which sends SIGCONT first
+            if pending(pid, signal.SIGUSR2):
+                os.kill(pid, signal.SIGCONT)
+        return f"Requeued job {job}" in submitit_log(sweep, job) or waiter.poll() is not None
+
     # our handler saves last.ckpt at the batch's end, then hands over to submitit's, which requeues the job
-    wait_for(lambda: f"Requeued job {job}" in submitit_log(sweep, job) or waiter.poll() is not None,
-             "the time limit's signal", 120)
-    assert waiter.poll() is None, (f"the run's {steps} steps ended before the controller's signal (up to "
-                                   "30 s late): this CPU needs more steps")
+    wait_for(requeued, "the time limit's signal and the requeue", 120)
+    assert waiter.poll() is None, submitit_log(sweep, job)[-3000:]
     scontrol(slurm, "update", f"JobId={job}", "TimeLimit=10")  # the requeued job's own limit, ample again
     output = ended(waiter)
     log = submitit_log(sweep, job)
@@ -230,9 +247,9 @@ def test_two_slurm_nodes_train_like_one_process_with_the_same_global_batch(slurm
               "data.batch_size=16", "data.train_examples=32", "optim.epochs=2", "optim.lr=1e-3",
               "model.hidden_dropout=0", "model.attention_dropout=0", f"data.tokenizer={minilm_dir}",
               "checkpoint.keep_last=true", f"paths.cache_dir={tmp_path / 'cache'}"]
-    one = start([sys.executable, str(REPO / "src" / "train.py"), *common, "trainer=cpu",
-                 f"hydra.run.dir={tmp_path / 'one'}"], tmp_path / "one.log", slurm)
-    ended(one)  # first: it writes the tokenized cache the two ranks read
+    # the reference, in this process; first: it writes the tokenized cache the two ranks read
+    one = run_py(*common, "trainer=cpu", f"hydra.run.dir={tmp_path / 'one'}")
+    assert one.returncode == 0, one.stdout[-3000:] + one.stderr[-3000:]
     # two SLURM tasks, one a node; their names resolve nowhere, so the rendezvous is their NodeAddr
     two = sweep_of_one(tmp_path / "two", slurm, *common, "trainer=ddp_cpu", "trainer.devices=1",
                        "trainer.num_nodes=2", "hydra.launcher.nodes=2", "hydra.launcher.tasks_per_node=1",

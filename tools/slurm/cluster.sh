@@ -15,16 +15,19 @@ export SLURM_CONF="$conf" PATH="$PATH:/usr/sbin:/sbin"  # the daemons live in sb
 
 die() { echo "tools/slurm/cluster.sh: $*" >&2; exit 1; }
 
-stop_pidfile() {  # the daemon whose pid the file holds: SIGTERM, then wait for it to go
-  local file="$1" pid
-  [[ -f "$file" ]] || return 0
-  pid="$(cat "$file")"
-  if kill -0 "$pid" 2>/dev/null; then
-    kill -TERM "$pid"
-    for _ in $(seq 50); do kill -0 "$pid" 2>/dev/null || break; sleep 0.2; done
-    kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"
-  fi
-  rm -f "$file"
+alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
+
+stop_pidfiles() {  # the daemons whose pids the files hold: SIGTERM to all at once (each takes ~2 s to go),
+  local file pid pids=()  # then wait for them; SIGKILL to any left after 10 s
+  for file in "$@"; do
+    [[ -f "$file" ]] || continue
+    pid="$(cat "$file")"
+    kill -TERM "$pid" 2>/dev/null && pids+=("$pid")
+    rm -f "$file"
+  done
+  for _ in $(seq 50); do alive "${pids[@]}" || return 0; sleep 0.2; done
+  for pid in "${pids[@]}"; do kill -0 "$pid" 2>/dev/null && kill -KILL "$pid"; done
+  return 0
 }
 
 up() {
@@ -63,9 +66,8 @@ up() {
 down() {
   [[ -d "$state" ]] || { echo "no cluster in $state"; return 0; }
   squeue -h -o %A 2>/dev/null | xargs -r scancel 2>/dev/null || true  # every user's jobs, ended with the cluster
-  for node in n1 n2; do stop_pidfile "$state/slurmd-$node.pid"; done
-  stop_pidfile "$state/slurmctld.pid"
-  stop_pidfile "$state/munge/munged.pid"
+  stop_pidfiles "$state"/slurmd-n{1,2}.pid "$state/slurmctld.pid"
+  stop_pidfiles "$state/munge/munged.pid"  # last: the others authenticate through it to the end
   echo "SLURM cluster in $state stopped"
 }
 
