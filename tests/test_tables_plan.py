@@ -16,7 +16,7 @@ from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
 from bert_repro.tables.plan import make_plan
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.runner import composing_jobs, job_config, run_table
+from bert_repro.tables.runner import composing_jobs, job_config, run_table, sweep_costs
 from bert_repro.tables.spec import TableError, build, load_spec
 
 from .test_tables import write_results
@@ -120,6 +120,13 @@ def test_the_demo_plans_and_fine_tunes_within_its_pre_training_length(tmp_path):
     runs = {r["name"]: r for r in plan["runs"]}
     extra = runs["pretrain/ltr_no_nsp/default"]["flops"] - runs["pretrain/none/default"]["flops"]
     assert extra == pytest.approx(6 * (128 * 128 + 128 * 8000) * 1000 * 128 * (31 - 5), rel=1e-6)
+    # + BiLSTM adds its one-layer BiLSTM (H a direction) to the LTR row's work, so the runner starts that
+    # sweep first of the fine-tunings, not last beside an idle slot
+    lstm, plain = (runs[f"finetune/{row}/pydoc_punct/seed-1"] for row in ("ltr_no_nsp_bilstm", "ltr_no_nsp"))
+    assert lstm["flops"] - plain["flops"] == pytest.approx(6 * lstm["tokens"] * 2 * 4 * 128 * (128 + 128))
+    costs = sweep_costs(plan)
+    assert max((c, n) for n, c in costs.items() if n.startswith("finetune/"))[1] == \
+        "finetune/ltr_no_nsp_bilstm/pydoc_punct"
     longer = build("table5_demo", "smoke", tmp_path, sets=["finetune_overrides.data.max_seq_length=64"])
     with pytest.raises(TableError, match=r"max_seq_length=64 .*trained up to 32 tokens"):
         make_plan(longer)

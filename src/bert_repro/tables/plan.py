@@ -38,7 +38,7 @@ class Run:
     seq_length: int
     tokens: int
     flops: float  # training
-    lstm_flops: float  # Table 7's BiLSTM, at lstm_mfu
+    lstm_flops: float  # a BiLSTM's (Table 5's + BiLSTM, Table 7's features), at lstm_mfu
     eval_flops: float
     allreduce_bytes: float  # per device, over all steps
     devices: int
@@ -81,6 +81,12 @@ def row(run: Run, accelerator: str, mfu: dict) -> dict:
             "seq_length": run.seq_length, "tokens": run.tokens, "flops": run.flops + run.lstm_flops,
             "gpu_hours": sum(hours.values()), **hours, "prep_hours": run.prep_hours, "disk_gb": run.disk_gb,
             "devices": n, "interconnect": link, "folder": run.folder}
+
+
+def bilstm_flops(tokens: float, layers: list[tuple[int, int]]) -> float:
+    """Training FLOPs of a bidirectional LSTM over ``tokens``, ``layers`` its (input, hidden) widths: a
+    direction, a layer, a token: 4 gates of (input + hidden) x hidden multiply-adds, forward and backward."""
+    return 6.0 * tokens * 2 * 4 * sum(h * (i + h) for i, h in layers)
 
 
 def _val_sequences(limit, batch: int, available: int) -> int:
@@ -167,12 +173,14 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         val = math.ceil(steps / per_epoch) * _val_sequences(optim.limit_val_batches, batch, dev) * choices
         per_seq = 0
         if features := cfg.module.get("features"):  # Table 7: the encoder frozen, its BiLSTM trained
-            # heads.FeatureTagger's 2-layer BiLSTM: a direction, a layer: 4 gates of (input + hidden) x hidden
+            # heads.FeatureTagger's 2-layer BiLSTM over the chosen layers' features
             concat = features.get("combine") == "concat"
             width = model.hidden_size * (len(features["layers"]) if concat else 1)
             h = int(features.get("lstm_hidden") or model.hidden_size)
-            lstm_flops = 6.0 * tokens * 2 * 4 * h * ((width + h) + (2 * h + h))
+            lstm_flops = bilstm_flops(tokens, [(width, h), (2 * h, h)])
             flops /= 3
+        elif cfg.module.get("bilstm"):  # Table 5's "+ BiLSTM" (heads.py): one layer, H a direction
+            lstm_flops = bilstm_flops(tokens, [(model.hidden_size, model.hidden_size)])
     # forward only, at each evaluation (pre-training: every val_check_interval; fine-tuning: each epoch's end)
     eval_flops = training_flops(model, round(val * length), length, val * per_seq) / 3
     grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
