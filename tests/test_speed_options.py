@@ -495,8 +495,9 @@ def test_dropout_mask_rate_scale_and_dtype(p):
 
 @pytest.mark.slow
 def test_compiled_model_trains_like_the_eager_one_on_cpu():
-    """trainer.compile on CPU: Inductor fuses the step, dropout included (ATen's random numbers, in the
-    eager order), and the loss and gradients are the eager ones up to float tolerance."""
+    """trainer.compile on CPU: Inductor compiles the step between dropout's in-place random draws (each
+    `Tensor.random_` breaks Dynamo's graph, so ATen draws them in the eager order), and the loss and gradients
+    are the eager ones up to float tolerance."""
     import torch._inductor.config
 
     from bert_repro.speed import compile_model
