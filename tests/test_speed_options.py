@@ -548,3 +548,24 @@ def test_speed_options_are_declared_once():
     assert set(node) == {f.name for f in fields(SpeedOptions)}
     with pytest.raises(ValueError, match=r"speed.attention=bogus: expected one of auto, flash, nested"):
         SpeedOptions(attention="bogus")
+
+
+def test_unpadding_on_a_gpu_without_flash_attn_warns_once(monkeypatch):
+    """On an H200, nested-jagged attention measured 3.4-6x slower than padded (docs/benchmarks.md): where
+    ``auto`` picks it, the run is told once, with the two ways out."""
+    import warnings
+    from types import SimpleNamespace
+
+    from bert_repro.speed import kernels
+
+    monkeypatch.setattr(kernels, "FLASH_ATTN", False)
+    kernels._warn_nested.cache_clear()
+    gpu = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)  # all varlen_backend reads
+    with pytest.warns(UserWarning, match="install flash-attn or set speed.unpad=false"):
+        assert kernels.varlen_backend("auto", gpu, causal=False) == "nested"
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        assert kernels.varlen_backend("auto", gpu, causal=False) == "nested"
+        cpu = SimpleNamespace(device=torch.device("cpu"), dtype=torch.float32)
+        assert kernels.varlen_backend("auto", cpu, causal=False) == "padded"
+    kernels._warn_nested.cache_clear()

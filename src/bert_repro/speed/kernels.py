@@ -4,7 +4,9 @@ and attention over packed variable-length sequences (flash-attn, nested-jagged S
 
 from __future__ import annotations
 
+import functools
 import importlib.util
+import warnings
 from dataclasses import dataclass
 
 import torch
@@ -138,7 +140,17 @@ def varlen_backend(requested: str, q: Tensor, causal: bool) -> str:
         return requested
     if q.device.type == "cuda" and FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
         return "flash"
-    return "nested" if q.device.type == "cuda" else "padded"
+    if q.device.type == "cuda":
+        _warn_nested()
+        return "nested"
+    return "padded"
+
+
+@functools.cache  # once a process: every layer of every step asks
+def _warn_nested() -> None:
+    warnings.warn("speed.unpad=true without flash_attn: attention runs as torch's nested-jagged SDPA, "
+                  "which measured 3.4-6x slower than padded on an H200 (docs/benchmarks.md#gpu); install "
+                  "flash-attn or set speed.unpad=false", stacklevel=3)
 
 
 def varlen_attention(
