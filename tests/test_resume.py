@@ -140,7 +140,8 @@ def glue_setup(tmp_path_factory, shared_data, minilm_dir):
 @pytest.mark.parametrize("step", [4, 6], ids=["after-last-batch-of-epoch-1", "mid-epoch-2"])
 def test_fine_tuning_resumed_from_any_step_gives_the_same_result(glue_setup, step):
     """A kill right after step N leaves step N's checkpoint as last.ckpt: resuming from it, at an epoch's
-    end or in the middle of one, finishes with the uninterrupted run's numbers."""
+    end or in the middle of one, finishes with the uninterrupted run's numbers, and its results.json covers
+    the whole run: the per-epoch history, tokens and FLOPs over both attempts (record.py), one resume."""
     tmp, overrides, full = glue_setup
     out = tmp / f"from_{step}"
     (out / "checkpoints").mkdir(parents=True)
@@ -151,6 +152,16 @@ def test_fine_tuning_resumed_from_any_step_gives_the_same_result(glue_setup, ste
     resumed = final(out)
     assert resumed["resumed_from"] and resumed["global_step"] == full["global_step"] == 12
     assert resumed["metrics"]["final"] == full["metrics"]["final"]
+    history = {row["epoch"]: row for row in full["metrics"]["per_epoch"]}
+    for row in resumed["metrics"]["per_epoch"]:
+        same = history[row["epoch"]]
+        assert row["step"] == same["step"] and row["val/loss"] == pytest.approx(same["val/loss"], abs=1e-6)
+    if step == 6:  # epoch 0's row was in the checkpoint (step 4's is written before epoch 0's evaluation)
+        assert [row["epoch"] for row in resumed["metrics"]["per_epoch"]] == [0, 1, 2]
+    assert (resumed["resumes"], full["resumes"]) == (1, 0)
+    totals = ("tokens_trained", "flops_trained")
+    assert [resumed[k] for k in totals] == [full[k] for k in totals]
+    assert resumed["wall_time_s"] > resumed["wall_time_attempt_s"]
 
 
 def test_checkpoint_write_is_atomic(tmp_path, monkeypatch):

@@ -369,12 +369,17 @@ def check(out_dir: Path, budget_s: float, plan: list[Step], device: str) -> Path
     return path
 
 
+@functools.cache
+def model_width(name: str, conf_dir: Path) -> int:
+    """conf/model/<name>.yaml's hidden size, composed once a process: every plan prices its rows by it."""
+    from bert_repro.benchmarks.train_step import model_config
+
+    return model_config(name, conf_dir=conf_dir).hidden_size
+
+
 def best_mfu(out_dir: Path, conf_dir: Path) -> dict[tuple[int, int], tuple[float, str]]:
     """(hidden size, sequence length) -> (the best MFU, its source) of the bench-* steps' CUDA rows in the
     reports under ``out_dir`` (the plan prices at it); a model's width is its config's in ``conf_dir``."""
-    from bert_repro.benchmarks.train_step import model_config
-
-    width = functools.cache(lambda name: model_config(name, conf_dir=conf_dir).hidden_size)
     found: dict[tuple[int, int], tuple[float, str]] = {}
     for path in sorted(out_dir.glob("*.json")):
         try:
@@ -390,7 +395,7 @@ def best_mfu(out_dir: Path, conf_dir: Path) -> dict[tuple[int, int], tuple[float
                 and row.get("ours_mfu")
                 and row.get("lengths", "synthetic") == "synthetic"
             ):
-                key = (width(row["model"]), int(row["seq"]))
+                key = (model_width(row["model"], conf_dir), int(row["seq"]))
                 found[key] = max(found.get(key, (0.0, "")), (float(row["ours_mfu"]), f"bench ({path.name})"))
     return found
 
