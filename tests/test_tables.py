@@ -18,7 +18,7 @@ from omegaconf import OmegaConf
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.tables import DEMOS, SCALES, TABLES, runner
 from bert_repro.tables import __main__ as cli
-from bert_repro.tables.collect import checkpoint_of, collect, load_reference
+from bert_repro.tables.collect import collect, load_reference
 from bert_repro.tables.render import write_all
 from bert_repro.tables.spec import TableError, build, load_spec
 
@@ -236,26 +236,6 @@ def test_unknown_table_or_scale_is_a_clear_error(capsys, tmp_path):
     for bad in ("grid.seed=[1,", "no_equals_sign"):  # not Hydra override syntax: the item named, no traceback
         assert cli.main(["plan", "table5", "--set", bad, "--runs-dir", str(tmp_path)]) == 2
         assert f"error: --set {bad!r}: " in capsys.readouterr().err
-
-
-@pytest.mark.parametrize("scale", SCALES)
-@pytest.mark.slow
-def test_every_table_config_builds_its_sweeps(scale, tmp_path):
-    for name in TABLES:
-        table = build(name, scale, tmp_path, inits={"*": "/ckpt/given"})
-        finetune = [s for s in table.sweeps.values() if s.stage == "finetune"]
-        assert finetune, name
-        assert all(s.overrides["task"] != "pretrain" and s.overrides.get("init") for s in finetune), name
-        for sweep in finetune:
-            if sweep.needs is not None:  # starts from the table's own pre-training run
-                assert sweep.overrides["init"].startswith(str(sweep.needs.folder)), sweep.name
-        for sweep in table.sweeps.values():  # pre-training in the shared store, fine-tuning in the table's
-            root = tmp_path / "pretrain" / scale if sweep.stage == "pretrain" else tmp_path / name / scale
-            assert all(folder.is_relative_to(root) for _, folder in sweep.jobs()), sweep.name
-        for part in table.parts:  # a row's header names every checkpoint its fine-tunings start from
-            for key in part.rows:
-                used = {s.checkpoint for s in finetune if s.name.startswith(f"finetune/{key}/") and s.needs}
-                assert all(c in checkpoint_of(table, part, key) for c in used), (name, key, used)
 
 
 def _leaves(node: dict, path: tuple = ()) -> dict:

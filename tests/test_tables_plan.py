@@ -14,6 +14,7 @@ from bert_repro.data.batching import PadCollator
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
+from bert_repro.tables.collect import checkpoint_of
 from bert_repro.tables.plan import make_plan
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import composing_jobs, job_config, run_table, sweep_costs
@@ -177,14 +178,29 @@ def planned(tmp_path_factory):
 
 @pytest.mark.slow
 @pytest.mark.parametrize("scale", SCALES)
-def test_every_table_plans_at_every_scale(scale, planned):
+def test_every_table_builds_and_plans_at_every_scale(scale, planned):
     """Every run of every table composes, its checkpoints exist in its schedule, its lengths fit its
-    positions."""
+    positions; pre-training runs in the shared store, fine-tuning in the table's folder, from the table's own
+    pre-training where it has one, and a row's header names every checkpoint its fine-tunings start from."""
     for name in TABLES:
-        plan = planned(name, scale)[1]
+        table, plan = planned(name, scale)
         phases = [r["phase"] for r in plan["runs"] if r["kind"] == "pretrain"]
         assert phases == ([None] * len(phases) if scale == "smoke" else [1, 2] * (len(phases) // 2)), name
         assert all(r["steps"] > 0 and r["flops"] > 0 for r in plan["runs"]), name
+        finetune = [s for s in table.sweeps.values() if s.stage == "finetune"]
+        assert finetune, name
+        assert all(s.overrides["task"] != "pretrain" and s.overrides.get("init") for s in finetune), name
+        for sweep in finetune:
+            if sweep.needs is not None:
+                assert sweep.overrides["init"].startswith(str(sweep.needs.folder)), sweep.name
+        runs = table.root.parents[1]  # <runs>/<table>/<scale>
+        for sweep in table.sweeps.values():
+            root = runs / "pretrain" / scale if sweep.stage == "pretrain" else table.root
+            assert all(folder.is_relative_to(root) for _, folder in sweep.jobs()), sweep.name
+        for part in table.parts:
+            for key in part.rows:
+                used = {s.checkpoint for s in finetune if s.name.startswith(f"finetune/{key}/") and s.needs}
+                assert all(c in checkpoint_of(table, part, key) for c in used), (name, key, used)
 
 
 def test_progress_prints_plain_lines_with_jobs_done_the_current_sweep_and_an_eta(tmp_path):
