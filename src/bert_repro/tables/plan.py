@@ -14,8 +14,9 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from bert_repro.flops import PEAK_TFLOPS, training_flops
+from bert_repro.lifecycle.compose import compose_job, composing
 from bert_repro.tables import CONF_DIR, REPO, TableError
-from bert_repro.tables.spec import Sweep, Table, compose_job, composing
+from bert_repro.tables.spec import Sweep, Table
 
 # bf16 peak (flops.PEAK_TFLOPS), GB/s a GPU, one way, over NVLink and over InfiniBand (a NIC a GPU):
 # H100/H200 NVLink 4 (900 GB/s both ways), NDR 400 Gb/s; A100 NVLink 3 (600 GB/s), HDR 200 Gb/s

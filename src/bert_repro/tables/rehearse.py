@@ -13,11 +13,12 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from bert_repro.lifecycle.compose import compose_once, composing
 from bert_repro.lifecycle.folder import RunFolder, step_checkpoint_name, step_of
 from bert_repro.tables import CONF_DIR, TableError
 from bert_repro.tables.plan import make_plan, plan_work
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.spec import Sweep, Table, build, compose_once, composing, flatten, load_spec
+from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec
 
 OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d, replace=True)
 OmegaConf.register_new_resolver("gcd", math.gcd, replace=True)

@@ -23,21 +23,20 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
-from hydra import compose
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.lifecycle import warm
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError, validate
+from bert_repro.lifecycle.compose import compose_run, composing_jobs, hydra_value
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 from bert_repro.tables import REPO, TableError
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.spec import Sweep, Table, compose_run, composing, flatten, hydra_value
+from bert_repro.tables.spec import Sweep, Table, flatten
 
 log = logging.getLogger(__name__)
 
@@ -139,19 +138,6 @@ def job_state(folder: Path) -> tuple[str, str | None]:
         return RunFolder(folder).state()
     except ValueError as err:
         raise TableError(str(err)) from None
-
-
-@contextmanager
-def composing_jobs():
-    """Hydra over conf/ with the runtime src/train.py's children have (their cwd is the repository)."""
-    with composing():
-        hydra = compose("train", [], return_hydra_config=True)
-        hydra.hydra.runtime.cwd = hydra.hydra.runtime.output_dir = str(REPO)
-        HydraConfig.instance().set_config(hydra)
-        try:
-            yield
-        finally:
-            HydraConfig.instance().cfg = None
 
 
 def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
