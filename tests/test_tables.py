@@ -456,18 +456,6 @@ def test_a_launchers_threads_reach_each_process_as_omp_num_threads(table5, monke
     assert seen == [("1", []), (None, [])]  # an env variable, never a Hydra override
 
 
-def test_launch_error_names_the_cause():
-    compose = ("In 'train': Could not find 'ablation/feature_x'\n\nAvailable options in 'ablation':\n\tnone\n"
-               "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
-    assert runner.launch_error(compose) == "In 'train': Could not find 'ablation/feature_x'"
-    crash = ("[2026-01-01 00:00:00,000][HYDRA] Launching 1 jobs locally\n"
-             "Error executing job with overrides: ['a=1']\n"
-             "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
-             "RuntimeError: shapes do not match\n"
-             "\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
-    assert runner.launch_error(crash) == "RuntimeError: shapes do not match"
-
-
 @pytest.mark.slow
 def test_dry_run_prints_the_multiruns_and_writes_nothing(capsys, tmp_path):
     assert cli.main(["run", "table5", "--scale", "smoke", "--dry-run",

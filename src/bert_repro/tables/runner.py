@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -28,12 +26,13 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.lifecycle import warm
-from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError, validate
+from bert_repro.lifecycle.checks import UsageError, validate
 from bert_repro.lifecycle.compose import compose_run, composing_jobs, hydra_value
+from bert_repro.lifecycle.exits import launch_error
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_path, is_science
-from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
+from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
 from bert_repro.tables import REPO, TableError
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import Sweep, Table, flatten
@@ -43,7 +42,6 @@ log = logging.getLogger(__name__)
 TRAIN = REPO / "src" / "train.py"
 LOG = "launch.log"  # every launch of a sweep, appended: the children's stdout and stderr
 THREADS = "threads"  # a launcher block's torch threads per process (OMP_NUM_THREADS), not a Hydra override
-NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
 PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is named within a minute
 GRACE_S = 300.0  # a batch to finish and a large checkpoint to be written (a scheduler may kill sooner)
 
@@ -119,19 +117,6 @@ class Children:
 CHILDREN = Children()
 
 
-def live_processes(folder: Path) -> list[int]:
-    """The processes sweeping into ``folder`` (``hydra.sweep.dir=``): a killed runner's, or another's."""
-    needle, pids = f"hydra.sweep.dir={folder}", []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            args = (entry / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
-            args = shlex.split(args[0]) if len(args) == 1 else args  # a warm run's: one string (setproctitle)
-        except (OSError, ValueError):  # it ended while we looked, is not ours to read, or is not shell words
-            continue
-        pids += [int(entry.name)] if needle in args else []
-    return sorted(pids)
-
-
 def job_state(folder: Path) -> tuple[str, str | None]:
     """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it."""
     try:
@@ -157,18 +142,6 @@ def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
                 and not (ours and value.startswith(ours)):
             raise TableError(f"job {where}: {key}={value} does not exist")
     return plain
-
-
-def launch_error(output: str) -> str:
-    """What a failed launch's output says went wrong: the error src/train.py logged (checks.SweepUsageError),
-    else the exception, else Hydra's compose error."""
-    logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
-    if logged:
-        return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
-    lines = [s for line in output.splitlines() if (s := line.strip())
-             and not re.match(r"^\[\d{4}-\d\d-\d\d ", s) and not s.startswith(NOISE)]
-    crashed = "Error executing job" in output or "Traceback" in output
-    return (lines[-1] if crashed else lines[0]) if lines else "the run failed without output"
 
 
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
