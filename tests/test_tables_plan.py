@@ -370,13 +370,14 @@ def test_the_length_quantiles_in_table_tasks_are_what_the_tasks_data_path_measur
 def test_a_rehearsal_states_its_planned_wall_time_before_it_runs(tmp_path, monkeypatch, capsys):
     """The plan's cost model on this CPU: each job's FLOPs at the measured rate, and the start-up (a process a
     sweep) and set-up (a job) an earlier rehearsal measured; printed before the first run starts."""
+    from bert_repro.benchmarks import train_step
     from bert_repro.tables import rehearse as rehearsal
 
     earlier = tmp_path / "rehearsal" / "table5" / "paper"
     earlier.mkdir(parents=True)
     fixed = {"finetune: squad_v1": {"sweep": "finetune/x/squad_v1", "startup_s": 30.0, "setup_s": 5.0}}
     (earlier / "rehearsal.json").write_text(json.dumps({"calibration": {"fixed": fixed}}))
-    monkeypatch.setattr(rehearsal, "cpu_speed", lambda: {"flops_per_s": 1e9})
+    monkeypatch.setattr(train_step, "cpu_speed", lambda conf_dir: {"flops_per_s": 1e9})
     priced, compute_seconds = [], rehearsal.compute_seconds
     monkeypatch.setattr(rehearsal, "compute_seconds",
                         lambda small, rate: priced.append(compute_seconds(small, rate)) or priced[-1])
