@@ -276,8 +276,7 @@ def print_plan(plan: dict) -> None:
 
 
 def write_plan(plan: dict, runs_dir: Path) -> Path:
-    """plan.json: the runs, ``total_gpu_hours``, ``accelerator``, ``totals`` per accelerator, ``shared`` and
-    ``tables``; several tables' at <runs>/tables/<scale>."""
+    """plan.json; several tables' at <runs>/tables/<scale>."""
     path = runs_dir / ("tables" if len(plan["tables"]) > 1 else plan["table"]) / plan["scale"] / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     keys = ("runs", "total_gpu_hours", "accelerator", "totals", "shared", "tables")

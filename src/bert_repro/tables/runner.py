@@ -69,7 +69,6 @@ class Children:
         self.stopped_at: float | None = None
 
     def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log):
-        """``cmd``, its output appended to the open file ``log``, forked warm where it can be (warm.py)."""
         if self.signum is not None:
             raise Interrupted(self.signum)
         proc = warm.start(cmd, cwd=cwd, env=env, stdout=log.name) or subprocess.Popen(
@@ -237,7 +236,6 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
 
 
 def stage_launcher(launcher: dict | None, stage: str) -> dict:
-    """A launcher block for one stage: ``common``, then the stage's own, as dotted keys, and ``threads``."""
     launcher = launcher or {}
     keys = {**flatten(launcher.get("common")), **flatten(launcher.get(stage))}
     return keys if launcher.get(THREADS) is None else {**keys, THREADS: launcher[THREADS]}
@@ -253,7 +251,6 @@ def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
 
 
 def sweep_costs(plan: dict) -> dict[str, float]:
-    """The plan's FLOPs of each sweep, summed over its jobs."""
     costs: Counter[str] = Counter()
     for run in plan["runs"]:
         costs[run["name"].rsplit("/", 1)[0]] += run["flops"]
