@@ -4,10 +4,10 @@ options."""
 import subprocess
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
+from hydra import compose
 from omegaconf import OmegaConf, open_dict, read_write
 
+from bert_repro.lifecycle.compose import composing
 from bert_repro.model import BertConfig
 
 from .conftest import CONF, REPO, train_py
@@ -18,8 +18,7 @@ def options(group: str) -> list[str]:
 
 
 def compose_cfg(overrides: list[str]):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+    with composing():
         return compose("train", overrides=overrides, return_hydra_config=True)
 
 

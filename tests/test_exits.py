@@ -4,8 +4,8 @@ DDP rank whose collective broke because another rank stopped says so in a line, 
 import pytest
 from omegaconf import OmegaConf
 
-from bert_repro.lifecycle.checks import UsageError
-from bert_repro.lifecycle.exits import NonFiniteLoss, peer_stopped, run_ends
+from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError
+from bert_repro.lifecycle.exits import NonFiniteLoss, launch_error, peer_stopped, run_ends
 from bert_repro.lifecycle.folder import RunFolder
 
 
@@ -36,3 +36,17 @@ def test_each_failure_ends_with_its_code_and_one_message(tmp_path, caplog, error
 def test_a_bug_keeps_its_traceback(tmp_path):
     with pytest.raises(ZeroDivisionError), run_ends(cfg(tmp_path), record=False):
         raise ZeroDivisionError("a bug")
+
+
+def test_launch_error_names_the_cause():
+    compose = ("In 'train': Could not find 'ablation/feature_x'\n\nAvailable options in 'ablation':\n\tnone\n"
+               "Set the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+    assert launch_error(compose) == "In 'train': Could not find 'ablation/feature_x'"
+    crash = ("[2026-01-01 00:00:00,000][HYDRA] Launching 1 jobs locally\n"
+             "Error executing job with overrides: ['a=1']\n"
+             "Traceback (most recent call last):\n  File \"x.py\", line 1\n"
+             "RuntimeError: shapes do not match\n"
+             "\nSet the environment variable HYDRA_FULL_ERROR=1 for a complete stack trace.\n")
+    assert launch_error(crash) == "RuntimeError: shapes do not match"
+    logged = f"[2026-01-01 00:00:00,000][x][ERROR] - data.max_seq_length=-1: expected more {TRACEBACK_HINT}\n"
+    assert launch_error(crash + logged) == "data.max_seq_length=-1: expected more"  # run_ends' words win

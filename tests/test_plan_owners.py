@@ -105,3 +105,17 @@ def test_a_grid_beyond_ten_thousand_runs_asks_for_yes(tmp_path, capsys):
     code = cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path),
                      "--set", "grid.seed=range(0,5001)"])
     assert code == 2 and "--yes" in capsys.readouterr().err
+
+
+@pytest.mark.slow
+def test_a_heads_bilstm_is_priced_by_its_shape_in_heads(tmp_path, monkeypatch):
+    """Table 7's feature-based rows: the BiLSTM's FLOPs come from heads.bilstm_widths, which shapes the
+    FeatureTagger's; without a BiLSTM there only the fine-tuned row keeps its price."""
+    from bert_repro import heads
+
+    table = build("table7", "budget", tmp_path, inits={"*": "/ckpt/given"})
+    priced = {r["name"]: r["flops"] for r in make_plan(table)["runs"]}
+    monkeypatch.setattr(heads, "bilstm_widths", lambda *args, **kwargs: [])
+    bare = {r["name"]: r["flops"] for r in make_plan(table)["runs"]}
+    assert {n for n in priced if bare[n] < priced[n]} == {n for n in priced if "/finetune_all/" not in n}
+    assert all(bare[n] == priced[n] for n in priced if "/finetune_all/" in n)

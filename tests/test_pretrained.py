@@ -7,17 +7,17 @@ import time
 
 import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
-from hydra import compose, initialize_config_dir
 
 from bert_repro.lifecycle import pretrained
+from bert_repro.lifecycle.compose import compose_once, composing
 from bert_repro.lifecycle.pretrained import InitError, default_init, is_hub_id, resolve_init
 
-from .conftest import CONF, train_py
+from .conftest import train_py
 
 
 def composed(*overrides: str):
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose("train", overrides=list(overrides))
+    with composing():
+        return compose_once("train", list(overrides))
 
 
 @pytest.mark.parametrize("overrides, expected", [

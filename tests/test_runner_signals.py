@@ -19,6 +19,7 @@ from pathlib import Path
 
 import pytest
 
+from bert_repro.lifecycle.locks import live_processes
 from bert_repro.tables import runner
 from bert_repro.tables.spec import TableError, build
 
@@ -251,7 +252,7 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     while not list(mrpc.glob("*/results.json")):  # one MRPC job finished, the other starting or training
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
         time.sleep(0.2)
-    sweeps = runner.live_processes(mrpc)
+    sweeps = live_processes(mrpc)
     assert sweeps, "the MRPC sweep ended before the signal"
     proc.send_signal(signal.SIGTERM)
     try:

@@ -8,18 +8,16 @@ import subprocess
 import sys
 
 import pytest
-from hydra import compose, initialize_config_dir
-from hydra.core.global_hydra import GlobalHydra
 
+from bert_repro.lifecycle.compose import compose_once, composing
 from bert_repro.lifecycle.schema import check
 
 from .conftest import CONF, REPO
 
 
 def composed(config: str, overrides: list[str]):
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
-        return compose(config, overrides=overrides)
+    with composing():
+        return compose_once(config, overrides)
 
 
 def options(group: str) -> list[str]:

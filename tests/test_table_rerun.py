@@ -12,6 +12,7 @@ import time
 
 import pytest
 
+from bert_repro.lifecycle.compose import composing_jobs
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import runner
 from bert_repro.tables.collect import collect, load_reference
@@ -30,7 +31,7 @@ def tiny(tmp_path, *sets):
 
 def stand_in(table, monkeypatch, launched):
     """``_launch`` writing each job's complete result with its composed config, as src/train.py would."""
-    with runner.composing_jobs():
+    with composing_jobs():
         configs = {f: runner.job_config(s, swept, tmp) for s in table.sweeps.values()
                    for swept, f in s.jobs() for tmp in [f.parents[1]]}
 

@@ -11,13 +11,14 @@ import pytest
 
 from bert_repro.benchmarks.lengths import measure_lengths
 from bert_repro.data.batching import PadCollator
+from bert_repro.lifecycle.compose import composing_jobs
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
 from bert_repro.tables.collect import checkpoint_of
 from bert_repro.tables.plan import make_plan
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.runner import composing_jobs, job_config, run_table, sweep_costs
+from bert_repro.tables.runner import job_config, run_table, sweep_costs
 from bert_repro.tables.spec import TableError, build, load_spec
 
 from .test_tables import write_results
@@ -149,7 +150,7 @@ def test_a_run_composed_in_hydras_two_steps_is_the_config_hydra_composes():
     from hydra import compose
     from omegaconf import OmegaConf
 
-    from bert_repro.tables.spec import compose_run, composing
+    from bert_repro.lifecycle.compose import compose_run, composing
 
     args = ["scale=budget", "task=conll2003", "ablation=feature_concat_last_four", "model=L6_H768_A3",
             "optim.lr=3e-5", "seed=2", "init=/ckpt/given", "+trainer.num_sanity_val_steps=0"]
@@ -159,6 +160,28 @@ def test_a_run_composed_in_hydras_two_steps_is_the_config_hydra_composes():
     features = OmegaConf.to_container(derived.module.features, resolve=True)
     assert features["layers"] == [-4, -3, -2, -1] and derived.model.num_heads == 3
     assert derived.data.max_seq_length == 512  # ${model.max_position}, resolved on the derived config
+
+
+def test_a_composition_read_back_from_the_file_cache_is_the_one_composed(tmp_path, monkeypatch):
+    """compose_once's .cache/compositions file keeps integer keys (assumed_mfu's widths), floats and
+    ``${...}`` interpolations unresolved: the next process reads the config this one composed."""
+    from omegaconf import OmegaConf
+
+    from bert_repro.lifecycle import compose as composition
+
+    monkeypatch.setattr(composition, "CACHE", tmp_path)
+    monkeypatch.setattr(composition, "_COMPOSED", {})
+    calls = [("tables", ["table=table5", "scale=budget"]), ("train", ["task=mrpc", "model=tiny"])]
+    with composition.composing():
+        composed = [composition.compose_once(config, args) for config, args in calls]
+        composition._COMPOSED.clear()
+        monkeypatch.setattr(composition, "compose", lambda *a, **k: pytest.fail("composed again"))
+        read = [composition.compose_once(config, args) for config, args in calls]
+    assert len(list(tmp_path.glob("*.yaml"))) == 2
+    for first, again in zip(composed, read):
+        assert OmegaConf.to_yaml(again) == OmegaConf.to_yaml(first)
+        assert OmegaConf.is_readonly(again) and OmegaConf.is_struct(again)
+    assert 768 in read[0].table.assumed_mfu and OmegaConf.is_interpolation(read[1].model, "causal")
 
 
 @pytest.fixture(scope="module")
@@ -363,13 +386,14 @@ def test_the_length_quantiles_in_table_tasks_are_what_the_tasks_data_path_measur
 def test_a_rehearsal_states_its_planned_wall_time_before_it_runs(tmp_path, monkeypatch, capsys):
     """The plan's cost model on this CPU: each job's FLOPs at the measured rate, and the start-up (a process a
     sweep) and set-up (a job) an earlier rehearsal measured; printed before the first run starts."""
+    from bert_repro.benchmarks import train_step
     from bert_repro.tables import rehearse as rehearsal
 
     earlier = tmp_path / "rehearsal" / "table5" / "paper"
     earlier.mkdir(parents=True)
     fixed = {"finetune: squad_v1": {"sweep": "finetune/x/squad_v1", "startup_s": 30.0, "setup_s": 5.0}}
     (earlier / "rehearsal.json").write_text(json.dumps({"calibration": {"fixed": fixed}}))
-    monkeypatch.setattr(rehearsal, "cpu_speed", lambda: {"flops_per_s": 1e9})
+    monkeypatch.setattr(train_step, "cpu_speed", lambda conf_dir: {"flops_per_s": 1e9})
     priced, compute_seconds = [], rehearsal.compute_seconds
     monkeypatch.setattr(rehearsal, "compute_seconds",
                         lambda small, rate: priced.append(compute_seconds(small, rate)) or priced[-1])

@@ -13,7 +13,7 @@ import time
 import pytest
 
 from bert_repro.lifecycle import warm
-from bert_repro.tables.runner import live_processes
+from bert_repro.lifecycle.locks import live_processes
 
 PROBE = r'''
 import atexit, json, os, sys, torch

@@ -37,6 +37,20 @@ def training_flops(config: BertConfig, tokens: int, seq_len: int, predictions: i
     return float(per_token * tokens + 6 * (H * H + H * V) * predictions)
 
 
+def bilstm_flops(tokens: float, layers: list[tuple[int, int]]) -> float:
+    """Training FLOPs of a bidirectional LSTM over ``tokens``, ``layers`` its (input, hidden) widths: a
+    direction, a layer, a token: 4 gates of (input + hidden) x hidden multiply-adds, forward and backward."""
+    return 6.0 * tokens * 2 * 4 * sum(h * (i + h) for i, h in layers)
+
+
+def head_flops(config: BertConfig, module, tokens: float) -> float:
+    """Training FLOPs over ``tokens`` of the BiLSTM a fine-tuning head adds (heads.bilstm_widths) as the run's
+    ``module`` node chooses it (Table 5's ``bilstm``, Table 7's ``features``); 0 for the others."""
+    from bert_repro.heads import bilstm_widths  # torch: only where a head is priced
+
+    return bilstm_flops(tokens, bilstm_widths(config, bool(module.get("bilstm")), module.get("features")))
+
+
 def batch_flops(config: BertConfig, batch: dict, ltr: bool = False, trained: bool = True) -> float:
     """Model FLOPs of one training batch: its real tokens in sequences of its padded length, and the
     masked-LM predictions it makes (``masked_lm_weights`` > 0, or every next real token for the left-to-right

@@ -22,6 +22,26 @@ def aggregate_token(sequence: Tensor, attention_mask: Tensor, causal: bool) -> T
     return sequence[torch.arange(sequence.shape[0], device=sequence.device), last]
 
 
+def bilstm_widths(config: BertConfig, bilstm: bool = False, features: dict | None = None
+                  ) -> list[tuple[int, int]]:
+    """Each layer's (input, hidden a direction) of the BiLSTM a head adds over the encoder: FeatureTagger's
+    two over the combined ``features`` (an ablation=feature_* node, with FeatureTagger's defaults), the one
+    of Table 5's "+ BiLSTM" (``bilstm``) over the final hidden states, or none."""
+    H = config.hidden_size
+    if features:
+        layers, hidden = features["layers"], features.get("lstm_hidden", 768)
+        count = config.num_layers if layers == "all" else len(layers)
+        width = H * (count if features.get("combine", "concat") == "concat" else 1)
+        return [(width, hidden), (2 * hidden, hidden)]
+    return [(H, H)] if bilstm else []
+
+
+def plus_bilstm(config: BertConfig) -> nn.LSTM:
+    """Table 5's "+ BiLSTM" (§5.1), randomly initialised."""
+    ((width, hidden),) = bilstm_widths(config, bilstm=True)
+    return nn.LSTM(width, hidden, batch_first=True, bidirectional=True)
+
+
 class SequenceClassifier(nn.Module):
     """Encoder + the sentence(-pair) head of §4.1: C -> pooler -> dropout -> Linear(H, K); K = 1 regresses.
 
@@ -36,8 +56,7 @@ class SequenceClassifier(nn.Module):
         if num_labels < 1:
             raise ValueError(f"num_labels={num_labels}: expected 1 (regression) or the number of classes")
         self.bert = BertModel(config, speed)
-        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
-            if bilstm else None
+        self.lstm = plus_bilstm(config) if bilstm else None
         if bilstm:  # the BiLSTM's final states replace the pooled C; DDP wants every trained parameter used
             self.bert.pooler.requires_grad_(False)
         self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)  # §3.5: 0.1
@@ -82,8 +101,7 @@ class TokenTagger(nn.Module):
         super().__init__()
         self.bert = BertModel(config, speed)
         self.bert.pooler.requires_grad_(False)  # C is never read here; DDP wants every trained parameter used
-        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
-            if bilstm else None
+        self.lstm = plus_bilstm(config) if bilstm else None
         self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)
         self.classifier = nn.Linear(config.hidden_size * (2 if bilstm else 1), num_labels)
         init_weights(self.classifier, config.initializer_range)
@@ -123,7 +141,8 @@ class FeatureTagger(nn.Module):
         self.bert.requires_grad_(False)
         self.layer_weights = (nn.Parameter(torch.zeros(len(self.layers))) if combine == "weighted_sum"
                               else None)
-        width = config.hidden_size * (len(self.layers) if combine == "concat" else 1)
+        features = {"layers": self.layers, "combine": combine, "lstm_hidden": lstm_hidden}
+        (width, _), _ = bilstm_widths(config, features=features)
         self.lstm = nn.LSTM(width, lstm_hidden, num_layers=2, batch_first=True, bidirectional=True)
         self.dropout = Dropout(config.hidden_dropout, speed.fast_kernels)
         self.classifier = nn.Linear(2 * lstm_hidden, num_labels)

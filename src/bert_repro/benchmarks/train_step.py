@@ -26,6 +26,7 @@ from __future__ import annotations
 import argparse
 import itertools
 import json
+import os
 import statistics
 import time
 from collections.abc import Callable
@@ -273,6 +274,18 @@ def step_flops_per_s(name: str, batch: int, seq: int, steps: int = 5, conf_dir: 
     seconds = [timed(lambda: our_step(model, b), optimizer, "cpu") for _ in range(steps + 1)]
     flops = training_flops(config, int(b["attention_mask"].sum()), seq, batch * masked)
     return flops / statistics.median(seconds[1:])
+
+
+def cpu_speed(conf_dir: Path = CONF_DIR) -> dict:
+    """``step_flops_per_s`` of BERT-tiny (a rehearsal's model, tables/rehearse.py) at the threads the runs
+    get (OMP_NUM_THREADS), with its probe's threads and shape."""
+    threads = torch.get_num_threads()
+    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or threads))
+    try:
+        return {"flops_per_s": step_flops_per_s("tiny", 8, 128, conf_dir=conf_dir),
+                "threads": torch.get_num_threads(), "probe": "BERT-tiny, batch 8 x 128"}
+    finally:
+        torch.set_num_threads(threads)
 
 
 def largest_batch(name: str, seq: int, device: str, precision: str, checkpointing: bool, limit: int = 4096,

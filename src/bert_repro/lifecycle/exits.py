@@ -9,6 +9,7 @@ from __future__ import annotations
 import errno
 import logging
 import os
+import re
 import shutil
 import signal
 import warnings
@@ -100,6 +101,8 @@ class Preempted(Exception):
                          "command again to resume from it")
 
 
+# what Hydra prints around a failed job's error, never the error itself
+NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
 # wrong input: a message naming it, not a traceback (InstantiationException: a constructor refused its input)
 USER_ERRORS = (UsageError, FileNotFoundError, ValueError, PermissionError, InstantiationException,
                OmegaConfBaseException)
@@ -184,6 +187,18 @@ def run_ends(cfg: DictConfig, record: bool = True) -> Iterator[None]:
         if record:  # a bug, not an input: keep the traceback, but leave the cell marked failed
             record_failure(cfg, err)
         raise
+
+
+def launch_error(output: str) -> str:
+    """What a failed launch's output (a sweep's children, to a table runner) says went wrong: the error a run
+    logged here (``run_ends``), else the exception, else Hydra's compose error."""
+    logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
+    if logged:
+        return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
+    lines = [s for line in output.splitlines() if (s := line.strip())
+             and not re.match(r"^\[\d{4}-\d\d-\d\d ", s) and not s.startswith(NOISE)]
+    crashed = "Error executing job" in output or "Traceback" in output
+    return (lines[-1] if crashed else lines[0]) if lines else "the run failed without output"
 
 
 def peer_stopped(err: BaseException) -> bool:

@@ -14,6 +14,7 @@ import fcntl
 import json
 import logging
 import os
+import shlex
 import socket
 import time
 from pathlib import Path
@@ -86,6 +87,20 @@ class RunFolderLock:
         os.close(self._fd)  # closing releases the flock
         self._fd = None
         _held.discard(self.folder.resolve())
+
+
+def live_processes(folder: Path) -> list[int]:
+    """The processes sweeping into ``folder`` (``hydra.sweep.dir=``), which hold no lock while they start up:
+    a killed table runner's, or another's."""
+    needle, pids = f"hydra.sweep.dir={folder}", []
+    for entry in Path("/proc").glob("[0-9]*"):
+        try:
+            args = (entry / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
+            args = shlex.split(args[0]) if len(args) == 1 else args  # a warm run's: one string (setproctitle)
+        except (OSError, ValueError):  # it ended while we looked, is not ours to read, or is not shell words
+            continue
+        pids += [int(entry.name)] if needle in args else []
+    return sorted(pids)
 
 
 def _flock(fd: int, holder: dict[str, Any]) -> bool:

@@ -184,7 +184,7 @@ def _child(cmd: list[str], cwd: str, env: dict[str, str], stdout: str, stderr: s
     try:
         from setproctitle import setproctitle
 
-        # /proc/<pid>/cmdline names the run (tables.runner.live_processes); before the environment changes:
+        # /proc/<pid>/cmdline names the run (locks.live_processes); before the environment changes:
         # setproctitle finds the argument area through it
         setproctitle(shlex.join(cmd))
     except ImportError:

@@ -3,10 +3,9 @@ sweeps, runner.py launches them through ``src/train.py -m``, collect.py applies 
 render.py writes experiments/results/<table>.{md,csv,tex,json} and the figures."""
 
 import re
-from pathlib import Path
 
-REPO = Path(__file__).resolve().parents[3]
-CONF_DIR = REPO / "conf"
+from bert_repro.lifecycle.compose import CONF_DIR, REPO  # noqa: F401 (the tables' conf/ and repository)
+
 SCALES = ("smoke", "budget", "paper")
 
 

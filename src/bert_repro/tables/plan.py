@@ -13,9 +13,10 @@ from pathlib import Path
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
-from bert_repro.flops import PEAK_TFLOPS, training_flops
+from bert_repro.flops import PEAK_TFLOPS, head_flops, training_flops
+from bert_repro.lifecycle.compose import compose_job, composing
 from bert_repro.tables import CONF_DIR, REPO, TableError
-from bert_repro.tables.spec import Sweep, Table, compose_job, composing
+from bert_repro.tables.spec import Sweep, Table
 
 # bf16 peak (flops.PEAK_TFLOPS), GB/s a GPU, one way, over NVLink and over InfiniBand (a NIC a GPU):
 # H100/H200 NVLink 4 (900 GB/s both ways), NDR 400 Gb/s; A100 NVLink 3 (600 GB/s), HDR 200 Gb/s
@@ -81,12 +82,6 @@ def row(run: Run, accelerator: str, mfu: dict) -> dict:
             "seq_length": run.seq_length, "tokens": run.tokens, "flops": run.flops + run.lstm_flops,
             "gpu_hours": sum(hours.values()), **hours, "prep_hours": run.prep_hours, "disk_gb": run.disk_gb,
             "devices": n, "interconnect": link, "folder": run.folder}
-
-
-def bilstm_flops(tokens: float, layers: list[tuple[int, int]]) -> float:
-    """Training FLOPs of a bidirectional LSTM over ``tokens``, ``layers`` its (input, hidden) widths: a
-    direction, a layer, a token: 4 gates of (input + hidden) x hidden multiply-adds, forward and backward."""
-    return 6.0 * tokens * 2 * 4 * sum(h * (i + h) for i, h in layers)
 
 
 def _val_sequences(limit, batch: int, available: int) -> int:
@@ -171,16 +166,9 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         dev = dev_sizes.get(task, examples)
         dev = min(dev, data.get("max_dev_examples") or dev)
         val = math.ceil(steps / per_epoch) * _val_sequences(optim.limit_val_batches, batch, dev) * choices
-        per_seq = 0
-        if features := cfg.module.get("features"):  # Table 7: the encoder frozen, its BiLSTM trained
-            # heads.FeatureTagger's 2-layer BiLSTM over the chosen layers' features
-            concat = features.get("combine") == "concat"
-            width = model.hidden_size * (len(features["layers"]) if concat else 1)
-            h = int(features.get("lstm_hidden") or model.hidden_size)
-            lstm_flops = bilstm_flops(tokens, [(width, h), (2 * h, h)])
+        per_seq, lstm_flops = 0, head_flops(model, cfg.module, tokens)
+        if cfg.module.get("features"):  # Table 7: the encoder frozen (forward only), its BiLSTM trained
             flops /= 3
-        elif cfg.module.get("bilstm"):  # Table 5's "+ BiLSTM" (heads.py): one layer, H a direction
-            lstm_flops = bilstm_flops(tokens, [(model.hidden_size, model.hidden_size)])
     # forward only, at each evaluation (pre-training: every val_check_interval; fine-tuning: each epoch's end)
     eval_flops = training_flops(model, round(val * length), length, val * per_seq) / 3
     grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
@@ -288,8 +276,7 @@ def print_plan(plan: dict) -> None:
 
 
 def write_plan(plan: dict, runs_dir: Path) -> Path:
-    """plan.json: the runs, ``total_gpu_hours``, ``accelerator``, ``totals`` per accelerator, ``shared`` and
-    ``tables``; several tables' at <runs>/tables/<scale>."""
+    """plan.json; several tables' at <runs>/tables/<scale>."""
     path = runs_dir / ("tables" if len(plan["tables"]) > 1 else plan["table"]) / plan["scale"] / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
     keys = ("runs", "total_gpu_hours", "accelerator", "totals", "shared", "tables")

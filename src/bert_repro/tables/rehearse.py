@@ -7,17 +7,17 @@ from __future__ import annotations
 
 import json
 import math
-import os
 import time
 from pathlib import Path
 
 from omegaconf import OmegaConf
 
+from bert_repro.lifecycle.compose import compose_once, composing
 from bert_repro.lifecycle.folder import RunFolder, step_checkpoint_name, step_of
 from bert_repro.tables import CONF_DIR, TableError
 from bert_repro.tables.plan import make_plan, plan_work
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.spec import Sweep, Table, build, compose_once, composing, flatten, load_spec
+from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec
 
 OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d, replace=True)
 OmegaConf.register_new_resolver("gcd", math.gcd, replace=True)
@@ -91,21 +91,6 @@ def check_steps(table: Table, small: Table, d: int) -> list[str]:
     return problems
 
 
-def cpu_speed() -> dict:
-    """FLOP/s of a training step of BERT-tiny (the rehearsal's model) on this CPU with the runs' threads."""
-    import torch
-
-    from bert_repro.benchmarks.train_step import step_flops_per_s
-
-    threads = torch.get_num_threads()
-    torch.set_num_threads(int(os.environ.get("OMP_NUM_THREADS") or threads))
-    try:
-        return {"flops_per_s": step_flops_per_s("tiny", 8, 128, conf_dir=CONF_DIR),
-                "threads": torch.get_num_threads(), "probe": "BERT-tiny, batch 8 x 128"}
-    finally:
-        torch.set_num_threads(threads)
-
-
 def compute_seconds(small: Table, flops_per_s: float) -> dict[str, float]:
     """Each rehearsed job's seconds of compute at ``flops_per_s`` (one process: no all-reduce) by name."""
     runs = plan_work([small])[0]
@@ -167,13 +152,14 @@ def calibrate(small: Table, summary: list[dict], compute: dict[str, float]) -> d
 def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = False, grid: str = "first",
              sets: list[str] | None = None) -> tuple[Table, Path]:
     """Plan at the real scale, shrink, state the planned time, run, check: the table to collect, and where."""
+    from bert_repro.benchmarks import train_step  # torch
     if table.scale == "smoke":
         raise TableError("ACTION=rehearse shrinks budget or paper scale; SCALE=smoke runs as it is")
     start = time.time()
     plan = make_plan(table)
     d = divisor(table)
     small = shrink(table, runs_dir, d, grid, sets)
-    cpu = cpu_speed()  # once, before the runs: the CPU plan's rate
+    cpu = train_step.cpu_speed(CONF_DIR)  # once, before the runs: the CPU plan's rate
     compute = compute_seconds(small, cpu["flops_per_s"])
     fixed = measured_fixed(runs_dir / "rehearsal")
     planned = sum(sum(planned_s(sweep, compute, fixed).values()) for sweep in small.sweeps.values())

@@ -11,8 +11,6 @@ from __future__ import annotations
 
 import logging
 import os
-import re
-import shlex
 import signal
 import subprocess
 import sys
@@ -23,28 +21,27 @@ from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 from contextlib import ExitStack, contextmanager, suppress
 from pathlib import Path
 
-from hydra import compose
-from hydra.core.hydra_config import HydraConfig
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.lifecycle import warm
-from bert_repro.lifecycle.checks import TRACEBACK_HINT, UsageError, validate
+from bert_repro.lifecycle.checks import UsageError, validate
+from bert_repro.lifecycle.compose import compose_run, composing_jobs, hydra_value
+from bert_repro.lifecycle.exits import launch_error
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_path, is_science
-from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
+from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
 from bert_repro.tables import REPO, TableError
 from bert_repro.tables.progress import TableProgress
-from bert_repro.tables.spec import Sweep, Table, compose_run, composing, flatten, hydra_value
+from bert_repro.tables.spec import Sweep, Table, flatten
 
 log = logging.getLogger(__name__)
 
 TRAIN = REPO / "src" / "train.py"
 LOG = "launch.log"  # every launch of a sweep, appended: the children's stdout and stderr
 THREADS = "threads"  # a launcher block's torch threads per process (OMP_NUM_THREADS), not a Hydra override
-NOISE = ("Set the environment variable HYDRA_FULL_ERROR", "Traceback", "Error executing job")
 PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is named within a minute
 GRACE_S = 300.0  # a batch to finish and a large checkpoint to be written (a scheduler may kill sooner)
 
@@ -72,7 +69,6 @@ class Children:
         self.stopped_at: float | None = None
 
     def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log):
-        """``cmd``, its output appended to the open file ``log``, forked warm where it can be (warm.py)."""
         if self.signum is not None:
             raise Interrupted(self.signum)
         proc = warm.start(cmd, cwd=cwd, env=env, stdout=log.name) or subprocess.Popen(
@@ -120,38 +116,12 @@ class Children:
 CHILDREN = Children()
 
 
-def live_processes(folder: Path) -> list[int]:
-    """The processes sweeping into ``folder`` (``hydra.sweep.dir=``): a killed runner's, or another's."""
-    needle, pids = f"hydra.sweep.dir={folder}", []
-    for entry in Path("/proc").glob("[0-9]*"):
-        try:
-            args = (entry / "cmdline").read_bytes().rstrip(b"\0").decode(errors="replace").split("\0")
-            args = shlex.split(args[0]) if len(args) == 1 else args  # a warm run's: one string (setproctitle)
-        except (OSError, ValueError):  # it ended while we looked, is not ours to read, or is not shell words
-            continue
-        pids += [int(entry.name)] if needle in args else []
-    return sorted(pids)
-
-
 def job_state(folder: Path) -> tuple[str, str | None]:
     """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it."""
     try:
         return RunFolder(folder).state()
     except ValueError as err:
         raise TableError(str(err)) from None
-
-
-@contextmanager
-def composing_jobs():
-    """Hydra over conf/ with the runtime src/train.py's children have (their cwd is the repository)."""
-    with composing():
-        hydra = compose("train", [], return_hydra_config=True)
-        hydra.hydra.runtime.cwd = hydra.hydra.runtime.output_dir = str(REPO)
-        HydraConfig.instance().set_config(hydra)
-        try:
-            yield
-        finally:
-            HydraConfig.instance().cfg = None
 
 
 def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
@@ -171,18 +141,6 @@ def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
                 and not (ours and value.startswith(ours)):
             raise TableError(f"job {where}: {key}={value} does not exist")
     return plain
-
-
-def launch_error(output: str) -> str:
-    """What a failed launch's output says went wrong: the error src/train.py logged (checks.SweepUsageError),
-    else the exception, else Hydra's compose error."""
-    logged = [line.split("][ERROR] - ", 1)[1] for line in output.splitlines() if "][ERROR] - " in line]
-    if logged:
-        return logged[-1].replace(f" {TRACEBACK_HINT}", "").strip()
-    lines = [s for line in output.splitlines() if (s := line.strip())
-             and not re.match(r"^\[\d{4}-\d\d-\d\d ", s) and not s.startswith(NOISE)]
-    crashed = "Error executing job" in output or "Traceback" in output
-    return (lines[-1] if crashed else lines[0]) if lines else "the run failed without output"
 
 
 def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
@@ -278,7 +236,6 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
 
 
 def stage_launcher(launcher: dict | None, stage: str) -> dict:
-    """A launcher block for one stage: ``common``, then the stage's own, as dotted keys, and ``threads``."""
     launcher = launcher or {}
     keys = {**flatten(launcher.get("common")), **flatten(launcher.get(stage))}
     return keys if launcher.get(THREADS) is None else {**keys, THREADS: launcher[THREADS]}
@@ -294,7 +251,6 @@ def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
 
 
 def sweep_costs(plan: dict) -> dict[str, float]:
-    """The plan's FLOPs of each sweep, summed over its jobs."""
     costs: Counter[str] = Counter()
     for run in plan["runs"]:
         costs[run["name"].rsplit("/", 1)[0]] += run["flops"]

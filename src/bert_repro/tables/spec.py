@@ -5,29 +5,20 @@ one run); a fine-tuning job in ``<runs>/<table>/<scale>/finetune/<row>/<run>/<sw
 
 from __future__ import annotations
 
-import copy
-import functools
 import hashlib
 import itertools
 import json
-import os
-import tempfile
-from contextlib import contextmanager
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 from typing import Any
 
-import hydra
-from hydra import compose, initialize_config_dir
-from hydra._internal.config_loader_impl import ConfigLoaderImpl
-from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
-from omegaconf import OmegaConf, read_write
+from omegaconf import OmegaConf
 
 from bert_repro.lifecycle import hydra_hooks
+from bert_repro.lifecycle.compose import compose_once, compose_run, composing, hydra_value
 from bert_repro.lifecycle.folder import LAST, RunFolder, step_checkpoint_name, step_of
-from bert_repro.lifecycle.hydra_hooks import parse_override
 from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.lifecycle.keys import is_science
 from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401 (re-exported)
@@ -41,93 +32,6 @@ STEP_N = step_checkpoint_name(0).replace("0", "<N>")  # the folder's name for a 
 # not part of a pre-training's identity: the scale node acts through the keys it interpolates into, and an
 # ablation's name is a label (Table 8's mask_80_10_10 is the default masking, Table 5's none)
 LABELS = ("scale.", "ablation.name")
-CACHE = REPO / ".cache" / "compositions"
-_COMPOSED: dict[tuple[str, ...], Any] = {}
-
-
-@contextmanager
-def composing():
-    """Hydra over conf/ for compose(); Hydra restores the state before it (here: cleared) after."""
-    GlobalHydra.instance().clear()
-    with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):
-        yield
-
-
-def compose_once(config: str, args: list[str]):
-    """conf/<config>.yaml composed with ``args`` (inside ``composing``), read-only, once a process and kept
-    in .cache/compositions/ keyed by conf/'s files: tables compose the same runs again, ~0.5 s each."""
-    key = (str(CONF_DIR), config, *args)
-    if key not in _COMPOSED:
-        digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
-        path = CACHE / f"{digest[:32]}.yaml"
-        try:  # YAML keeps interpolations and integer keys (JSON would not); loading it runs no code
-            cfg = OmegaConf.load(path)
-            OmegaConf.set_struct(cfg, True)
-        except Exception:  # none yet, or a damaged one: composed again
-            cfg = compose(config, overrides=list(args))
-            CACHE.mkdir(parents=True, exist_ok=True)
-            with tempfile.NamedTemporaryFile("w", dir=CACHE, suffix=".yaml", delete=False) as tmp:
-                tmp.write(OmegaConf.to_yaml(cfg))
-            os.replace(tmp.name, path)
-        OmegaConf.set_readonly(cfg, True)
-        _COMPOSED[key] = cfg
-    return _COMPOSED[key]
-
-
-@functools.cache
-def _tree() -> str:
-    digest = hashlib.sha256()
-    for path in sorted(CONF_DIR.rglob("*.yaml")):
-        digest.update(str(path.relative_to(CONF_DIR)).encode() + b"\0" + path.read_bytes())
-    return digest.hexdigest()
-
-
-def _chooses(override) -> bool:
-    """Hydra's test (hydra._internal.defaults_list): an override of a config group chooses a config."""
-    repo = GlobalHydra.instance().config_loader().repository
-    return repo.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
-
-
-def compose_run(args: list[str]):
-    """conf/train.yaml composed with a run's ``args``, read-only, in Hydra's own two steps: the overrides that
-    choose configs build the defaults list (once for all runs that share them), then Hydra sets the rest."""
-    parsed = [parse_override(arg) for arg in args]
-    chooses = [o for o in parsed if _chooses(o)]
-    base = compose_once("train", [o.input_line for o in chooses])
-    values = [o for o in parsed if o not in chooses]
-    if not values:
-        return base
-    cfg = copy.deepcopy(base)
-    with read_write(cfg):
-        ConfigLoaderImpl._apply_overrides_to_config(values, cfg)  # typed nodes refuse a wrong value here
-    return cfg
-
-
-def compose_job(fixed: list[str], swept: list[str], copies: dict):
-    """compose_run(fixed + swept), but a sweep's jobs set the same keys, so each job's values are set over
-    the last job's on one copy of the sweep's config (``copies``); a grid choosing configs composes each."""
-    parsed = [parse_override(arg) for arg in swept]
-    if any(map(_chooses, parsed)):
-        return compose_run(fixed + swept)
-    if tuple(fixed) not in copies:
-        copies[tuple(fixed)] = copy.deepcopy(compose_run(fixed))  # compose_run's may be the shared cache's
-        OmegaConf.set_readonly(copies[tuple(fixed)], False)
-    cfg = copies[tuple(fixed)]
-    ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
-    return cfg
-
-
-def hydra_value(value: Any) -> str:
-    """A YAML value as a Hydra command-line override value."""
-    if value is None:
-        return "null"
-    if isinstance(value, bool):
-        return str(value).lower()
-    if isinstance(value, dict):
-        return "{" + ",".join(f"{k}:{hydra_value(v)}" for k, v in value.items()) + "}"
-    if isinstance(value, (list, tuple)):
-        return "[" + ",".join(map(hydra_value, value)) + "]"
-    return str(value)
 
 
 @dataclass(frozen=True)

@@ -16,7 +16,7 @@ from lightning.pytorch.trainer.states import TrainerFn
 from torch import Tensor, nn
 
 from bert_repro import squad_eval
-from bert_repro.heads import bilstm_outputs
+from bert_repro.heads import bilstm_outputs, plus_bilstm
 from bert_repro.model import PLAIN, BertConfig, BertModel, init_weights
 from bert_repro.speed import SpeedOptions
 from bert_repro.squad_eval import Prediction, Window, WindowLogits
@@ -37,8 +37,7 @@ class SpanExtractor(nn.Module):
         self.bert = BertModel(config, speed)
         # C's pooler is never read here; DDP wants every trained parameter used
         self.bert.pooler.requires_grad_(False)
-        self.lstm = nn.LSTM(config.hidden_size, config.hidden_size, batch_first=True, bidirectional=True) \
-            if bilstm else None
+        self.lstm = plus_bilstm(config) if bilstm else None
         self.qa_outputs = nn.Linear(config.hidden_size * (2 if bilstm else 1), 2)  # rows: S, E
         init_weights(self.qa_outputs, config.initializer_range)
 
