@@ -15,7 +15,7 @@ NO_NSP = ["--set=rows.no_nsp=null", "--set=pretrain.no_nsp=null"]
 @pytest.mark.slow
 def test_table5_rehearses_at_paper_scale(tmp_path, monkeypatch, shared_data):
     """Each kind of row (its pre-training, in two phases: MLM + NSP, left-to-right; + BiLSTM) on MNLI and
-    SQuAD, each grid's first point (GRID=first): the full plan's 298 runs would take the suite some 10 minutes."""
+    SQuAD, each grid's first point (GRID=first): the full plan's 298 runs would take the suite 10 minutes."""
     folder, cells, record = rehearse("table5", "paper", tmp_path, monkeypatch, "--rehearse-grid", "first",
                                      *GLUE_ALIKE, *NO_NSP)
     assert record["runs"] == 4 + 3 * (18 + 1) and record["rehearsed_jobs"] == 4 + 3 * 2

@@ -86,14 +86,15 @@ def _chooses(override) -> bool:
     return repo.group_exists(override.key_or_group) and not isinstance(override.value(), dict)
 
 
-def compose_run(args: list[str]):
+def compose_run(args: list[str], own: bool = False):
     """conf/train.yaml composed with a run's ``args``, read-only, in Hydra's own two steps: the overrides that
-    choose configs build the defaults list (once for all runs that share them), then Hydra sets the rest."""
+    choose configs build the defaults list (once for all runs that share them), then Hydra sets the rest.
+    ``own``: always a copy of the caller's, never the shared cache's."""
     parsed = [parse_override(arg) for arg in args]
     chooses = [o for o in parsed if _chooses(o)]
     base = compose_once("train", [o.input_line for o in chooses])
     values = [o for o in parsed if o not in chooses]
-    if not values:
+    if not values and not own:
         return base
     cfg = copy.deepcopy(base)
     with read_write(cfg):
@@ -108,7 +109,7 @@ def compose_job(fixed: list[str], swept: list[str], copies: dict):
     if any(map(_chooses, parsed)):
         return compose_run(fixed + swept)
     if tuple(fixed) not in copies:
-        copies[tuple(fixed)] = copy.deepcopy(compose_run(fixed))  # compose_run's may be the shared cache's
+        copies[tuple(fixed)] = compose_run(fixed, own=True)
         OmegaConf.set_readonly(copies[tuple(fixed)], False)
     cfg = copies[tuple(fixed)]
     ConfigLoaderImpl._apply_overrides_to_config(parsed, cfg)
