@@ -36,7 +36,7 @@ import torch
 import torch.nn.functional as F
 
 from bert_repro.convert import hf_config
-from bert_repro.data.batching import LENGTH_PROBS, PadCollator
+from bert_repro.data.batching import PadCollator, draw_lengths
 from bert_repro.flops import accelerator_peak_flops, matmul_probe, training_flops
 from bert_repro.model import BertConfig, BertForPreTraining
 from bert_repro.speed import SpeedOptions, compile_model
@@ -164,8 +164,7 @@ def real_lengths(source: str, seq: int, batch: int, overrides: list[str]) -> lis
     from bert_repro.benchmarks.lengths import measure_lengths
 
     quantiles = measure_lengths(source, seq, overrides)
-    drawn = np.interp(np.random.default_rng(0).random(batch), LENGTH_PROBS, quantiles)
-    return np.clip(np.ceil(drawn), 3, seq).astype(int).tolist()  # [CLS] a [SEP] at least
+    return np.maximum(draw_lengths(quantiles, batch, seq), 3).astype(int).tolist()  # [CLS] a [SEP] at least
 
 
 def first_loss(step: Callable[[], torch.Tensor], model: torch.nn.Module, device: str,

@@ -31,6 +31,13 @@ def pad_inputs(ids: list, types: list | None = None, length: int | None = None) 
             "attention_mask": torch.from_numpy(attention_mask)}
 
 
+def draw_lengths(quantiles: list[int], shape, seq: int) -> np.ndarray:
+    """Row lengths drawn from a task's length ``quantiles`` at LENGTH_PROBS, at most ``seq``; seeded, so a
+    plan is the same every time it is made."""
+    drawn = np.interp(np.random.default_rng(0).random(shape), LENGTH_PROBS, quantiles)
+    return np.minimum(np.ceil(drawn), seq)
+
+
 class PadCollator:
     """Pads a batch to its longest sequence (dynamic padding), or to ``pad_to`` (the released code's fixed
     128)."""
@@ -50,8 +57,8 @@ class PadCollator:
             return float(seq)
         if len(quantiles) != len(LENGTH_PROBS):
             raise ValueError(f"token_lengths {quantiles}: expected {len(LENGTH_PROBS)}, at {LENGTH_PROBS}")
-        drawn = np.interp(np.random.default_rng(0).random((10_000, batch)), LENGTH_PROBS, quantiles)
-        return float(np.mean([self.padded_length(row) for row in np.minimum(np.ceil(drawn), seq).tolist()]))
+        rows = draw_lengths(quantiles, (10_000, batch), seq).tolist()
+        return float(np.mean([self.padded_length(row) for row in rows]))
 
     def __call__(self, rows: list[dict]) -> dict:
         ids = [r["input_ids"] for r in rows]

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from pathlib import Path
 
 from hydra.errors import HydraException
@@ -216,11 +216,13 @@ def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[R
             asked.append(run)
             planned.setdefault(run.folder, run)
     built: set[str] = set()
-    for run in planned.values():
+    unique = []
+    for run in planned.values():  # a copy: ``asked`` keeps each run without its data caches
         fresh = [cost for key, cost in run.data.items() if key not in built]
         built.update(run.data)
-        run.prep_hours, run.disk_gb = sum(h for h, _ in fresh), run.disk_gb + sum(b for _, b in fresh) / 1e9
-    return list(planned.values()), asked
+        unique.append(replace(run, prep_hours=sum(h for h, _ in fresh),
+                              disk_gb=run.disk_gb + sum(b for _, b in fresh) / 1e9))
+    return unique, asked
 
 
 def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False) -> dict:
