@@ -52,12 +52,15 @@ def build_module(spec: RunSpec, datamodule: L.LightningDataModule, training: boo
 
 def build_data(cfg: DictConfig, vocab: list[str] | tuple[str, ...] | None, lowercase: bool,
                per_device: int) -> L.LightningDataModule:
-    """The task's DataModule with the run's vocabulary, and the speed options its constructor takes."""
+    """The task's DataModule with the run's vocabulary, its tokenizer ready, and the speed options its
+    constructor takes."""
     loading = {k: cfg.speed[k] for k in get_class(cfg.data._target_).speed_keys}  # as the class declares
     vocab_args = {"tokenizer": list(vocab), "lowercase": lowercase} if vocab is not None else {}
     # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, 30k tokens ~7 s
-    make = instantiate(cfg.data, batch_size=per_device, _convert_="all", _partial_=True, **loading)
-    return make(**vocab_args)
+    datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", _partial_=True,
+                             **loading)(**vocab_args)
+    datamodule.prepare_tokenizer()
+    return datamodule
 
 
 def predict_test(trainer: L.Trainer, module: L.LightningModule, datamodule: L.LightningDataModule,

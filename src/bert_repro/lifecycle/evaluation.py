@@ -54,7 +54,6 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
     L.seed_everything(cfg.seed, workers=True)
     spec = describe(cfg, training=False)
     datamodule = build_data(cfg, spec.vocab, spec.lowercase, spec.per_device)
-    datamodule.prepare_tokenizer()
     module, weights = build_module(spec, datamodule, training=False)
     if weights["missing_heads"]:
         log.warning("evaluating with untrained %s: the numbers are a random head's",

@@ -54,7 +54,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     spec = describe(cfg)  # resolved once, frozen: init=, the vocabulary, the shape, the science, the batch
     optim = {**spec.config["optim"], **({"resume_step": None} if resuming else {})}  # own progress: no check
     datamodule = build_data(cfg, spec.vocab, spec.lowercase, spec.per_device)
-    datamodule.prepare_tokenizer()
     module, weights = build_module(spec, datamodule, training=True, optim=optim)
     check_resume(ckpt_path, resuming, cfg, module.identity)
     if cfg.test and not datamodule.writes_predictions:
