@@ -15,7 +15,8 @@ import pytest
 from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 
-from bert_repro.lifecycle.locks import LOCK_FILE, FolderInUse, RunFolderLock
+from bert_repro.lifecycle.folder import RunFolder
+from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 
 from .conftest import CONF, FAST, REPO, fingerprint
 from .helpers import held_by_another_process
@@ -71,7 +72,7 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_once(tmp_path, caplog):
                                "RunFolderLock(sys.argv[1]).__enter__(); "
                                "os.kill(os.getpid(), signal.SIGKILL)", str(folder)], cwd=REPO)
     assert killed.wait(timeout=60) == -signal.SIGKILL
-    assert (folder / LOCK_FILE).read_text()  # its record stays, its OS lock went with it
+    assert RunFolder(folder).lock.read_text()  # its record stays, its OS lock went with it
     with caplog.at_level(logging.INFO, logger="bert_repro.lifecycle.locks"):
         with RunFolderLock(folder):
             pass

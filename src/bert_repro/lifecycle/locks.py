@@ -20,9 +20,10 @@ import time
 from pathlib import Path
 from typing import Any
 
+from bert_repro.lifecycle.folder import RunFolder
+
 log = logging.getLogger(__name__)
 
-LOCK_FILE = ".lock"
 RANKS = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")  # torchrun, SLURM, Lightning's DDP children
 # what flock says on a file system without locks (Lustre mounted without -o flock, NFS with nolock)
 NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
@@ -47,7 +48,7 @@ class RunFolderLock:
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
-        self.path = self.folder / LOCK_FILE
+        self.path = RunFolder(self.folder).lock
         self._fd: int | None = None
 
     def __enter__(self) -> RunFolderLock:
