@@ -40,7 +40,6 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     import lightning as L
 
     from bert_repro.lifecycle.build import build_data, build_module, check_resume
-    from bert_repro.lifecycle.checks import resolve_ckpt_path
     from bert_repro.lifecycle.spec import describe
     from bert_repro.lifecycle.trainer import build_trainer
 
@@ -48,10 +47,8 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     if is_launcher():  # once: DDP's other ranks rerun the command
         log.info("%s", config_summary(cfg))
     L.seed_everything(cfg.seed, workers=True)
-    # +force=true: a finished run reruns from scratch, not from its folder's last.ckpt
-    fresh = cfg.get("force") and cfg.ckpt_path == "last"
-    ckpt_path, resuming = resolve_ckpt_path(None if fresh else cfg.ckpt_path, cfg.paths.output_dir)
-    spec = describe(cfg)  # resolved once, frozen: init=, the vocabulary, the shape, the science, the batch
+    spec = describe(cfg)  # resolved once, frozen: the resume, init=, the vocabulary, the shape, the science
+    ckpt_path, resuming = spec.resume, spec.resuming
     optim = {**spec.config["optim"], **({"resume_step": None} if resuming else {})}  # own progress: no check
     datamodule = build_data(cfg, spec.vocab, spec.lowercase, spec.per_device)
     module, weights = build_module(spec, datamodule, training=True, optim=optim)
@@ -61,7 +58,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     trainer = build_trainer(spec, resume_strict=resuming, start=start)
     if ckpt_path is not None:
         log.info("resuming from %s", ckpt_path)
-    aside = spec.folder.set_aside() if fresh and ckpt_path is None and is_launcher() else None
+    aside = spec.folder.set_aside() if spec.fresh and ckpt_path is None and is_launcher() else None
     if aside is not None:
         log.info("a fresh start: the folder's earlier results and checkpoints moved to %s", aside)
 

@@ -14,7 +14,7 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
-from bert_repro.lifecycle.checks import UsageError, split_batch
+from bert_repro.lifecycle.checks import UsageError, resolve_ckpt_path, split_batch
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.keys import science
 from bert_repro.lifecycle.pretrained import model_name, model_on_command_line, model_shape, resolve_init
@@ -36,6 +36,9 @@ class RunSpec:
     science: dict[str, Any]  # its science keys: the run folder's, the checkpoints' and resume's identity
     per_device: int
     accumulation: int
+    resume: str | None = None  # the checkpoint fit starts from (checks.resolve_ckpt_path); None: step 0
+    resuming: bool = False  # ``resume`` is this run's own progress: its settings must be this run's
+    fresh: bool = False  # +force=true: a finished run reruns from scratch, not from its folder's last.ckpt
 
     @property
     def monitor(self) -> str:
@@ -84,12 +87,16 @@ def locate(key: str, target: str) -> None:
 
 
 def describe(cfg: DictConfig, training: bool = True) -> RunSpec:
-    """``cfg`` resolved once: init= read, the vocabulary, the shape, the science, the batch split.
-    ``training``: the global batch split over the devices; an evaluation runs on one device."""
+    """``cfg`` resolved once: the checkpoint it resumes, init= read, the vocabulary, the shape, the science,
+    the batch split. ``training``: the global batch split over the devices, and a resume; an evaluation runs
+    on one device, from its own checkpoint."""
     from bert_repro.convert.loaders import load_checkpoint
 
     for key in ("module", "data"):  # a class that does not exist: refused before a checkpoint or data is read
         locate(key, cfg[key]._target_)
+    fresh = training and bool(cfg.get("force")) and cfg.ckpt_path == "last"
+    resume, resuming = resolve_ckpt_path(cfg.ckpt_path if training and not fresh else None,
+                                         cfg.paths.output_dir)
     init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
     loaded = load_checkpoint(init_path) if init_path else None
     vocab, lowercase, source = resolve_vocab(cfg, loaded)
@@ -105,4 +112,5 @@ def describe(cfg: DictConfig, training: bool = True) -> RunSpec:
     return RunSpec(cfg=cfg, folder=RunFolder(cfg.paths.output_dir), task=cfg.task.name, init=init,
                    loaded=loaded, vocab=tuple(vocab) if vocab is not None else None, vocab_source=source,
                    lowercase=lowercase, model=shape, model_name=model_name(configured, shape, explicit),
-                   config=config, science=science(config), per_device=per_device, accumulation=accumulation)
+                   config=config, science=science(config), per_device=per_device, accumulation=accumulation,
+                   resume=resume, resuming=resuming, fresh=fresh)
