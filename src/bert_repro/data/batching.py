@@ -31,7 +31,7 @@ def pad_inputs(ids: list, types: list | None = None, length: int | None = None) 
             "attention_mask": torch.from_numpy(attention_mask)}
 
 
-def draw_lengths(quantiles: list[int], shape, seq: int) -> np.ndarray:
+def draw_lengths(quantiles: list[int], shape: int | tuple[int, int], seq: int) -> np.ndarray:
     """Row lengths drawn from a task's length ``quantiles`` at LENGTH_PROBS, at most ``seq``; seeded, so a
     plan is the same every time it is made."""
     drawn = np.interp(np.random.default_rng(0).random(shape), LENGTH_PROBS, quantiles)
