@@ -89,9 +89,9 @@ def labels(datamodule: L.LightningDataModule, module: L.LightningModule) -> list
 def load_weights(module: L.LightningModule, loaded: Any, identity: dict[str, Any],
                  whole_module: bool) -> tuple[list[str], str | None]:
     """init='s weights into ``module``: (heads left at random, why a trained head was dropped).
-    ``whole_module`` (evaluation): our checkpoint of this very task and head brings the trained head too,
-    another task's or label set's head is refused; training keeps the encoder and drops any task head, saying
-    so."""
+    ``whole_module`` (evaluation): our checkpoint of this very task, head and model brings the trained head
+    too, another task's or label set's head and another architecture are refused; training keeps the encoder
+    and drops any task head, saying so."""
     path, saved = loaded.source, loaded.identity
     trained_head = bool(loaded.ignored)  # parameters beyond the encoder and pre-training heads: a task's head
     if whole_module and trained_head:
@@ -99,6 +99,7 @@ def load_weights(module: L.LightningModule, loaded: Any, identity: dict[str, Any
         if mismatch:
             raise UsageError(f"init={path}: {mismatch}; evaluate it with its own task= (or fine-tune it on "
                              f"task={identity['task']} first)")
+        module.refuse_another_model(loaded)  # the whole state below is loaded as this run's architecture
         if Path(path).suffix == ".ckpt":
             state = safe_torch_load(path, what="a bert_repro Lightning checkpoint")["state_dict"]
             own = module.state_dict()
