@@ -16,6 +16,13 @@ from torch import Tensor
 
 from bert_repro.lifecycle.schema import ATTENTION_BACKENDS
 
+
+def eager_cpu(x: Tensor) -> bool:
+    """Where the CPU kernels here run: an eager step on the CPU. A compiled step keeps the native ops, which
+    Inductor fuses, and whose graph the kernels' in-place random draws would break."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 DROPOUT_LEVELS = 1 << 16  # the resolution of p in dropout_mask: a 16-bit uniform integer per element
 
 
@@ -52,7 +59,7 @@ def attention(
     """``F.scaled_dot_product_attention``. With dropout on CPU, where SDPA's fused kernels take none and it
     falls back to its math path, the same math runs here with ``dropout``'s cheaper mask.
     ``mask``: boolean, True = may attend."""
-    if dropout_p == 0.0 or q.device.type != "cpu" or not cpu_dropout:
+    if dropout_p == 0.0 or not eager_cpu(q) or not cpu_dropout:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
         )
@@ -92,7 +99,9 @@ class Packed:
         sequence = starts.cumsum(0) - 1  # (N,) which sequence each token is in
         lengths = torch.bincount(sequence)  # (S,)
         cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-        max_len = int(lengths.max()) if lengths.numel() else 0
+        # compiled, the row length bounds the longest: its value would be a host sync and a graph break
+        max_len = (sequence_ids.shape[1] if torch.compiler.is_compiling() else
+                   int(lengths.max()) if lengths.numel() else 0)
         offset = torch.arange(index.numel(), device=index.device) - cu_seqlens[sequence].long()
         return cls(tuple(sequence_ids.shape), index, cu_seqlens, max_len, sequence * max_len + offset)
 
