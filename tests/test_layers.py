@@ -57,7 +57,7 @@ def test_no_module_imports_one_that_imports_it_back():
     ("bert_repro.selection", ("bert_repro.lifecycle.run", "bert_repro.lifecycle.build",
                               "bert_repro.lifecycle.spec", "bert_repro.model", "bert_repro.tasks",
                               "bert_repro.speed")),
-    ("bert_repro.lifecycle.identity", ("bert_repro.lifecycle.run", "bert_repro.model", "bert_repro.tasks",
+    ("bert_repro.identity", ("bert_repro.lifecycle.run", "bert_repro.model", "bert_repro.tasks",
                                        "bert_repro.convert")),
 ])
 @pytest.mark.slow

@@ -535,7 +535,7 @@ def test_speed_options_are_declared_once():
     from hydra import compose, initialize_config_dir
 
     from bert_repro import speed
-    from bert_repro.lifecycle.schema import SpeedOptions
+    from bert_repro.config import SpeedOptions
 
     from .conftest import CONF
 

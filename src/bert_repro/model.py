@@ -25,7 +25,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from bert_repro.lifecycle.schema import ModelConfig, problems, whole_positive
+from bert_repro.config import ModelConfig, problems, whole_positive
 from bert_repro.speed import SpeedOptions, kernels
 from bert_repro.speed.kernels import Packed, varlen_attention
 from bert_repro.speed.loss import decode, fusable, linear_cross_entropy

@@ -43,7 +43,7 @@ from datasets import (
 from datasets.exceptions import DatasetGenerationError
 
 from bert_repro.data.corpus import pool_size, prose_sentences, wiki_passages
-from bert_repro.lifecycle.network import reaching
+from bert_repro.network import reaching
 
 FORMATS = ("wiki", "text", "sentences")
 DEFAULTS = {"name": None, "split": "train", "revision": None, "data_files": None, "text_column": "text",
@@ -207,7 +207,7 @@ def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int
                        max_documents: int | None = None) -> Dataset:
     """One row per document with a `sentences: list[str]` column: every entry's documents, in order
     (the first `max_documents` of each when set). A Hub that does not answer within network.timeout_s is
-    named with the entry (lifecycle.network.reaching)."""
+    named with the entry (network.reaching)."""
     hf_cache = Path(cache_dir) / "hf"
     parts = []
     for spec in map(hub_spec, entries):

@@ -27,7 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, SweepUsageError, UsageError
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, is_launcher
-from bert_repro.lifecycle.network import Unreachable
+from bert_repro.network import Unreachable
 
 log = logging.getLogger(__name__)
 

@@ -20,7 +20,7 @@ from hydra.errors import OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from bert_repro.lifecycle.keys import is_path, is_science
+from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 
 MAX_NAME = 160

@@ -30,8 +30,8 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
+from bert_repro.keys import flatten
 from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted
-from bert_repro.lifecycle.keys import flatten
 from bert_repro.lifecycle.results import plain_file_mode
 
 log = logging.getLogger(__name__)

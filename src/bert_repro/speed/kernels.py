@@ -13,7 +13,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bert_repro.lifecycle.schema import ATTENTION_BACKENDS
+from bert_repro.config import ATTENTION_BACKENDS
 
 DROPOUT_LEVELS = 1 << 16  # the resolution of p in dropout_mask: a 16-bit uniform integer per element
 

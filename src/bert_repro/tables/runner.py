@@ -25,15 +25,14 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bert_repro.lifecycle import warm
+from bert_repro.keys import flatten as flat_keys
+from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError, validate
-from bert_repro.lifecycle.compose import compose_run, composing_jobs, hydra_value
 from bert_repro.lifecycle.exits import launch_error
 from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.keys import flatten as flat_keys
-from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
-from bert_repro.tables import REPO, TableError
+from bert_repro.tables import REPO, TableError, warm
+from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import Sweep, Table, flatten
 
