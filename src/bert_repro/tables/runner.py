@@ -35,6 +35,7 @@ from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
 from bert_repro.tables import REPO, TableError, warm
 from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
+from bert_repro.tables.machine import refusal
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import Sweep, Table, flatten
 
@@ -344,6 +345,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             swept = sweep.params_args() if len(todo[name]) == len(sweep.jobs()) else todo[name][0][0]
             _launch(sweep, swept, stage_launcher(launcher, sweep.stage), dry_run=True)
         return []
+    if why := refusal(table, todo, launcher):  # before any job: not hundreds of failures in its place
+        raise TableError(why)
     said, done = [], threading.Event()
     with _hold(table, todo):
         for folder, why in moves:
