@@ -239,6 +239,46 @@ def test_a_flag_of_another_value_is_refused_and_an_export_brings_its_own_head(rt
     torch.testing.assert_close(module.model.classifier.weight, saved["state_dict"]["model.classifier.weight"])
 
 
+def test_evaluate_takes_a_checkpoint_as_the_model_it_is(rte, tmp_path):
+    """Table 5's left-to-right fine-tune evaluated without its ablation, and a checkpoint of a flag
+    (pre-LN-like) evaluated by a run with the flag off: refused before a number is computed, as init= is."""
+    from dataclasses import dataclass, replace
+
+    from bert_repro.convert import load_checkpoint
+    from bert_repro.lifecycle.build import load_weights
+    from bert_repro.model import BertConfig
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    _, folder, common = rte
+    ckpt = folder / "checkpoints" / "last.ckpt"
+    saved = torch.load(ckpt, weights_only=True, map_location="cpu")
+    ltr = json.loads(json.dumps(saved["identity"]))
+    ltr["science"]["model"]["causal"] = True
+    torch.save({**saved, "identity": ltr, "hyper_parameters": {
+        **saved["hyper_parameters"], "model": {**saved["hyper_parameters"]["model"], "causal": True}}},
+        tmp_path / "ltr.ckpt")
+    proc = evaluate_py("task=rte", "model=tiny", *common, f"init={tmp_path / 'ltr.ckpt'}",
+                       f"hydra.run.dir={tmp_path / 'ev'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert "model.causal: checkpoint True, this run False" in said and "ablation=ltr_no_nsp" in said
+    assert "Traceback" not in said and not (tmp_path / "ev" / "results.json").exists()
+
+    @dataclass
+    class PreLN(BertConfig):  # an encoder with a switch, as docs/extending.md adds one
+        pre_ln: bool = False
+
+    hparams = saved["hyper_parameters"]
+    module = SequenceClassificationModule(hparams["model"], hparams["optim"], "rte", 2)
+    module.config, module.identity = PreLN(**module.config.to_dict()), saved["identity"]
+    loaded = load_checkpoint(ckpt)
+    loaded = replace(loaded, config=PreLN(**loaded.config.to_dict()))
+    assert load_weights(module, loaded, module.identity, whole_module=True) == ([], None)
+    flagged = replace(loaded, config=replace(loaded.config, pre_ln=True))
+    with pytest.raises(ValueError, match="model.pre_ln: checkpoint True, this run False"):
+        load_weights(module, flagged, module.identity, whole_module=True)
+
+
 def test_submit_refuses_a_checkpoint_of_another_attempt(rte, tmp_path, capsys):
     """An interrupted rerun left its checkpoint behind a finished run's results: not predicted under them."""
     import shutil

@@ -135,6 +135,17 @@ def test_two_phase_schedule_resumes_phase_one(tmp_path):
     proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={early}",
                  f"hydra.run.dir={tmp_path / 'wrong'}")
     assert proc.returncode == 2 and "resumes at step 3; phase 2 starts at step 6" in proc.stdout + proc.stderr
+    # nor with a vocabulary of the same size whose words have other ids: refused, naming both files
+    words = load_checkpoint(last).vocab
+    other = tmp_path / "vocab.txt"
+    other.write_text("\n".join(words[:-2] + [words[-1], words[-2]]) + "\n")
+    proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={last}", f"data.tokenizer={other}",
+                 f"hydra.run.dir={tmp_path / 'other_vocab'}")
+    said = proc.stdout + proc.stderr
+    assert proc.returncode == 2, said[-3000:]
+    assert (f"ckpt_path={last} was trained with another vocabulary than this run's "
+            f"(data.tokenizer={other})") in said
+    assert not (tmp_path / "other_vocab" / "results.json").exists()
     # the same phase-2 command again: phase 2 is complete, so it is finished (finished.py), not run again
     before = (two / "results.json").read_text()
     proc = train("experiment=pretrain_phase2", *scale, f"ckpt_path={last}", f"hydra.run.dir={two}")

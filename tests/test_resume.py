@@ -202,3 +202,37 @@ def test_a_named_checkpoint_gives_way_to_the_runs_own_progress(tmp_path):
     for folder in (tmp_path / "fresh", out):  # a mistyped name is refused, also beside the run's own progress
         with pytest.raises(UsageError, match="does not exist"):
             resolve_ckpt_path(str(tmp_path / "missing.ckpt"), folder)
+
+
+def test_phase_two_changes_only_the_declared_keys_and_never_the_vocabulary(tmp_path):
+    """Resuming another folder's checkpoint to continue its schedule (optim.resume_step, phase 2): the
+    SCHEDULE_KEYS may differ; the objective, the model and the vocabulary's content may not, whatever file the
+    vocabulary is read from."""
+    from omegaconf import OmegaConf
+
+    from bert_repro.lifecycle.build import check_resume
+    from bert_repro.lifecycle.checks import UsageError
+
+    science = {"task": {"name": "pretrain"}, "model": {"num_layers": 2}, "optim": {"max_steps": 6},
+               "data": {"max_seq_length": 64, "nsp": True, "tokenizer": None}}
+    vocab = ["[PAD]", "[UNK]", "the", "a"]
+    saved = {"identity": {"task": "pretrain", "science": science}, "vocab": vocab, "optimizer_states": [{}]}
+    ckpt = tmp_path / "phase1" / "last.ckpt"
+    ckpt.parent.mkdir()
+    torch.save(saved, ckpt)
+    phase2 = {**science, "optim": {"max_steps": 10, "resume_step": 6},
+              "data": {**science["data"], "max_seq_length": 128, "tokenizer": str(ckpt)}}
+    cfg = OmegaConf.create({"optim": {"resume_step": 6}})
+    check_resume(str(ckpt), False, cfg, {"task": "pretrain", "science": phase2}, vocab,
+                 f"data.tokenizer={ckpt}")
+
+    other = tmp_path / "vocab.txt"  # the same size, its word lines in another order
+    with pytest.raises(UsageError, match=rf"ckpt_path={ckpt} was trained with another vocabulary than this "
+                                         rf"run's \(data.tokenizer={other}\): id 2 is 'the' there, 'a' here"):
+        check_resume(str(ckpt), False, cfg, {"task": "pretrain", "science": phase2},
+                     ["[PAD]", "[UNK]", "a", "the"], f"data.tokenizer={other}")
+    for key, node in (("data.nsp", {"data": {**phase2["data"], "nsp": False}}),
+                      ("model.num_layers", {"model": {"num_layers": 4}})):
+        with pytest.raises(UsageError, match=rf"other settings than this run's \({key}: checkpoint"):
+            check_resume(str(ckpt), False, cfg, {"task": "pretrain", "science": {**phase2, **node}}, vocab,
+                         f"data.tokenizer={ckpt}")

@@ -21,6 +21,7 @@ from bert_repro.lifecycle.identity import (
     head_mismatch,
     resume_refusal,
     run_identity,
+    vocab_refusal,
 )
 from bert_repro.lifecycle.spec import RunSpec
 from bert_repro.speed import compile_model
@@ -89,9 +90,9 @@ def labels(datamodule: L.LightningDataModule, module: L.LightningModule) -> list
 def load_weights(module: L.LightningModule, loaded: Any, identity: dict[str, Any],
                  whole_module: bool) -> tuple[list[str], str | None]:
     """init='s weights into ``module``: (heads left at random, why a trained head was dropped).
-    ``whole_module`` (evaluation): our checkpoint of this very task and head brings the trained head too,
-    another task's or label set's head is refused; training keeps the encoder and drops any task head, saying
-    so."""
+    ``whole_module`` (evaluation): our checkpoint of this very task, head and model brings the trained head
+    too, another task's or label set's head and another architecture are refused; training keeps the encoder
+    and drops any task head, saying so."""
     path, saved = loaded.source, loaded.identity
     trained_head = bool(loaded.ignored)  # parameters beyond the encoder and pre-training heads: a task's head
     if whole_module and trained_head:
@@ -99,6 +100,7 @@ def load_weights(module: L.LightningModule, loaded: Any, identity: dict[str, Any
         if mismatch:
             raise UsageError(f"init={path}: {mismatch}; evaluate it with its own task= (or fine-tune it on "
                              f"task={identity['task']} first)")
+        module.refuse_another_model(loaded)  # the whole state below is loaded as this run's architecture
         if Path(path).suffix == ".ckpt":
             state = safe_torch_load(path, what="a bert_repro Lightning checkpoint")["state_dict"]
             own = module.state_dict()
@@ -112,10 +114,12 @@ def load_weights(module: L.LightningModule, loaded: Any, identity: dict[str, Any
     return module.load_pretrained(loaded), dropped
 
 
-def check_resume(ckpt_path: str | None, found: bool, cfg: DictConfig, identity: dict[str, Any]) -> None:
+def check_resume(ckpt_path: str | None, found: bool, cfg: DictConfig, identity: dict[str, Any],
+                 vocab: list[str] | None = None, vocab_source: str | None = None) -> None:
     """The checkpoint a run resumes: this folder's own (``found``) must be this task's (its other science is
-    reliability.SameRun's to check); another folder's is refused when it is another task's, or another
-    setting's outside a schedule it continues."""
+    reliability.SameRun's to check); another folder's is refused when it is another task's, another
+    setting's outside the keys a schedule it continues may change (identity.SCHEDULE_KEYS), or trained with
+    another ``vocab`` than the run's."""
     if ckpt_path is None:
         return
     checkpoint = safe_torch_load(ckpt_path, what="a bert_repro Lightning checkpoint")
@@ -126,8 +130,8 @@ def check_resume(ckpt_path: str | None, found: bool, cfg: DictConfig, identity: 
                              f"{describe(saved)}, not of this run's {describe(identity)}: the folder holds "
                              "another run's. Run in a folder of its own (hydra.run.dir=...), or move it away")
         return
-    why = resume_refusal(ckpt_path, saved, identity,
-                         cfg.optim.get("resume_step") is not None)
+    why = (resume_refusal(ckpt_path, saved, identity, cfg.optim.get("resume_step") is not None)
+           or vocab_refusal(ckpt_path, checkpoint.get("vocab"), vocab, vocab_source))
     if why:
         raise UsageError(why)
     if "optimizer_states" not in checkpoint:  # Lightning would fail deep in its restore with a KeyError

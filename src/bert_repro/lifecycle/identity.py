@@ -8,15 +8,18 @@ from __future__ import annotations
 
 from typing import Any
 
-from bert_repro.lifecycle.keys import flatten
+from bert_repro.lifecycle.keys import comparable, flatten
 
 IDENTITY_KEY = "bert_repro"  # an exported folder's config.json entry holding the identity
 # keys a checkpoint written before identities existed still carries (the SameRun callback's settings)
 _SAME_RUN = "SameRun"
-# what phase 2 of the pre-training recipe (v2 A.2, experiment=pretrain_phase2) changes when it continues phase
-# 1's checkpoint through ckpt_path=: its sequence length, batch and length of run, and which steps phase 1
-# kept checkpoints of (the tables read them)
-SCHEDULE_KEYS = ("data.", "optim.", "scale.", "seed", "module.checkpoint_every_n_steps")
+# the only science keys phase 2 of the pre-training recipe (v2 A.2, experiment=pretrain_phase2) may change
+# when it continues phase 1's checkpoint through ckpt_path=: its sequence length, its length of run, where its
+# vocabulary is read (its content must be the same: vocab_refusal) and which steps phase 1 kept checkpoints
+# of. Every other key (the model, the objective, the corpus, the schedule's shape) must be the checkpoint's.
+SCHEDULE_KEYS = ("data.max_seq_length", "data.max_predictions_per_seq", "data.tokenizer", "optim.max_steps",
+                 "optim.resume_step", "module.checkpoint_every_n_steps",
+                 "scale.pretrain.checkpoint_every_n_steps")
 # model-node fields a run sets for itself whatever its checkpoint was trained with: regularisation and the
 # initialisation of new weights act only while training. Every other field is the checkpoint's architecture.
 RUN_OWN = ("hidden_dropout", "attention_dropout", "initializer_range")
@@ -51,9 +54,9 @@ def describe(identity: dict[str, Any]) -> str:
 
 def science_differences(saved: dict[str, Any], now: dict[str, Any],
                         ignore: tuple[str, ...] = ()) -> list[str]:
-    """``key: checkpoint X, now Y`` for each science key that differs, less the keys under ``ignore``."""
-    a, b = flatten(saved or {}), flatten(now or {})
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith(ignore))
+    """``key: checkpoint X, now Y`` for each science key that differs, less the keys in ``ignore``."""
+    a, b = comparable(flatten(saved or {})), comparable(flatten(now or {}))
+    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)
     return [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
 
 
@@ -73,12 +76,19 @@ def architecture_differences(saved: dict[str, Any], now: dict[str, Any],
     only one side has), less the run's own (RUN_OWN) and ``taken`` (fields the run took from the
     checkpoint)."""
     skip = (*RUN_OWN, *taken)
+    saved, now = _model_node(saved), _model_node(now)
     keys = sorted(k for k in (saved or {}).keys() | (now or {}).keys()
                   if k not in skip and (saved or {}).get(k, _ABSENT) != (now or {}).get(k, _ABSENT))
     return [f"model.{k}: checkpoint {_shown(saved, k)}, this run {_shown(now, k)}" for k in keys]
 
 
 _ABSENT = object()
+
+
+def _model_node(node: dict[str, Any] | None) -> dict[str, Any]:
+    """A model node less its keys.ADDED fields at the value runs had before them (keys.comparable)."""
+    kept = comparable({f"model.{k}": v for k, v in (node or {}).items()})
+    return {k.removeprefix("model."): v for k, v in kept.items()}
 
 
 def _shown(node: dict[str, Any] | None, key: str) -> str:
@@ -89,7 +99,7 @@ def resume_refusal(path: str, saved: dict[str, Any] | None, now: dict[str, Any],
                    continues_schedule: bool) -> str | None:
     """Why ``ckpt_path=path`` (a checkpoint of another run folder) cannot be resumed by this run, or None.
     Another task never; other science settings only when this run continues the checkpoint's schedule
-    (optim.resume_step: phase 2 changes the data and the run's length, never the model or the objective)."""
+    (optim.resume_step: phase 2 changes the SCHEDULE_KEYS, never the model or the objective)."""
     if saved is None:
         return None  # not one of ours with a record (e.g. written by an older version): Lightning decides
     if saved.get("task") != now["task"]:
@@ -103,6 +113,20 @@ def resume_refusal(path: str, saved: dict[str, Any] | None, now: dict[str, Any],
                 f"({'; '.join(differ[:6])}); resume it with its own settings, or pass it as init= to start a "
                 "new run from its weights")
     return None
+
+
+def vocab_refusal(path: str, saved: list[str] | None, vocab: list[str] | None,
+                  source: str | None) -> str | None:
+    """Why ``ckpt_path=path``, trained on the vocabulary ``saved``, cannot go on with this run's, or None: a
+    token id must name the same word under its embeddings, whatever file the run reads it from."""
+    if saved is None or vocab is None or list(saved) == list(vocab):
+        return None
+    first = next((i for i, (a, b) in enumerate(zip(saved, vocab)) if a != b), min(len(saved), len(vocab)))
+    at = (f"id {first} is {saved[first]!r} there, {vocab[first]!r} here"
+          if first < min(len(saved), len(vocab)) else f"{len(saved)} tokens there, {len(vocab)} here")
+    return (f"ckpt_path={path} was trained with another vocabulary than this run's "
+            f"({source or 'the one trained on data.corpus'}): {at}, so its embeddings would read other "
+            f"words. Resume it with its own vocabulary (data.tokenizer={path})")
 
 
 def head_mismatch(saved: dict[str, Any] | None, now: dict[str, Any]) -> str | None:

@@ -52,7 +52,7 @@ def train(cfg: DictConfig) -> dict[str, Any]:
     optim = {**spec.config["optim"], **({"resume_step": None} if resuming else {})}  # own progress: no check
     datamodule = build_data(cfg, spec.vocab, spec.lowercase, spec.per_device)
     module, weights = build_module(spec, datamodule, training=True, optim=optim)
-    check_resume(ckpt_path, resuming, cfg, module.identity)
+    check_resume(ckpt_path, resuming, cfg, module.identity, module.vocab, spec.vocab_source)
     if cfg.test and not datamodule.writes_predictions:
         raise UsageError(f"test=true: task={spec.task} has no test predictions")
     trainer = build_trainer(spec, resume_strict=resuming, start=start)

@@ -68,11 +68,9 @@ class BertTaskModule(L.LightningModule):
         return AttributeDict({k: v for k, v in super().hparams_initial.items() if k != "vocab"})
 
     # -- pre-trained weights -------------------------------------------------------------------
-    def load_pretrained(self, loaded: LoadedCheckpoint) -> list[str]:
-        """Load encoder (and matching head) weights read by ``convert.load_checkpoint`` (our .ckpt, an
-        HF directory or a TF checkpoint). The whole model node must be the checkpoint's but for the fields a
-        run sets for itself (identity.RUN_OWN), each difference named. Its task head is taken when it is this
-        run's (identity.head_mismatch), else named as not taken. Returns the heads left at random."""
+    def refuse_another_model(self, loaded: LoadedCheckpoint) -> None:
+        """The whole model node must be the checkpoint's but for the fields a run sets for itself
+        (identity.RUN_OWN): else refused before any weight is loaded, each difference named."""
         path = loaded.source
         if loaded.config.vocab_size != self.config.vocab_size:
             raise ValueError(
@@ -86,6 +84,14 @@ class BertTaskModule(L.LightningModule):
                     if any(d.startswith("model.causal:") for d in differ) else
                     "choose the model= that matches the checkpoint, or leave model= out to take its shape")
             raise ValueError(f"init={path} is another model than this run's ({'; '.join(differ)}); {hint}")
+
+    def load_pretrained(self, loaded: LoadedCheckpoint) -> list[str]:
+        """Load encoder (and matching head) weights read by ``convert.load_checkpoint`` (our .ckpt, an
+        HF directory or a TF checkpoint) into this very model (refuse_another_model). Its task head is taken
+        when it is this run's (identity.head_mismatch), else named as not taken. Returns the heads left at
+        random."""
+        self.refuse_another_model(loaded)
+        path = loaded.source
         own = self.model.state_dict()
         state = {k: v for k, v in loaded.state_dict.items() if k in own}
         head = loaded.task_head
