@@ -7,7 +7,7 @@ with num_proc, and peak heap against corpus size (a benchmark script, not a test
 
 The reference: google-research/bert's create_pretraining_data.py (TF 2, compat.v1, one process) took 17.5 s on
 the shared Gutenberg books (8.5 MB; dupe_factor 1, max_seq_length 128, max_predictions 20, bert-base-uncased
-vocabulary): 0.49 MB/s, tokenization included (issue 28). The corpus here is the same books of the shared data
+vocabulary): 0.49 MB/s, tokenization included. The corpus here is the same books of the shared data
 folder, one document per chapter (`--wikitext` adds the WikiText-2 articles), written once in the original
 format; the larger sizes repeat it (`--copies`), so only the amount of text changes. Each size runs with each
 `--num-proc` (one process always). Each configuration runs in a fresh child process
@@ -23,7 +23,7 @@ corpus.
 One JSON line per configuration (with the 1-minute load average when it started, and `others_cores`: the
 cores other processes held during the run, from /proc/stat less the run's own CPU time), then a summary
 naming the CPU model and the load (`uptime`), per size the scaling num_proc=N / num_proc=1 of wall MB/s (the
-issue's target: >= 0.8 N) and of MB per CPU-second, and last the scaling at the largest size: a map gives each
+target: >= 0.8 N) and of MB per CPU-second, and last the scaling at the largest size: a map gives each
 process at least `pretraining.PROCESS_BYTES` (8 MB) or runs in one process, so at 1x (7.7 MB of train text)
 num_proc=2 runs as one process, and the pool's fixed cost (about 0.3 s a map) weighs least at the largest
 size. The machine may be shared, so each line also gives MB per CPU-second of the setup, workers included
@@ -324,7 +324,7 @@ def write_rates(results: list[dict], argv: list[str] | None) -> Path:
 
 
 def summary(results: list[dict]) -> str:
-    """The issue's three figures, with the machine they were measured on: per size, the scaling num_proc=N
+    """The three figures, with the machine they were measured on: per size, the scaling num_proc=N
     over 1, and last, on a line of its own, the scaling at the largest size (what a real corpus sees)."""
     from bert_repro.data.pretraining import PROCESS_BYTES
 
