@@ -550,7 +550,7 @@ def test_speed_options_are_declared_once():
 
 
 def test_unpadding_on_a_gpu_without_flash_attn_warns_once(monkeypatch):
-    """On an H200, nested-jagged attention measured 3.4-6x slower than padded (docs/benchmarks.md): where
+    """On an H200, nested-jagged attention measured slower than padded (docs/benchmarks.md): where
     ``auto`` picks it, the run is told once, with the two ways out."""
     import warnings
     from types import SimpleNamespace
