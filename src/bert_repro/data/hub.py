@@ -49,7 +49,8 @@ FORMATS = ("wiki", "text", "sentences")
 DEFAULTS = {"name": None, "split": "train", "revision": None, "data_files": None, "text_column": "text",
             "format": "text", "streaming": False, "document_column": None, "rows_per_document": None}
 DOCUMENT_FEATURES = Features({"sentences": Sequence(Value("string"))})
-# Arrow data a num_proc worker must get, else the rows are split here: 10-14 MB/s, so a pool pays from ~4 MB
+# Arrow data a num_proc worker must get, else the rows are split here: at a process's rate a pool pays from a
+# few MB (docs/benchmarks.md, instances)
 PROCESS_BYTES = 8 << 20
 # `sentences` rows are grouped into documents in ranges of about this many rows (BookCorpus: ~8 MB of text,
 # some 570 ranges), each starting where a document does, so that any num_proc gives one reader's documents

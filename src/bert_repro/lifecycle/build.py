@@ -57,7 +57,7 @@ def build_data(cfg: DictConfig, vocab: list[str] | tuple[str, ...] | None, lower
     constructor takes."""
     loading = {k: cfg.speed[k] for k in get_class(cfg.data._target_).speed_keys}  # as the class declares
     vocab_args = {"tokenizer": list(vocab), "lowercase": lowercase} if vocab is not None else {}
-    # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, 30k tokens ~7 s
+    # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, slow for 30k tokens
     datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", _partial_=True,
                              **loading)(**vocab_args)
     datamodule.prepare_tokenizer()
