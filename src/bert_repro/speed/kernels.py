@@ -14,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bert_repro.lifecycle.schema import ATTENTION_BACKENDS
+from bert_repro.config import ATTENTION_BACKENDS
 
 
 def eager_cpu(x: Tensor) -> bool:
@@ -30,8 +30,8 @@ def dropout_mask(like: Tensor, p: float) -> Tensor:
     """Dropout's multiplier for a tensor shaped like ``like``: 1 / (1 - p') with probability 1 - p', else 0,
     p' = round(p * 65536) / 65536 (|p' - p| <= 7.6e-6), so the expectation is exactly 1.
 
-    Each element is one 16-bit lane of a uniform 64-bit word: on CPU, where ATen draws serially, 2.6x
-    cheaper per element than ``torch.rand`` and 5x cheaper than ``bernoulli_``. The mask carries the scale
+    Each element is one 16-bit lane of a uniform 64-bit word: on CPU, where ATen draws serially, cheaper
+    per element than ``torch.rand`` or ``bernoulli_`` (docs/benchmarks.md). The mask carries the scale
     in ``like``'s dtype (float32 for half precision, which cannot hold 1/(1-p) exactly), so applying it
     and its backward are one multiplication each."""
     n, drop = like.numel(), min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1)
