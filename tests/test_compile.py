@@ -57,3 +57,13 @@ def test_the_classification_step_is_one_graph(speed):
     explained = _explain(step, ids, mask, torch.tensor([0, 1, 1, 0]))
     assert explained.graph_break_count == 0, [r.reason for r in explained.break_reasons]
     assert explained.graph_count == 1
+
+
+def test_the_layout_reads_no_mask_value_off_the_eager_cpu():
+    """On an accelerator a read of the mask's values is a host sync inside the step: the meta device, which
+    has no values to read, stands in for it: the padding mask is built whatever it holds."""
+    from bert_repro.speed.layout import attention_mask_for_sdpa
+
+    full = torch.ones(2, 4, dtype=torch.long)
+    assert attention_mask_for_sdpa(full.to("meta"), False, 4).shape == (2, 1, 1, 4)
+    assert attention_mask_for_sdpa(full, False, 4) is None  # the eager CPU looks: nothing to mask

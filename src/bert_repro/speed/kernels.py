@@ -18,8 +18,10 @@ from bert_repro.config import ATTENTION_BACKENDS
 
 
 def eager_cpu(x: Tensor) -> bool:
-    """Where the CPU kernels here run: an eager step on the CPU. A compiled step keeps the native ops, which
-    Inductor fuses, and whose graph the kernels' in-place random draws would break."""
+    """An eager step on the CPU: where the CPU kernels here run, and where a tensor's values may be read on
+    the host. A compiled step keeps the native ops, which Inductor fuses, and whose graph the kernels'
+    in-place random draws or a read would break; on an accelerator a read is a host sync that stalls the
+    launches."""
     return x.device.type == "cpu" and not torch.compiler.is_compiling()
 
 
@@ -99,9 +101,8 @@ class Packed:
         sequence = starts.cumsum(0) - 1  # (N,) which sequence each token is in
         lengths = torch.bincount(sequence)  # (S,)
         cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-        # compiled, the row length bounds the longest: its value would be a host sync and a graph break
-        max_len = (sequence_ids.shape[1] if torch.compiler.is_compiling() else
-                   int(lengths.max()) if lengths.numel() else 0)
+        # off the eager CPU the row length bounds the longest, whose value would be a host sync (eager_cpu)
+        max_len = (int(lengths.max()) if lengths.numel() else 0) if eager_cpu(flat) else sequence_ids.shape[1]
         offset = torch.arange(index.numel(), device=index.device) - cu_seqlens[sequence].long()
         return cls(tuple(sequence_ids.shape), index, cu_seqlens, max_len, sequence * max_len + offset)
 
