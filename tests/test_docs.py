@@ -3,13 +3,16 @@ parsed or made (tests/test_readme.py's checks), every config key and module the 
 architecture page lists every module of the tree, and extending.md's task of one's own composes and reads its
 files as written. A renamed key, module or file fails here, naming the page and the name."""
 
+import ast
 import importlib
 import importlib.util
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from functools import cache
 from pathlib import Path
 
@@ -174,6 +177,75 @@ def test_architecture_lists_every_module():
     assert tree - listed == set(), f"modules docs/architecture.md does not list: {sorted(tree - listed)}"
     assert listed - tree == set(), f"architecture.md lists modules not in the tree: {sorted(listed - tree)}"
 
+
+
+# -- what the code's comments name -----------------------------------------------------------------------
+# names a comment may give that are no file of this repository: the scripts of other projects the code follows
+# (google-research/bert, the SQuAD site's official scorers, transformers' examples), the files Hydra and
+# Lightning write into a run folder, and placeholders
+ELSEWHERE = {"run_squad.py", "run_classifier.py", "run_pretraining.py", "create_pretraining_data.py",
+             "modeling.py", "evaluate-v1.1.py", "evaluate-v2.0.py", "run_qa.py",
+             ".hydra/config.yaml", "overrides.yaml", "hparams.yaml",
+             "script.py", "bert_repro.X"}
+COMMENTED = ("src", "tests", "conf")  # with the Makefile: the code whose comments are read
+NAMED = re.compile(r"bert_repro(?:\.\w+)+|(?<![\w./-])[A-Za-z0-9.][\w./-]*\.(?:py|yaml)\b")
+
+
+def comments(path: Path) -> list[str]:
+    """The comments of a Python file (its docstrings too), a YAML file or the Makefile."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    found = [t.string for t in tokens if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(ast.get_docstring(node, clean=False) or "")
+    return found
+
+
+@cache
+def repository_files() -> tuple[str, ...]:
+    return tuple(str(p.relative_to(REPO)) for top in (*COMMENTED, "experiments", "docs", "tools")
+                 for p in (REPO / top).rglob("*") if p.is_file())
+
+
+def stale_names(path: Path) -> list[str]:
+    """Modules and .py / .yaml files the comments of ``path`` name that exist nowhere: a dotted name must
+    import (an attribute must be there), a path must be a file from the repository, src/ or the package, or
+    end a path of one (`task/pretrain.yaml`, `test_tables_e2e.py`)."""
+    stale = []
+    for comment in comments(path):
+        for name in NAMED.findall(comment):
+            name = name.rstrip(".")
+            if (name in ELSEWHERE or name.startswith("bert_repro") and resolves(name) or
+                    not name.startswith("bert_repro") and (resolves(name) or any(
+                        f == name or f.endswith("/" + name) for f in repository_files()))):
+                continue
+            stale.append(name)
+    return stale
+
+
+def commented_files() -> list[Path]:
+    return [REPO / "Makefile", *(p for top in COMMENTED for p in sorted((REPO / top).rglob("*"))
+                                 if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts)]
+
+
+@pytest.mark.slow
+def test_every_module_and_file_a_comment_names_exists():
+    stale = {str(p.relative_to(REPO)): names for p in commented_files() if (names := stale_names(p))}
+    assert not stale, f"comments name modules or files that do not exist: {stale}"
+
+
+def test_a_comment_naming_a_renamed_module_or_config_is_found(tmp_path):
+    code, config = tmp_path / "code.py", tmp_path / "config.yaml"
+    code.write_text('"""Scored as bert_repro.metrics.squad does, priced by bert_repro.tables.schedule."""\n'
+                    "x = 1  # see conf/task/squad_v1.yaml and conf/task/squad_v9.yaml, not tasks/spans.py\n")
+    config.write_text("steps: 10  # bert_repro.tables.spec.Schedule, bert_repro.tables.spec.Plan\n"
+                      "# conf/table/*, scale/paper.yaml, scale/galactic.yaml\n")
+    assert sorted(stale_names(code)) == ["bert_repro.tables.schedule", "conf/task/squad_v9.yaml",
+                                         "tasks/spans.py"]
+    assert stale_names(config) == ["bert_repro.tables.spec.Plan", "scale/galactic.yaml"]
 
 # -- extending.md: a task of one's own, from config alone ---------------------------------------------------
 def own_task_yaml() -> str:
