@@ -59,6 +59,7 @@ demo-pretrain: install
 
 lint: install
 	$(BIN)/ruff check src tests
+	$(BIN)/lint-imports --no-cache
 
 bench: install
 	$(BIN)/python -m bert_repro.benchmarks.train_step

@@ -140,8 +140,7 @@ def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, sha
     assert proc.returncode == 0, out[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 24
-    perf = results["perf"]  # MFU against a measured CPU matmul peak
-    assert (perf["peak_source"] == "measured fp32 matmul" and 0 < perf["mfu"] < 1.5
-            and perf["tflops_per_device"] > 0)
+    perf = results["perf"]  # a CPU has no peak to divide by: model FLOP/s, and no MFU
+    assert perf["peak_source"] is None and perf["mfu"] is None and perf["tflops_per_device"] > 0
     final = results["metrics"]["final"]
     assert final["val/acc"] > 0.70 and final["val/top_class_share"] < 0.8, final  # chance: 0.5

@@ -62,7 +62,7 @@ def words_of(line: str) -> list[str]:
 
 def compose_line(config: str, args: list[str]) -> None:
     """``args`` composed as Hydra would (a sweep as its first value), then the range checks."""
-    from bert_repro.lifecycle.schema import check
+    from bert_repro.config import check
 
     overrides, skip = [], False
     for arg in args:

@@ -534,7 +534,7 @@ def test_speed_options_are_declared_once():
     from hydra import compose, initialize_config_dir
 
     from bert_repro import speed
-    from bert_repro.lifecycle.schema import SpeedOptions
+    from bert_repro.config import SpeedOptions
 
     from .conftest import CONF
 
@@ -549,18 +549,20 @@ def test_speed_options_are_declared_once():
         SpeedOptions(attention="bogus")
 
 
-def test_unpadding_on_a_gpu_without_flash_attn_warns_once(monkeypatch):
-    """On an H200, nested-jagged attention measured slower than padded (docs/benchmarks.md): where
-    ``auto`` picks it, the run is told once, with the two ways out."""
+def test_unpadding_on_a_gpu_without_torchs_varlen_attention_warns_once(monkeypatch):
+    """Where ``auto`` falls back to nested-jagged attention on a GPU (a torch without varlen_attn), the run is
+    told once, with the two ways out; with varlen_attn it takes torch's flash kernel."""
     import warnings
     from types import SimpleNamespace
 
     from bert_repro.speed import kernels
 
-    monkeypatch.setattr(kernels, "FLASH_ATTN", False)
-    kernels._warn_nested.cache_clear()
     gpu = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)  # all varlen_backend reads
-    with pytest.warns(UserWarning, match="install flash-attn or set speed.unpad=false"):
+    monkeypatch.setattr(kernels, "varlen_attn", lambda *args, **kwargs: None)
+    assert kernels.varlen_backend("auto", gpu, causal=False) == "flash"
+    monkeypatch.setattr(kernels, "varlen_attn", None)
+    kernels._warn_nested.cache_clear()
+    with pytest.warns(UserWarning, match="use torch >= 2.10 with bf16, or set speed.unpad=false"):
         assert kernels.varlen_backend("auto", gpu, causal=False) == "nested"
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, Features, Sequence, Value
 
-from bert_repro.data.progress import counted, datasets_progress
 from bert_repro.data.textfiles import refuse_non_text
+from bert_repro.progress import counted, datasets_progress
 
 log = logging.getLogger(__name__)
 

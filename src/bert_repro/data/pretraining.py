@@ -30,7 +30,7 @@ from bert_repro.data.corpus import (
     replaced_whole,
 )
 from bert_repro.data.hub import load_hub_documents
-from bert_repro.data.progress import datasets_progress
+from bert_repro.progress import datasets_progress
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
 
 log = logging.getLogger(__name__)

@@ -13,9 +13,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from bert_repro.convert.safe import safe_torch_load
-from bert_repro.lifecycle.callbacks import ProgressLines
-from bert_repro.lifecycle.checks import UsageError
-from bert_repro.lifecycle.identity import (
+from bert_repro.identity import (
     checkpoint_identity,
     describe,
     head_mismatch,
@@ -23,6 +21,8 @@ from bert_repro.lifecycle.identity import (
     run_identity,
     vocab_refusal,
 )
+from bert_repro.lifecycle.callbacks import ProgressLines
+from bert_repro.lifecycle.checks import UsageError
 from bert_repro.lifecycle.spec import RunSpec
 from bert_repro.speed import compile_model
 

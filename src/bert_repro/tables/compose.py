@@ -79,7 +79,7 @@ def _tree() -> str:
     digest = hashlib.sha256()
     for path in sorted(CONF_DIR.rglob("*.yaml")):
         digest.update(str(path.relative_to(CONF_DIR)).encode() + b"\0" + path.read_bytes())
-    # the typed nodes conf/ composes (lifecycle/schema.py) declare defaults too: a changed one composes anew
+    # the typed nodes conf/ composes (config.py) declare defaults too: a changed one composes anew
     for name, node in sorted(ConfigStore.instance().repo.get("schema", {}).items()):
         digest.update(name.encode() + b"\0" + OmegaConf.to_yaml(node.node).encode())
     return digest.hexdigest()
