@@ -179,6 +179,18 @@ def test_architecture_lists_every_module():
 
 
 
+
+def test_make_curves_names_the_folder_of_the_csv_run_before_it():
+    """training.md's `make curves RUN=outputs/<task>/<name>` draws the `logger=csv` run its block starts just
+    before: the folder that run's command makes."""
+    from bert_repro.lifecycle.hydra_hooks import run_name
+
+    lines = commands(REPO / "docs" / "training.md")
+    curves = next(i for i, line in enumerate(lines) if line.startswith("make curves RUN="))
+    run = next(line for line in reversed(lines[:curves]) if "logger=csv" in line).split()[2:]
+    task = next(arg.split("=")[1] for arg in run if arg.startswith("task="))
+    assert lines[curves].split()[2] == f"RUN=outputs/{task}/{run_name(run)}"
+
 # -- what the code's comments name -----------------------------------------------------------------------
 # names a comment may give that are no file of this repository: the scripts of other projects the code follows
 # (google-research/bert, the SQuAD site's official scorers, transformers' examples), the files Hydra and
