@@ -207,7 +207,7 @@ def comments(path: Path) -> list[str]:
     """The comments of a Python file (its docstrings too), a YAML file or the Makefile."""
     text = path.read_text()
     if path.suffix != ".py":
-        return [line.split("#", 1)[1] for line in text.splitlines() if "#" in line]
+        return re.findall(r"(?:^|\s)#(.*)$", text, flags=re.M)  # after a blank: a quoted "#..." is no comment
     tokens = tokenize.generate_tokens(io.StringIO(text).readline)
     found = [t.string for t in tokens if t.type == tokenize.COMMENT]
     for node in ast.walk(ast.parse(text)):
@@ -249,6 +249,16 @@ def test_every_module_and_file_a_comment_names_exists():
     assert not stale, f"comments name modules or files that do not exist: {stale}"
 
 
+ISSUE = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&/])#\d{1,3}\b")  # our tracker's numbers, not a library's
+
+
+@pytest.mark.slow
+def test_no_comment_cites_an_issue_number():
+    """A comment says what a thing is and why, not which issue asked for it: the issue is closed by then."""
+    cited = {str(p.relative_to(REPO)): found for p in commented_files()
+             if (found := [m for c in comments(p) for m in ISSUE.findall(c)])}
+    assert not cited, f"comments cite issue numbers: {cited}"
+
 def test_a_comment_naming_a_renamed_module_or_config_is_found(tmp_path):
     code, config = tmp_path / "code.py", tmp_path / "config.yaml"
     code.write_text('"""Scored as bert_repro.metrics.squad does, priced by bert_repro.tables.schedule."""\n'
@@ -258,6 +268,8 @@ def test_a_comment_naming_a_renamed_module_or_config_is_found(tmp_path):
     assert sorted(stale_names(code)) == ["bert_repro.tables.schedule", "conf/task/squad_v9.yaml",
                                          "tasks/spans.py"]
     assert stale_names(config) == ["bert_repro.tables.spec.Plan", "scale/galactic.yaml"]
+    assert ISSUE.findall("as issue 17 asked (#44, issues 39), not Lightning #20550 nor color #ff0000") == [
+        "issue 17", "#44", "issues 39"]
 
 # -- extending.md: a task of one's own, from config alone ---------------------------------------------------
 def own_task_yaml() -> str:
