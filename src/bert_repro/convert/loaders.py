@@ -14,12 +14,7 @@ from torch import Tensor
 
 from bert_repro.convert.names import HEADS, config_from_hf, hf_to_ours, tf_to_hf
 from bert_repro.convert.safe import CheckpointError, _first_line, safe_torch_load
-from bert_repro.lifecycle.identity import (
-    IDENTITY_KEY,
-    checkpoint_identity,
-    init_identity,
-    unknown_model_refusal,
-)
+from bert_repro.identity import IDENTITY_KEY, checkpoint_identity, init_identity, unknown_model_refusal
 from bert_repro.model import BertConfig, BertForPreTraining
 
 log = logging.getLogger(__name__)

@@ -27,7 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, SweepUsageError, UsageError
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, is_launcher
-from bert_repro.lifecycle.network import Unreachable
+from bert_repro.lifecycle.signals import Stopped, stop_message
+from bert_repro.network import Unreachable
 
 log = logging.getLogger(__name__)
 
@@ -166,6 +167,9 @@ def run_ends(cfg: DictConfig, record: bool = True) -> Iterator[None]:
     except Preempted as err:  # checkpoint saved: rerunning the command resumes
         log.warning("%s", err)
         raise SystemExit(128 + int(err.signum)) from None
+    except Stopped as err:  # before the first step or outside the loop: nothing recorded over what is there
+        log.error("%s", stop_message(err, f"in {folder.path}", folder.last))
+        raise SystemExit(128 + err.signum) from None
     except SweepUsageError as err:  # a SystemExit is not a job failure to Hydra: the sweep stops here
         log.error("%s", err)
         raise SystemExit(2) from None

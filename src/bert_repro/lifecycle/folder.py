@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from bert_repro.lifecycle.keys import comparable, flatten, science
+from bert_repro.keys import comparable, flatten, science
 
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
 PREVIOUS = ".previous"  # earlier results set aside by a fresh attempt (a dot: find_runs never counts them)
@@ -31,7 +31,7 @@ RECENT = "recent-*.ckpt"  # checkpoint.keep_recent's (conf/callbacks/default.yam
 
 
 def step_checkpoint_name(step: int) -> str:
-    """Pre-training's checkpoint at global step ``step`` (tasks/pretrain.StepCheckpoint writes it)."""
+    """Pre-training's checkpoint at global step ``step`` (callbacks.StepCheckpoint writes it)."""
     return f"step-{int(step)}.ckpt"
 
 

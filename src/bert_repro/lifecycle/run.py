@@ -19,7 +19,7 @@ from bert_repro.lifecycle.checks import UsageError, validate
 from bert_repro.lifecycle.exits import run_ends
 from bert_repro.lifecycle.finished import config_summary, report_finished, scale_reads
 from bert_repro.lifecycle.locks import is_launcher
-from bert_repro.lifecycle.network import set_deadline
+from bert_repro.network import set_deadline
 
 log = logging.getLogger(__name__)
 

@@ -27,15 +27,15 @@ from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.convert.loaders import read_init_identity
-from bert_repro.lifecycle import warm
+from bert_repro.keys import flatten as flat_keys
+from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError, validate
-from bert_repro.lifecycle.compose import compose_run, composing_jobs, hydra_value
 from bert_repro.lifecycle.exits import launch_error
 from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.keys import flatten as flat_keys
-from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
-from bert_repro.tables import REPO, TableError, ray_jobs
+from bert_repro.tables import REPO, TableError, ray_jobs, warm
+from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
+from bert_repro.tables.machine import refusal
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import Sweep, Table, flatten
 
@@ -376,6 +376,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             swept = sweep.params_args() if len(todo[name]) == len(sweep.jobs()) else todo[name][0][0]
             _launch(sweep, swept, stage_launcher(launcher, sweep.stage), dry_run=True)
         return []
+    if why := refusal(table, todo, launcher):  # before any job: not hundreds of failures in its place
+        raise TableError(why)
     said, done = [], threading.Event()
     with _hold(table, todo):
         for folder, why in moves:

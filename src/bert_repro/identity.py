@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bert_repro.lifecycle.keys import comparable, flatten
+from bert_repro.keys import comparable, flatten
 
 IDENTITY_KEY = "bert_repro"  # an exported folder's config.json entry holding the identity
 # keys a checkpoint written before identities existed still carries (the SameRun callback's settings)
