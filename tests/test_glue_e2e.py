@@ -129,7 +129,7 @@ def test_dev_metrics_under_ddp_count_each_example_once(tmp_path, minilm_dir, sha
 
 
 def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, shared_data):
-    """Acceptance (issue §5): all-MiniLM-L6-v2 as init=, 384 real SST-2 sentences, 24 steps; dev carved from
+    """Acceptance: all-MiniLM-L6-v2 as init=, 384 real SST-2 sentences, 24 steps; dev carved from
     train."""
     proc, out = run("task=sst2", "model=minilm_l6", f"init={minilm_dir}", "logger=csv",
                     "trainer.enable_progress_bar=false", "data.dev_from_train=200",

@@ -11,10 +11,10 @@ import torch
 from huggingface_hub import constants
 from omegaconf import OmegaConf
 
-from bert_repro.lifecycle.compose import compose_run, composing_jobs
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import machine, runner
 from bert_repro.tables.collect import collect, comparisons
+from bert_repro.tables.compose import compose_run, composing_jobs
 from bert_repro.tables.render import PREVIOUS, write_all
 from bert_repro.tables.spec import build
 

@@ -66,8 +66,8 @@ HUB_CACHE = "hub"  # a task's Hub data sets, under its data.cache_dir
 def hub_split(hub: dict, split: str, cache_dir: Path, local_key: str) -> Dataset:
     """One split of a task's Hub data set (``task.hub``: path, name, revision), every request bounded by
     network.timeout_s; a Hub that does not answer is named with ``local_key``, the key that reads the task's
-    files instead (lifecycle.network.reaching)."""
-    from bert_repro.lifecycle.network import reaching
+    files instead (network.reaching)."""
+    from bert_repro.network import reaching
 
     with reaching(f"the Hub data set {hub['path']}" + (f" ({hub['name']})" if hub.get("name") else ""),
                   f"give the task's files with {local_key}=<folder>"):

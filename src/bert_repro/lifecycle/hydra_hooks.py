@@ -20,7 +20,7 @@ from hydra.errors import OverrideParseException
 from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
-from bert_repro.lifecycle.keys import is_path, is_science
+from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 
 MAX_NAME = 160
@@ -178,13 +178,20 @@ def unwritable(folder: Path) -> str | None:
 
 def entry(main: Callable[[], Any], config_dir: Path, config_name: str) -> None:
     """src/train.py's and src/evaluate.py's ``__main__``: Hydra's ``main``, and where composition fails, the
-    hints its message leaves out."""
+    hints its message leaves out; a signal before the run's own handling (exits.run_ends) ends it as one there
+    would."""
+    from bert_repro.lifecycle.exits import Stopped, stop_message, stop_on_signals
+
     groups = {d.name for d in config_dir.iterdir() if d.is_dir()}
     for arg in sys.argv[1:]:  # Hydra answers a group set to null with a raw ValueError traceback
         if arg.partition("=")[0] in groups and arg.partition("=")[2] == "null":
             sys.exit(f"{arg}: a group is left out with '~{arg.partition('=')[0]}', not set to null")
     try:
-        main()
+        with stop_on_signals():
+            main()
+    except Stopped as err:  # while composing, before a run folder is held
+        print(stop_message(err, "before the run started"), file=sys.stderr)
+        sys.exit(128 + err.signum)
     except SystemExit as exit_:
         if exit_.code not in (0, None) and not composed:  # not after a run started
             for hint in unknown_key_hints(sys.argv[1:], config_dir, config_name):

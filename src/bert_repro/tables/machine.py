@@ -10,7 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
-from bert_repro.lifecycle.compose import compose_run, composing_jobs
+from bert_repro.tables.compose import compose_run, composing_jobs
 from bert_repro.tables.spec import Table, flatten
 
 PROBE_S = 10.0  # a Hub that has not answered one request in this long is not one a table can rely on
@@ -52,7 +52,7 @@ def _hub_unreachable(path: str) -> str | None:
     from huggingface_hub import HfApi, constants
     from huggingface_hub.utils import httpx
 
-    from bert_repro.lifecycle.network import network_fault
+    from bert_repro.network import network_fault
 
     if constants.is_offline_mode():
         return "HF_HUB_OFFLINE is set"
