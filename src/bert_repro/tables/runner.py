@@ -417,7 +417,7 @@ def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict 
     jobs = table.jobs()
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
     progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
-                             kinds={jobs[r["name"]]: r["kind"] for r in planned})
+                             kinds={f: s.kind for s in table.sweeps.values() for _, f in s.jobs()})
     lines: dict[str, dict] = {}  # by sweep, once it ended
 
     def one(sweep: Sweep) -> dict:
