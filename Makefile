@@ -12,7 +12,8 @@ PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP  := $(VENV)/.installed
 
 .PHONY: install curves test test-fast demo table5_demo demo-pretrain lint bench gpu-check clean constraints slurm-up slurm-down
-# where a table's runs execute (the table targets and demo below): local | joblib | slurm
+# where a table's runs execute (the table targets and demo below): local | joblib | slurm; GPUS=0,1,2,3: the local
+# launcher runs that many sweeps side by side, each on its own GPU (CUDA_VISIBLE_DEVICES)
 LAUNCHER ?= local
 
 install: $(STAMP)
@@ -51,7 +52,7 @@ test-fast: install
 # `make demo-pretrain` is the single 600-step pre-training run of conf/experiment/demo.yaml.
 demo table5_demo: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(SLURM_ENV) $(BIN)/python -m bert_repro.tables run table5_demo \
-		--scale smoke --launcher $(LAUNCHER) $(if $(filter 1 yes true,$(FORCE)),--force)
+		--scale smoke --launcher $(LAUNCHER) $(if $(GPUS),--gpus $(GPUS)) $(if $(filter 1 yes true,$(FORCE)),--force)
 
 demo-pretrain: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python src/train.py experiment=demo
@@ -79,7 +80,7 @@ clean:
 
 # The paper's tables beside its numbers: experiments/results/<table>.{md,csv,tex} (+ figures).
 #   make table5 SCALE=smoke|budget|paper [FORCE=1] [INIT=<dir> | INIT=base=<dir>,large=<dir>]
-#        [LAUNCHER=local|joblib|slurm] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse]
+#        [LAUNCHER=local|joblib|slurm] [GPUS=0,1,...] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse]
 #        [ACCELERATOR=h100|h200|a100] [GRID=full|first]
 # ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours
 # (experiments/runs/<table>/<scale>/plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny
@@ -95,7 +96,7 @@ ACTION   ?= run
 # make tables SCALE=paper ACTION=plan: every table planned together, each shared pre-training once
 tables $(TABLES): install
 	$(SLURM_ENV) $(BIN)/python -m bert_repro.tables $(ACTION) $(if $(filter tables,$@),$(TABLES),$@) --scale $(SCALE) \
-		--launcher $(LAUNCHER) \
+		--launcher $(LAUNCHER) $(if $(GPUS),--gpus $(GPUS)) \
 		$(if $(filter 1 yes true,$(FORCE)),--force) $(if $(INIT),--init $(INIT)) $(if $(LOGGER),--logger $(LOGGER)) \
 		$(if $(ACCELERATOR),--accelerator $(ACCELERATOR)) $(if $(GRID),--rehearse-grid $(GRID))
 

@@ -11,7 +11,8 @@ from seqeval.metrics import f1_score
 from seqeval.scheme import IOB1, IOB2
 
 from bert_repro.data.conll import CONLL2003_LABELS, IGNORE, iob1_to_iob2
-from bert_repro.tasks.tagging import EntityF1, TokenTaggingModule, entity_scores
+from bert_repro.metrics.conll import EntityF1, entity_scores
+from bert_repro.tasks.tagging import TokenTaggingModule
 
 from .conftest import CONF
 

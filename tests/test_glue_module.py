@@ -12,8 +12,9 @@ from sklearn.metrics import accuracy_score, f1_score, matthews_corrcoef
 from bert_repro.convert import LoadedCheckpoint, load_checkpoint
 from bert_repro.data.glue import GLUE_TASKS
 from bert_repro.heads import SequenceClassifier
-from bert_repro.metrics import degenerate_reason, glue_metrics, glue_score
+from bert_repro.metrics.glue import glue_metrics
 from bert_repro.model import BertConfig, BertForPreTraining
+from bert_repro.scores import degenerate_reason, glue_score
 from bert_repro.tasks.classification import SequenceClassificationModule
 
 from .test_config import compose_cfg, resolved

@@ -70,9 +70,9 @@ def test_a_setting_whose_runs_all_failed_is_a_cell_with_its_reason(tmp_path):
 
 
 def test_collapse_is_flagged_in_results_and_by_selection(tmp_path):
-    """results.json carries `degenerate` (metrics.degenerate_reason), and the selection tool passes the run
+    """results.json carries `degenerate` (scores.degenerate_reason), and the selection tool passes the run
     over."""
-    from bert_repro.metrics import degenerate_reason
+    from bert_repro.scores import degenerate_reason
 
     collapsed = {"val/acc": 0.53, "val/top_class_share": 1.0}
     assert degenerate_reason(collapsed)

@@ -10,9 +10,9 @@ from bert_repro.model import (
     BertConfig,
     BertForPreTraining,
     BertModel,
-    attention_mask_for_sdpa,
     count_parameters,
 )
+from bert_repro.speed.layout import attention_mask_for_sdpa
 
 TINY = dict(vocab_size=101, hidden_size=32, num_layers=3, num_heads=4, max_position=64,
             hidden_dropout=0.0, attention_dropout=0.0)

@@ -7,11 +7,10 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from bert_repro import model as model_py
 from bert_repro.flops import encoder_parameters, training_flops
 from bert_repro.heads import SequenceClassifier
 from bert_repro.model import BertConfig, BertForPreTraining, BertModel, Dropout, Layer, count_parameters
-from bert_repro.speed import SpeedOptions
+from bert_repro.speed import SpeedOptions, layout
 from bert_repro.speed import loss as speed_loss
 
 
@@ -214,9 +213,9 @@ def _pre_ln(self, x, ctx):
     return x + self.dropout(self.output(F.gelu(self.intermediate(self.LayerNorm(x)))))
 
 
-_attend = model_py.attend
+_attend = layout.attend
 EDITS = {"pre-LN Layer.forward": (Layer, "forward", _pre_ln),
-         "attend at temperature 1/2": (model_py, "attend", lambda q, *rest: _attend(2 * q, *rest))}
+         "attend at temperature 1/2": (layout, "attend", lambda q, *rest: _attend(2 * q, *rest))}
 # every speed configuration, each CPU attention backend of the unpadded path among them
 EVERY_PATH = {"plain": {}, **OPTIONS, "unpad-padded": dict(unpad=True, attention="padded"),
               "unpad-nested": dict(unpad=True, attention="nested"),

@@ -7,18 +7,8 @@ import numpy as np
 import pytest
 
 from bert_repro.data.squad import max_context, window_starts
-from bert_repro.squad_eval import (
-    Window,
-    WindowLogits,
-    evaluate_v1,
-    evaluate_v2,
-    exact_score,
-    f1_score,
-    normalize_answer,
-    predict_question,
-    score,
-    write_prediction_files,
-)
+from bert_repro.metrics.squad import evaluate_v1, evaluate_v2, exact_score, f1_score, normalize_answer
+from bert_repro.squad_eval import Window, WindowLogits, predict_question, score, write_prediction_files
 
 
 def test_normalisation_and_token_f1_by_hand():

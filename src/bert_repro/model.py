@@ -7,18 +7,16 @@ tree follows the Hugging Face / Google parameter vocabulary (``embeddings.word_e
 ``attention.output.dense``, ``intermediate`` for ``intermediate.dense`` ...) and query, key and value
 in one fused ``qkv`` projection (one GEMM instead of three); ``convert/names.py`` maps between the two.
 
-Speed (trainer/'s ``SpeedOptions``, passed to the constructors) never forks this path; it changes how a step
-runs at one switch point per feature, each tested equal to the plain path (tests/test_speed_options.py):
-``Dropout`` (the CPU dropout kernel), ``attend`` (SDPA, or varlen attention on the real tokens), the
-``AttentionContext`` a forward builds once (padded or unpadded rows, the sparse last layer's queries),
-``Encoder`` (activation checkpointing), ``BertForPreTraining.forward`` (packed rows, the sparse last layer)
-and its ``heads`` (the fused MLM decoder and loss). The block itself is ``Layer.forward``: edit it there
-(e.g. for a pre-LN encoder) and every run, fast or plain, runs the edit.
+Speed (trainer/'s ``SpeedOptions``, passed to the constructors) never forks this path: speed/layout.py
+decides once per forward where the tokens sit (padded, or only the real ones) and which attention kernel runs,
+and model.py calls speed/ at one place per feature, each tested equal to the plain path
+(tests/test_speed_options.py). The block itself is ``Layer.forward``: edit it there (e.g. for a pre-LN
+encoder) and every run, fast or plain, runs the edit.
 """
 
 from __future__ import annotations
 
-from dataclasses import asdict, dataclass, replace
+from dataclasses import asdict, dataclass
 
 import torch
 import torch.nn.functional as F
@@ -26,10 +24,9 @@ import torch.utils.checkpoint
 from torch import Tensor, nn
 
 from bert_repro.lifecycle.schema import ModelConfig, problems, whole_positive
-from bert_repro.speed import SpeedOptions, kernels
-from bert_repro.speed.kernels import Packed, varlen_attention
+from bert_repro.speed import SpeedOptions, kernels, layout
+from bert_repro.speed.layout import AttentionContext
 from bert_repro.speed.loss import decode, fusable, linear_cross_entropy
-from bert_repro.speed.packing import block_diagonal_mask, pack_rows, read_back
 
 PLAIN = SpeedOptions()  # every speed option off
 
@@ -64,7 +61,7 @@ class EncoderOutput:
 
 class Dropout(nn.Dropout):
     """nn.Dropout; with ``cpu_kernel`` (speed.fast_kernels) a CPU training step draws its mask with
-    ``kernels.dropout``: the same keep-with-1-p and 1/(1-p) scale, 2.6x cheaper than ATen's serial draws."""
+    ``kernels.dropout``: the same keep-with-1-p and 1/(1-p) scale, cheaper than ATen's serial draws."""
 
     def __init__(self, p: float, cpu_kernel: bool = False):
         super().__init__(p)
@@ -101,62 +98,6 @@ class Embeddings(nn.Module):
         return self.dropout(self.LayerNorm(x))
 
 
-@dataclass
-class AttentionContext:
-    """How every layer's attention runs on this batch, decided once per forward (``BertModel.context``).
-    Padded, the layers see (B, T, H) and SDPA takes ``mask``; unpadded (speed.unpad, as MosaicBERT and
-    ModernBERT), they see the real tokens (N, H), and ``packed`` says which sequence each is in (cu_seqlens).
-    ``rows``, in the sparse last layer only: its query rows (B, P), the only ones that leave it."""
-
-    speed: SpeedOptions
-    causal: bool  # the left-to-right ablation (§5.1)
-    attention_mask: Tensor | None  # (B, T) as given: 1 = real, 0 = padding
-    mask: Tensor | None = None  # padded: boolean (B, 1, 1|T|P, T), True = may attend; None = nothing masked
-    packed: Packed | None = None  # unpadded: the real tokens' places and sequences
-    rows: tuple[Tensor, ...] | None = None  # an index of x's leading dimensions giving (B, P)
-
-    @property
-    def is_causal(self) -> bool:  # SDPA applies the causal mask itself when nothing else is masked
-        return self.causal and self.mask is None and self.rows is None
-
-    def select(self, x: Tensor) -> Tensor:
-        """x's query rows: all of them, or the sparse last layer's (B, P, ...)."""
-        return x if self.rows is None else x[self.rows]
-
-    def pad(self, x: Tensor) -> Tensor:
-        """Unpadded (N, H) back to the batch's (B, T, H), zeros at the padding; other shapes as they are."""
-        return self.packed.pad(x) if self.packed is not None and x.dim() == 2 else x
-
-    def sparse(self, x: Tensor, positions: Tensor) -> tuple[Tensor, AttentionContext]:
-        """The sparse last layer's input and context: queries at ``positions`` (B, P), keys everywhere."""
-        packed = self.packed
-        if packed is not None and not self.causal and packed.num_sequences == len(positions):
-            return x, replace(self, rows=(packed.rows(positions),))  # row b's queries over its real tokens
-        x = self.pad(x)  # (B, T, H): varlen queries apart from their keys: never causal nor of empty rows
-        mask = attention_mask_for_sdpa(self.attention_mask, self.causal, x.shape[1], positions)
-        batch = torch.arange(len(positions), device=positions.device)[:, None]  # (B, 1)
-        return x, replace(self, mask=mask, packed=None, rows=(batch, positions))
-
-
-def attend(q: Tensor, k: Tensor, v: Tensor, ctx: AttentionContext, dropout_p: float) -> Tensor:
-    """softmax(q k^T / sqrt(d)) v per head (Vaswani et al.), token-major: q (..., heads, d) at ctx's query
-    rows, k and v (..., heads, d) at every row; the context comes back shaped as q. The one switch between
-    attention kernels: SDPA on the padded batch (with speed.fast_kernels, its math with the cheap CPU dropout
-    mask), or, unpadded, attention within each sequence (speed/kernels.py's varlen backends)."""
-    if ctx.packed is not None:  # k, v (N, heads, d); q (N, heads, d), or the sparse last layer's (B, P, ...)
-        queries = None if ctx.rows is None else Packed.dense(q.shape[0], q.shape[1], q.device)
-        out = varlen_attention(q.reshape(-1, *q.shape[-2:]), k, v, ctx.packed, dropout_p, ctx.causal,
-                               ctx.speed.attention, ctx.speed.fast_kernels, queries)  # (N | B x P, heads, d)
-        return out.view(q.shape)
-    q, k, v = (t.transpose(1, 2) for t in (q, k, v))  # (B, heads, T|P, d)
-    if ctx.speed.fast_kernels:
-        out = kernels.attention(q, k, v, ctx.mask, dropout_p, ctx.is_causal)
-    else:
-        out = F.scaled_dot_product_attention(q, k, v, attn_mask=ctx.mask, dropout_p=dropout_p,
-                                             is_causal=ctx.is_causal)
-    return out.transpose(1, 2)  # (B, T|P, heads, d)
-
-
 class SelfAttention(nn.Module):
     """Multi-head self-attention (one fused QKV projection), and the parameters of its output sub-step
     (``dense``, ``dropout``, ``LayerNorm``: the google-research/bert names), which ``Layer`` applies."""
@@ -175,13 +116,10 @@ class SelfAttention(nn.Module):
         heads = (self.num_heads, self.head_dim)
         if ctx.rows is None:
             q, k, v = self.qkv(x).unflatten(-1, (3, *heads)).unbind(-3)  # 3 x (..., heads, head_dim)
-        else:  # the sparse last layer: the query projection at its P rows only, keys and values at all T
-            H = x.shape[-1]
-            (w_q, w_kv), (b_q, b_kv) = (t.split([H, 2 * H]) for t in (self.qkv.weight, self.qkv.bias))
-            q = F.linear(ctx.select(x), w_q, b_q).unflatten(-1, heads)  # (B, P, heads, head_dim)
-            k, v = F.linear(x, w_kv, b_kv).unflatten(-1, (2, *heads)).unbind(-3)  # 2 x (..., heads, head_dim)
+        else:  # the sparse last layer: the query projection at its P rows only
+            q, k, v = layout.sparse_qkv(self.qkv, x, ctx, heads)
         dropout_p = self.attention_dropout if self.training else 0.0
-        return attend(q, k, v, ctx, dropout_p).flatten(-2)  # (..., H)
+        return layout.attend(q, k, v, ctx, dropout_p).flatten(-2)  # (..., H)
 
 
 class Layer(nn.Module):
@@ -214,14 +152,13 @@ class Encoder(nn.Module):
         self.layer = nn.ModuleList(Layer(config, speed) for _ in range(config.num_layers))
         self.checkpointing = speed.activation_checkpointing
 
-    def forward(self, x: Tensor, ctx: AttentionContext, output_hidden_states: bool = False,
-                output_positions: Tensor | None = None) -> EncoderOutput:
-        """``output_positions`` (B, P): the sparse last layer, whose queries, feed-forward and LayerNorms run
-        at those P positions only: the output is then (B, P, H)."""
+    def forward(self, x: Tensor, ctx: AttentionContext, output_hidden_states: bool = False) -> EncoderOutput:
+        """With ctx's positions (B, P), the sparse last layer's queries, feed-forward and LayerNorms run at
+        those P positions only: the output is then (B, P, H)."""
         hidden_states = [ctx.pad(x)] if output_hidden_states else None
         for i, layer in enumerate(self.layer):
-            if output_positions is not None and i == len(self.layer) - 1:
-                x, ctx = ctx.sparse(x, output_positions)
+            if i == len(self.layer) - 1:
+                x, ctx = ctx.last_layer(x)
             if self.checkpointing and self.training and torch.is_grad_enabled():
                 x = torch.utils.checkpoint.checkpoint(layer, x, ctx, use_reentrant=False)
             else:
@@ -240,25 +177,6 @@ class Pooler(nn.Module):
 
     def forward(self, sequence_output: Tensor) -> Tensor:
         return torch.tanh(self.dense(sequence_output[:, 0]))  # (B, H)
-
-
-def attention_mask_for_sdpa(attention_mask: Tensor | None, causal: bool, seq_len: int,
-                            positions: Tensor | None = None) -> Tensor | None:
-    """Padding mask (B, T) of 1 = real, 0 = pad -> boolean SDPA mask (B, 1, 1|T, T), True = may attend;
-    with query ``positions`` (B, P) (the sparse last layer), (B, 1, 1|P, T).
-
-    None when nothing needs masking, so SDPA can take its fastest kernel (and apply the causal mask of
-    the left-to-right ablation itself, through ``is_causal``, when every position is a query)."""
-    padded = attention_mask is not None and not bool(attention_mask.all())
-    if not padded and (not causal or positions is None):
-        return None
-    mask = attention_mask.bool()[:, None, None, :] if padded else None  # (B, 1, 1, T)
-    if causal:
-        keys = torch.arange(seq_len, device=(attention_mask if padded else positions).device)
-        queries = keys[:, None] if positions is None else positions[:, None, :, None]  # (T, 1) | (B, 1, P, 1)
-        seen = keys <= queries  # (T, T) | (B, 1, P, T): the left context and the query itself
-        mask = seen if mask is None else mask & seen
-    return mask
 
 
 class BertModel(nn.Module):
@@ -284,28 +202,12 @@ class BertModel(nn.Module):
         rows (speed/packing.py), 1, 2, ... per instance (0 at padding) and positions restarting at each."""
         if input_ids.dim() != 2:
             raise ValueError(f"input_ids must have shape (batch, seq_len), got {tuple(input_ids.shape)}")
-        if sequence_ids is not None and output_positions is not None:
-            raise ValueError("packed rows (sequence_ids) have no sparse last layer")
         if token_type_ids is None:
             token_type_ids = torch.zeros_like(input_ids)
         x = self.embeddings(input_ids, token_type_ids, position_ids)  # (B, T, H)
-        ctx = self.context(attention_mask, sequence_ids, input_ids.shape[1])
-        if ctx.packed is not None:
-            x = ctx.packed.unpad(x)  # (N, H): only the real tokens from here to the head
-        return self.encoder(x, ctx, output_hidden_states, output_positions)
-
-    def context(self, attention_mask: Tensor | None, sequence_ids: Tensor | None,
-                seq_len: int) -> AttentionContext:
-        """Padded rows and their SDPA mask (padding, the ablation's future, the other instances of packed
-        rows), or with speed.unpad the real tokens and their sequences (a row, or a packed instance, each)."""
-        ctx = AttentionContext(self.speed, self.config.causal, attention_mask)
-        if self.speed.unpad and sequence_ids is not None:
-            return replace(ctx, packed=Packed.from_sequence_ids(sequence_ids))
-        if self.speed.unpad and attention_mask is not None and not bool(attention_mask.all()):
-            return replace(ctx, packed=Packed.from_mask(attention_mask))
-        if sequence_ids is not None:
-            return replace(ctx, mask=block_diagonal_mask(sequence_ids, self.config.causal))
-        return replace(ctx, mask=attention_mask_for_sdpa(attention_mask, self.config.causal, seq_len))
+        ctx = layout.context(self.speed, self.config.causal, attention_mask, input_ids.shape[1], sequence_ids,
+                             output_positions)
+        return self.encoder(ctx.unpad(x), ctx, output_hidden_states)  # unpadded: (N, H) to the head
 
 
 def init_weights(module: nn.Module, std: float) -> None:
@@ -376,24 +278,18 @@ class BertForPreTraining(nn.Module):
         marks the real predictions among them; the logits are then (N, V) for its N True entries.
         ``mlm_targets`` (N,), their tokens, let speed.fast_kernels fuse the decoder with the loss
         (``heads``)."""
-        if masked_positions is not None and self.speed.pack and not output_hidden_states:
-            # several short instances per row (speed/packing.py), read back at each one's [CLS] and positions
-            p = pack_rows(input_ids, token_type_ids, attention_mask)
-            out = self.bert(p.input_ids, p.token_type_ids, p.attention_mask, sequence_ids=p.sequence_ids,
-                            position_ids=p.position_ids)
-            seq, predicted = read_back(p, out.last_hidden_state, masked_positions)  # (B, 1, H), (B, P, H)
-        elif masked_positions is not None and self.speed.fast_kernels:
-            # the sparse last layer: only [CLS] and the predicted positions leave it, (B, 1 + P, H)
-            positions = torch.cat([torch.zeros_like(masked_positions[:, :1]), masked_positions], dim=1)
-            out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states, positions)
-            seq, predicted = out.last_hidden_state, out.last_hidden_state[:, 1:]
+        fast = None if masked_positions is None else layout.prediction_states(
+            self.bert, input_ids, token_type_ids, attention_mask, masked_positions, output_hidden_states)
+        if fast is not None:  # packed rows or the sparse last layer: [CLS] (B, 1, H) and the positions
+            seq, predicted, hidden_states = fast
         else:
             out = self.bert(input_ids, token_type_ids, attention_mask, output_hidden_states)
             seq = predicted = out.last_hidden_state  # (B, T, H)
+            hidden_states = out.hidden_states
             if masked_positions is not None:
                 index = masked_positions.unsqueeze(-1).expand(-1, -1, seq.shape[-1])  # (B, P, H)
                 predicted = seq.gather(1, index)  # (B, P, H)
-        return self.heads(predicted, seq, prediction_mask, out.hidden_states, mlm_targets)
+        return self.heads(predicted, seq, prediction_mask, hidden_states, mlm_targets)
 
     def heads(self, predicted: Tensor, seq: Tensor, prediction_mask: Tensor | None = None,
               hidden_states: list[Tensor] | None = None,

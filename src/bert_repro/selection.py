@@ -26,7 +26,7 @@ from typing import Any
 
 from bert_repro.lifecycle.folder import RunFolder, find_runs
 from bert_repro.lifecycle.identity import checkpoint_identity, science_differences
-from bert_repro.lifecycle.keys import flatten, science
+from bert_repro.lifecycle.keys import comparable, flatten, science
 from bert_repro.scores import (  # torch-free: the collector uses this
     COLLAPSE_SHARE,
     degenerate_reason,
@@ -46,7 +46,7 @@ SETTING = ("task", "model", "ablation", "scale", "init")  # what a table cell fi
 def _science(config: dict) -> dict:
     """The science config (keys.science) flattened, less the seeds: runs that share it are restarts of each
     other."""
-    return {k: v for k, v in flatten(science(config)).items() if k not in RESTART_KEYS}
+    return {k: v for k, v in comparable(flatten(science(config))).items() if k not in RESTART_KEYS}
 
 
 def load_runs(folders: list[Path], collapse_share: float = COLLAPSE_SHARE,

@@ -1,119 +1,23 @@
-"""SQuAD post-processing and scoring (§4.2; v2 §4.3), with the semantics of the released run_squad.py and of
-the official evaluate-v1.1.py / evaluate-v2.0.py.
+"""SQuAD post-processing (§4.2; v2 §4.3) with the semantics of the released run_squad.py; the scoring is
+bert_repro.metrics.squad's.
 
-Post-processing: in each window the ``n_best_size`` highest start and end logits give candidate spans
-(passage tokens only, end >= start, at most ``max_answer_length`` tokens, starting where the token has its
-maximum context); a span scores S.T_i + E.T_j and its text is cut out of the original context through
-the tokens' character offsets. Across a question's windows the best span wins. v2.0 adds the null answer,
-s_null = S.C + E.C (the lowest over the windows, as run_squad.py), and predicts "" when
-s_null - s_best > tau; tau is the Dev threshold maximising F1 (``evaluate_v2``'s best_f1_thresh), and
-exact_match / f1 are those of the answers at tau (so f1 = best_f1), as the paper reports Dev.
-
-Scoring: answers are lower-cased, stripped of punctuation, articles and extra whitespace; EM and token F1
-take the maximum over the gold answers. v1.1 goes through torchmetrics' SQuAD metric; v2.0's no-answer
-scoring (HasAns / NoAns, best_f1 and its threshold) follows evaluate-v2.0.py line for line.
+In each window the ``n_best_size`` highest start and end logits give candidate spans (passage tokens only,
+end >= start, at most ``max_answer_length`` tokens, starting where the token has its maximum context); a span
+scores S.T_i + E.T_j and its text is cut out of the original context through the tokens' character offsets.
+Across a question's windows the best span wins. v2.0 adds the null answer, s_null = S.C + E.C (the lowest
+over the windows, as run_squad.py), and its null odds s_null - s_best, which the scoring thresholds.
 """
 
 from __future__ import annotations
 
-import collections
 import json
 import math
-import re
-import string
 from dataclasses import dataclass, field
 from pathlib import Path
 
 import numpy as np
-from torchmetrics.text import SQuAD
 
-# -- the official answer comparison (evaluate-v2.0.py) ------------------------------------------------
-PUNCTUATION = set(string.punctuation)
-
-
-def normalize_answer(s: str) -> str:
-    """Lower text and remove punctuation, articles and extra whitespace."""
-    s = "".join(ch for ch in s.lower() if ch not in PUNCTUATION)
-    s = re.sub(r"\b(a|an|the)\b", " ", s)
-    return " ".join(s.split())
-
-
-def exact_score(gold: str, pred: str) -> int:
-    return int(normalize_answer(gold) == normalize_answer(pred))
-
-
-def f1_score(gold: str, pred: str) -> float:
-    """Token F1 of the normalised answers; a no-answer ("") scores 1 against a no-answer, else 0."""
-    gold_tokens, pred_tokens = normalize_answer(gold).split(), normalize_answer(pred).split()
-    if not gold_tokens or not pred_tokens:
-        return float(gold_tokens == pred_tokens)
-    same = sum((collections.Counter(gold_tokens) & collections.Counter(pred_tokens)).values())
-    if same == 0:
-        return 0.0
-    precision, recall = same / len(pred_tokens), same / len(gold_tokens)
-    return 2 * precision * recall / (precision + recall)
-
-
-def evaluate_v1(answers: dict[str, list[str]], preds: dict[str, str]) -> dict[str, float]:
-    """exact_match and f1 (0-100) of evaluate-v1.1.py, through torchmetrics' SQuAD metric."""
-    metric = SQuAD(sync_on_compute=False)  # every rank scores the whole (gathered) dev set itself
-    metric.update([{"prediction_text": preds[q], "id": q} for q in answers],
-                  [{"answers": {"text": texts, "answer_start": [0] * len(texts)}, "id": q}
-                   for q, texts in answers.items()])
-    return {name: float(value) for name, value in metric.compute().items()}
-
-
-def _eval_dict(exact: dict[str, float], f1: dict[str, float], qids: list[str]) -> dict[str, float]:
-    return {"exact": 100.0 * sum(exact[q] for q in qids) / len(qids),
-            "f1": 100.0 * sum(f1[q] for q in qids) / len(qids), "total": len(qids)}
-
-
-def _best_threshold(preds: dict[str, str], scores: dict[str, float], na_probs: dict[str, float],
-                    has_ans: dict[str, bool]) -> tuple[float, float]:
-    """evaluate-v2.0.py's find_best_thresh: start from all-null, then answer the questions in increasing
-    na_prob order; the best running score and the na_prob where it was reached."""
-    cur_score = best_score = sum(1 for q in has_ans if not has_ans[q])
-    best_thresh = 0.0
-    for qid in sorted(na_probs, key=lambda k: na_probs[k]):
-        if qid not in scores:
-            continue
-        if has_ans[qid]:
-            diff = scores[qid]
-        else:
-            diff = -1 if preds[qid] else 0
-        cur_score += diff
-        if cur_score > best_score:
-            best_score, best_thresh = cur_score, na_probs[qid]
-    return 100.0 * best_score / len(scores), best_thresh
-
-
-def evaluate_v2(answers: dict[str, list[str]], preds: dict[str, str],
-                na_probs: dict[str, float] | None = None, na_prob_thresh: float = 1.0) -> dict[str, float]:
-    """evaluate-v2.0.py: exact, f1, total, HasAns_* and NoAns_* (where such questions exist) and, given
-    ``na_probs`` (null odds), best_exact / best_f1 with their thresholds. ``answers``: qid -> gold texts
-    ([] when unanswerable). A question with na_prob > na_prob_thresh counts as answered with null."""
-    has_ans = {q: bool(texts) for q, texts in answers.items()}
-    exact_raw, f1_raw = {}, {}
-    for qid, texts in answers.items():
-        if qid not in preds:
-            continue
-        golds = [t for t in texts if normalize_answer(t)] or [""]
-        exact_raw[qid] = max(exact_score(g, preds[qid]) for g in golds)
-        f1_raw[qid] = max(f1_score(g, preds[qid]) for g in golds)
-    probs = na_probs if na_probs is not None else {q: 0.0 for q in preds}
-    exact_thresh, f1_thresh = dict(exact_raw), dict(f1_raw)
-    for qid in exact_raw:
-        if probs[qid] > na_prob_thresh:
-            exact_thresh[qid] = f1_thresh[qid] = float(not has_ans[qid])
-    out = _eval_dict(exact_thresh, f1_thresh, list(exact_thresh))
-    for prefix, wanted in (("HasAns", True), ("NoAns", False)):
-        qids = [q for q in exact_thresh if has_ans[q] == wanted]
-        if qids:
-            out.update({f"{prefix}_{k}": v for k, v in _eval_dict(exact_thresh, f1_thresh, qids).items()})
-    if na_probs is not None:
-        out["best_exact"], out["best_exact_thresh"] = _best_threshold(preds, exact_raw, na_probs, has_ans)
-        out["best_f1"], out["best_f1_thresh"] = _best_threshold(preds, f1_raw, na_probs, has_ans)
-    return out
+from bert_repro.metrics.squad import evaluate_v1, score_v2
 
 
 # -- from logits to answers (run_squad.py's write_predictions) ---------------------------------------
@@ -198,33 +102,14 @@ def predict_question(context: str, windows: list[tuple[WindowLogits, Window]], n
     return prediction
 
 
-def apply_threshold(predictions: dict[str, Prediction], tau: float) -> dict[str, str]:
-    """v2 §4.3: the best span where s_best > s_null + tau (null odds <= tau), else no answer ("")."""
-    return {q: p.text if p.null_odds is None or p.null_odds <= tau else "" for q, p in predictions.items()}
-
-
 def score(answers: dict[str, list[str]], predictions: dict[str, Prediction],
           version: int) -> tuple[dict, dict, float | None]:
     """Metrics (val/ names without the prefix), the final answers and, for v2.0, the tuned threshold tau."""
+    texts = {q: p.text for q, p in predictions.items()}
     if version == 1:
-        final = {q: p.text for q, p in predictions.items()}
-        return evaluate_v1(answers, final), final, None
-    odds = {q: p.null_odds for q, p in predictions.items()}
-    tuned = evaluate_v2(answers, {q: p.text for q, p in predictions.items()}, odds)
-    tau = tuned["best_f1_thresh"]
-    if tuned["best_f1"] <= 100.0 * sum(not texts for texts in answers.values()) / len(answers):
-        # no answer beats "no answer" anywhere: evaluate-v2.0.py reports 0.0, but the tau that predicts
-        # null for every question is the one just below the lowest null odds
-        tau = float(np.nextafter(np.float32(min(odds.values())), np.float32(-np.inf)))
-    final = apply_threshold(predictions, tau)
-    at_tau = evaluate_v2(answers, final)
-    metrics = {"exact_match": at_tau["exact"], "f1": at_tau["f1"],
-               **{f"{split}_{m}": at_tau[f"{prefix}_{m}"] for split, prefix in (("has_ans", "HasAns"),
-                                                                                ("no_ans", "NoAns"))
-                  for m in ("exact", "f1") if f"{prefix}_{m}" in at_tau},
-               **{k: tuned[k] for k in ("best_exact", "best_exact_thresh", "best_f1", "best_f1_thresh")},
-               "null_threshold": tau}
-    return metrics, final, tau
+        return evaluate_v1(answers, texts), texts, None
+    metrics, final = score_v2(answers, texts, {q: p.null_odds for q, p in predictions.items()})
+    return metrics, final, metrics["null_threshold"]
 
 
 def write_prediction_files(out_dir: str | Path, final: dict[str, str],

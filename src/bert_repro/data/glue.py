@@ -48,7 +48,7 @@ class GlueTask:
     label: str
     # label strings of the files and the test server, in Hub order; None = regression
     labels: tuple[str, ...] | None
-    metrics: tuple[str, ...]  # dev metrics (metrics.py names)
+    metrics: tuple[str, ...]  # dev metrics (metrics/glue.py names)
     score: tuple[str, ...]  # Table 1 column(s), averaged in the GLUE score
     server: dict[str, str]  # test split -> the GLUE server's file name
     hub_text: tuple[str, str | None]  # text columns of nyu-mll/glue

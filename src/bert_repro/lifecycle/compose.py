@@ -17,6 +17,7 @@ import hydra
 import yaml
 from hydra import compose, initialize_config_dir
 from hydra._internal.config_loader_impl import ConfigLoaderImpl
+from hydra.core.config_store import ConfigStore
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, read_write
@@ -77,6 +78,9 @@ def _tree() -> str:
     digest = hashlib.sha256()
     for path in sorted(CONF_DIR.rglob("*.yaml")):
         digest.update(str(path.relative_to(CONF_DIR)).encode() + b"\0" + path.read_bytes())
+    # the typed nodes conf/ composes (lifecycle/schema.py) declare defaults too: a changed one composes anew
+    for name, node in sorted(ConfigStore.instance().repo.get("schema", {}).items()):
+        digest.update(name.encode() + b"\0" + OmegaConf.to_yaml(node.node).encode())
     return digest.hexdigest()
 
 

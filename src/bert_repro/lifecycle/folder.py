@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from bert_repro.lifecycle.keys import flatten, science
+from bert_repro.lifecycle.keys import comparable, flatten, science
 
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
 PREVIOUS = ".previous"  # earlier results set aside by a fresh attempt (a dot: find_runs never counts them)
@@ -46,7 +46,7 @@ def step_of(name: str) -> int | None:
 def differences(saved: dict[str, Any] | None, now: dict[str, Any] | None,
                 ignore: tuple[str, ...] = ()) -> list[str]:
     """``key: checkpoint X, now Y`` for each science key that differs, less the keys under ``ignore``."""
-    a, b = flatten(science(saved or {})), flatten(science(now or {}))
+    a, b = comparable(flatten(science(saved or {}))), comparable(flatten(science(now or {})))
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith(ignore))
     return [f"{k}: was {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
 

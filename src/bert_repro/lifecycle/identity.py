@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bert_repro.lifecycle.keys import flatten
+from bert_repro.lifecycle.keys import comparable, flatten
 
 IDENTITY_KEY = "bert_repro"  # an exported folder's config.json entry holding the identity
 # keys a checkpoint written before identities existed still carries (the SameRun callback's settings)
@@ -55,7 +55,7 @@ def describe(identity: dict[str, Any]) -> str:
 def science_differences(saved: dict[str, Any], now: dict[str, Any],
                         ignore: tuple[str, ...] = ()) -> list[str]:
     """``key: checkpoint X, now Y`` for each science key that differs, less the keys in ``ignore``."""
-    a, b = flatten(saved or {}), flatten(now or {})
+    a, b = comparable(flatten(saved or {})), comparable(flatten(now or {}))
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)
     return [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
 
@@ -76,12 +76,19 @@ def architecture_differences(saved: dict[str, Any], now: dict[str, Any],
     only one side has), less the run's own (RUN_OWN) and ``taken`` (fields the run took from the
     checkpoint)."""
     skip = (*RUN_OWN, *taken)
+    saved, now = _model_node(saved), _model_node(now)
     keys = sorted(k for k in (saved or {}).keys() | (now or {}).keys()
                   if k not in skip and (saved or {}).get(k, _ABSENT) != (now or {}).get(k, _ABSENT))
     return [f"model.{k}: checkpoint {_shown(saved, k)}, this run {_shown(now, k)}" for k in keys]
 
 
 _ABSENT = object()
+
+
+def _model_node(node: dict[str, Any] | None) -> dict[str, Any]:
+    """A model node less its keys.ADDED fields at the value runs had before them (keys.comparable)."""
+    kept = comparable({f"model.{k}": v for k, v in (node or {}).items()})
+    return {k.removeprefix("model."): v for k, v in kept.items()}
 
 
 def _shown(node: dict[str, Any] | None, key: str) -> str:

@@ -5,6 +5,12 @@ identity's science), the restarts ``selection`` groups together and the table co
 it. A key ending in "." covers a whole node. ``data.group_by_length`` is science: it changes which examples
 share a batch. So is ``data.max_eval_examples`` (a debug run's Dev on a subset): its scores are not the full
 run's, so it names its own folder and is never taken for the full run, which does not set it.
+
+A science key added after results were recorded is declared in ``ADDED`` with the value that computes what
+every run did before it existed (``model.pre_ln: False``). A record without the key is that science: at that
+value the key is left out of every comparison and store name (``comparable``), so a new default-off flag
+keeps each finished run, stored pre-training and table; any other value, a changed default included, is
+other science.
 """
 
 from __future__ import annotations
@@ -21,6 +27,9 @@ NOT_SCIENCE = (
 )
 # group choices that only change speed or places (an experiment's science keys are in results.json)
 NOT_SCIENCE_GROUPS = ("trainer", "logger", "callbacks", "experiment", "hydra/launcher")
+# science keys added after results were recorded -> the value every run computed before the key existed (it
+# is not the key's default: a later change of default must not make the earlier records that default's)
+ADDED: dict[str, Any] = {}
 # science, but path-valued (a "/" would nest folders): the run folder's name takes a hash of them instead;
 # each covers its sub-keys too (data.files.train=...)
 SCIENCE_PATHS = ("init", "data.tokenizer", "data.glue_dir", "data.files", "data.corpus", "data.squad_dir",
@@ -60,3 +69,9 @@ def flatten(config: dict[str, Any], prefix: str = "") -> dict[str, Any]:
         else:
             out[f"{prefix}{key}"] = value
     return out
+
+
+def comparable(flat: dict[str, Any]) -> dict[str, Any]:
+    """A flattened science config as it compares and names a result: the ``ADDED`` keys at the value runs had
+    before them left out, so a record written before a key existed equals one written at that value."""
+    return {k: v for k, v in flat.items() if k not in ADDED or ADDED[k] != v}

@@ -32,7 +32,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
 from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted, Stopped
-from bert_repro.lifecycle.keys import flatten
+from bert_repro.lifecycle.keys import comparable, flatten
 from bert_repro.lifecycle.results import plain_file_mode
 
 log = logging.getLogger(__name__)
@@ -170,8 +170,8 @@ class SameRun(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.strict:
             return
-        saved = flatten(state_dict.get("settings") or {})
-        now = flatten(self.settings)
+        saved = comparable(flatten(state_dict.get("settings") or {}))
+        now = comparable(flatten(self.settings))
         differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
         if differ:
             shown = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in differ[:6])

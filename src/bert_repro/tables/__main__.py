@@ -32,6 +32,13 @@ def parse_inits(values: list[str]) -> dict[str, str]:
     return inits
 
 
+def gpu_list(value: str) -> list[int]:
+    try:
+        return [int(g) for g in value.split(",")]
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{value!r}: expected CUDA device numbers, e.g. 0,1,2,3") from None
+
+
 def main(argv: list[str] | None = None) -> int:
     try:
         with stop_on_signals():  # before the runs start and after (planning, imports, collecting) too
@@ -54,6 +61,8 @@ def commands(argv: list[str] | None) -> int:
                         help="external checkpoint(s): PATH or KEY=PATH,...")
     parser.add_argument("--launcher", default="local", choices=("local", "joblib", "slurm"),
                         help="where the runs execute")
+    parser.add_argument("--gpus", type=gpu_list, help="the local launcher's devices, e.g. 0,1,2,3: each of "
+                        "its sweeps_at_once (default: one a GPU) runs on its own")
     parser.add_argument("--logger", choices=("csv", "wandb", "none"), help="default: the table's, per scale")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override of the table spec's `table:` node, e.g. grid.seed=1,2")
@@ -110,6 +119,8 @@ def one_table(args: argparse.Namespace, name: str) -> int:
         launcher = spec.spec.get("launchers", {}).get(args.launcher)
         if launcher is None:
             raise TableError(f"conf/table/{name}.yaml has no launchers.{args.launcher}")
+        if args.gpus:
+            launcher = {**launcher, "gpus": args.gpus}
         plan = None
         if args.scale != "smoke" and not args.dry_run:  # a run is planned (its spec checked) before it starts
             plan = make_plan(spec, args.accelerator, args.yes)

@@ -168,7 +168,7 @@ def rehearse(table: Table, runs_dir: Path, results_dir: Path, force: bool = Fals
           f"({grid} grid), steps / {d}; planned {planned:.0f} s on this CPU ({sum(compute.values()):.0f} s "
           f"of compute at {cpu['flops_per_s'] / 1e9:.1f} GFLOP/s, start-up and set-up "
           f"{'as last measured' if fixed else 'not measured yet'})", flush=True)
-    summary = run_table(small, {}, force=force)
+    summary = run_table(small, None, force=force)  # one sweep at a time: the rehearsal times each alone
     problems = check_steps(table, small, d)
     calibration = {"cpu": cpu, **calibrate(small, summary, compute)}
     record = {"divisor": d, "runs": len(plan["runs"]), "grid": grid, "rehearsed_jobs": jobs,

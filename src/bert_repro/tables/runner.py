@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import logging
 import os
+import queue
 import signal
 import subprocess
 import sys
@@ -42,6 +43,9 @@ log = logging.getLogger(__name__)
 TRAIN = REPO / "src" / "train.py"
 LOG = "launch.log"  # every launch of a sweep, appended: the children's stdout and stderr
 THREADS = "threads"  # a launcher block's torch threads per process (OMP_NUM_THREADS), not a Hydra override
+STAGES = ("pretrain", "finetune")
+GPUS = "gpus"  # a local launcher block's devices, shared out among its sweeps_at_once (CUDA_VISIBLE_DEVICES)
+ENV = {"CUDA_VISIBLE_DEVICES": GPUS, "OMP_NUM_THREADS": THREADS}  # what the runner's own keys set in a run
 PING_S, SILENT_S = 5.0, 30.0  # a SLURM controller that stopped answering is named within a minute
 GRACE_S = 300.0  # a batch to finish and a large checkpoint to be written (a scheduler may kill sooner)
 
@@ -152,15 +156,14 @@ def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
 
 
 def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = False) -> tuple[int, str]:
-    threads = launcher.get(THREADS)
-    cmd = command(sweep, swept, {k: v for k, v in launcher.items() if k != THREADS})
+    cmd = command(sweep, swept, {k: v for k, v in launcher.items() if k not in ENV.values()})
+    # torch sizes its intra-op pool from OMP_NUM_THREADS at start-up; CUDA numbers the devices it is given
+    own = {name: str(launcher[key]) for name, key in ENV.items() if launcher.get(key) is not None}
     if dry_run:
-        print(("" if threads is None else f"OMP_NUM_THREADS={threads} ") + " ".join(cmd))
+        print("".join(f"{k}={v} " for k, v in own.items()) + " ".join(cmd))
         return 0, ""
     log.info("%s: launching %s", sweep.name, " ".join(swept) or "one run")
-    env = {**os.environ, "HYDRA_FULL_ERROR": "0"}
-    if threads is not None:  # torch sizes its intra-op pool from it at start-up
-        env["OMP_NUM_THREADS"] = str(threads)
+    env = {**os.environ, "HYDRA_FULL_ERROR": "0", **own}
     sweep.folder.mkdir(parents=True, exist_ok=True)
     with (sweep.folder / LOG).open("a+") as out:  # read back for the errors
         out.write(f"\n=== {time.strftime('%Y-%m-%d %H:%M:%S')} {' '.join(cmd)}\n")
@@ -241,6 +244,28 @@ def stage_launcher(launcher: dict | None, stage: str) -> dict:
     return keys if launcher.get(THREADS) is None else {**keys, THREADS: launcher[THREADS]}
 
 
+def slots(launcher: dict | None) -> tuple[dict, list[str | None]]:
+    """The launcher block with its ``sweeps_at_once`` and ``threads`` filled, and each slot's devices. A local
+    block (no Hydra launcher of its own) fills what it leaves unset from the cores this process may use and
+    its ``gpus``: a slot a GPU (or a share of them), else a slot a core (small models use cores better as
+    processes than as threads), the cores shared out among the slots."""
+    given, launcher = launcher is not None, dict(launcher or {})
+    gpus = [str(g) for g in launcher.get(GPUS) or []]
+    local = not any("hydra/launcher" in flatten(launcher.get(part)) for part in ("common", *STAGES))
+    if local and given:  # no block at all (a rehearsal, a test): one sweep at a time, torch's threads
+        cores = len(os.sched_getaffinity(0))
+        launcher["sweeps_at_once"] = launcher.get("sweeps_at_once") or len(gpus) or \
+            max(1, cores // int(launcher.get(THREADS) or 1))
+        launcher[THREADS] = launcher.get(THREADS) or max(1, cores // int(launcher["sweeps_at_once"]))
+    at_once = int(launcher.get("sweeps_at_once") or 1)
+    if at_once < 1:
+        raise TableError(f"launcher sweeps_at_once={at_once}: expected 1 or more")
+    n = len(gpus)
+    share = [gpus[i % n] if n < at_once else ",".join(gpus[i * n // at_once:(i + 1) * n // at_once])
+             for i in range(at_once)] if n else [None] * at_once  # fewer GPUs than sweeps: sweeps share them
+    return launcher, share
+
+
 def critical_path(table: Table, cost: dict[str, float]) -> dict[str, float]:
     """Each sweep's cost plus that of the costliest chain of sweeps waiting on it."""
     chain: dict[str, float] = {}
@@ -310,9 +335,7 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
               dry_run: bool = False, plan: dict | None = None) -> list[dict]:
     """Every sweep of ``table``, ``sweeps_at_once`` side by side (ordered by ``plan``'s costs, made here if
     not given); one line of counts per sweep, in table order."""
-    at_once = int((launcher or {}).get("sweeps_at_once") or 1)
-    if at_once < 1:
-        raise TableError(f"launcher sweeps_at_once={at_once}: expected 1 or more")
+    launcher, devices = slots(launcher)
     todo, moves = plan_jobs(table, force)
     if dry_run:  # each sweep's multirun, or the first of its jobs left
         for name, sweep in ((n, s) for n, s in table.sweeps.items() if todo[n]):
@@ -329,7 +352,7 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         if any("submitit_slurm" in str(v) for v in flatten(launcher).values()):
             threading.Thread(target=_watch_slurm, args=(said, done), daemon=True).start()
         try:
-            return _sweeps(table, launcher, todo, at_once, plan)
+            return _sweeps(table, launcher, todo, devices, plan)
         except Interrupted:
             if not said:
                 raise
@@ -342,8 +365,10 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             done.set()
 
 
-def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan: dict | None) -> list[dict]:
-    order = list(table.sweeps)
+def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict | None) -> list[dict]:
+    order, at_once, free = list(table.sweeps), len(devices), queue.SimpleQueue()
+    for slot in devices:
+        free.put(slot)
     if at_once > 1:  # a free slot takes the ready sweep with the longest chain of work behind it
         if plan is None:
             from bert_repro.tables.plan import make_plan
@@ -358,8 +383,11 @@ def _sweeps(table: Table, launcher: dict | None, todo: dict, at_once: int, plan:
     lines: dict[str, dict] = {}  # by sweep, once it ended
 
     def one(sweep: Sweep) -> dict:
-        start = time.time()
-        counts = run_sweep(sweep, stage_launcher(launcher, sweep.stage), todo[sweep.name])
+        start, slot = time.time(), free.get()  # a slot's devices are its sweep's alone while it runs
+        try:
+            counts = run_sweep(sweep, {**stage_launcher(launcher, sweep.stage), GPUS: slot}, todo[sweep.name])
+        finally:
+            free.put(slot)
         log.info("%-50s skipped %d, complete %d, failed %d (%.0f s)", sweep.name, counts["skipped"],
                  counts["complete"], counts["failed"], time.time() - start)
         return {"sweep": sweep.name, **counts, "wall_s": round(time.time() - start, 1)}

@@ -19,8 +19,8 @@ from omegaconf import OmegaConf
 from bert_repro.lifecycle import hydra_hooks
 from bert_repro.lifecycle.compose import compose_once, compose_run, composing, hydra_value
 from bert_repro.lifecycle.folder import LAST, RunFolder, step_checkpoint_name, step_of
+from bert_repro.lifecycle.keys import comparable, is_science
 from bert_repro.lifecycle.keys import flatten as flat_keys
-from bert_repro.lifecycle.keys import is_science
 from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401 (re-exported)
 
 SELECTIONS = {  # selection.select's two rules, as a table names them
@@ -91,8 +91,8 @@ def schedule_of(where: str, args: list[str]) -> tuple[Schedule, str]:
                              f"expected between 0 and max_steps={last}")
         schedule = Schedule(last, int(phases[0].data.max_seq_length), every, first,
                             int(phases[1].data.max_seq_length))
-    science = {k: OmegaConf.select(run, k) for k in sorted(flat_keys(OmegaConf.to_container(run)))
-               if is_science(k) and not k.startswith(LABELS)}
+    science = comparable({k: OmegaConf.select(run, k) for k in sorted(flat_keys(OmegaConf.to_container(run)))
+                          if is_science(k) and not k.startswith(LABELS)})
     science["schedule"] = asdict(schedule)
     digest = hashlib.sha1(json.dumps(science, sort_keys=True, default=str).encode()).hexdigest()[:10]
     m = run.model

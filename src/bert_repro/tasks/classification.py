@@ -11,7 +11,7 @@ from torchmetrics.classification import MulticlassConfusionMatrix
 
 from bert_repro.data.glue import glue_task
 from bert_repro.heads import SequenceClassifier
-from bert_repro.metrics import glue_metrics
+from bert_repro.metrics.glue import glue_metrics
 from bert_repro.tasks.base import BertTaskModule
 
 

@@ -1,5 +1,5 @@
-"""Task metrics as torchmetrics objects, which keep sums / predictions per rank and synchronise them at
-``compute`` (so a DDP run scores its whole dev set), plus the GLUE score and the degenerate-run rule."""
+"""GLUE's dev metrics (§4.1) as torchmetrics objects, which keep sums / predictions per rank and synchronise
+them at ``compute`` (so a DDP run scores its whole dev set)."""
 
 from __future__ import annotations
 
@@ -8,9 +8,6 @@ import warnings
 from torchmetrics import Metric, MetricCollection
 from torchmetrics.classification import BinaryF1Score, MatthewsCorrCoef, MulticlassAccuracy
 from torchmetrics.regression import PearsonCorrCoef, SpearmanCorrCoef
-
-# torch-free, so the table collector can import them without torch
-from bert_repro.scores import COLLAPSE_SHARE, degenerate_reason, glue_score  # noqa: F401
 
 # The GLUE metrics by the names the task table and the logged keys use (§4.1, Table 1). F1 and MCC are
 # of the positive class 1 (MRPC "equivalent", QQP "duplicate", CoLA "acceptable"), as GLUE scores them.
