@@ -6,6 +6,7 @@ import atexit
 import difflib
 import functools
 import hashlib
+import math
 import re
 import sys
 import tempfile
@@ -110,15 +111,15 @@ def installed(package: str, folder: str = "") -> str:
 
 
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver(
-            "run_name", lambda overrides, exclude=(): run_name(list(overrides), [str(k) for k in exclude]))
-    if not OmegaConf.has_resolver("run_folder"):  # ${run_folder:<dir>,last}: the layout's one owner says
-        OmegaConf.register_new_resolver("run_folder", run_folder_path)
-    if not OmegaConf.has_resolver("cpu_precision"):
-        OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
-    if not OmegaConf.has_resolver("installed"):
-        OmegaConf.register_new_resolver("installed", installed)
+    """Every resolver conf/ names, registered once: bert_repro.lifecycle's import does it."""
+    OmegaConf.register_new_resolver(
+        "run_name", lambda overrides, exclude=(): run_name(list(overrides), [str(k) for k in exclude]))
+    OmegaConf.register_new_resolver("run_folder", run_folder_path)  # ${run_folder:<dir>,last}: folder.py says
+    OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
+    OmegaConf.register_new_resolver("installed", installed)
+    # a rehearsal's schedule divided down (conf/table_scale/rehearsal.yaml)
+    OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d)
+    OmegaConf.register_new_resolver("gcd", math.gcd)
 
 
 composed = False  # the command's config composed (a Hydra run started): a later exit is no misspelled key
