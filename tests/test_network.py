@@ -1,4 +1,4 @@
-"""Every network call has a deadline and a named failure (#44): against a server on 127.0.0.1 that accepts and
+"""Every network call has a deadline and a named failure: against a server on 127.0.0.1 that accepts and
 never answers, and a port that refuses (HF_ENDPOINT pointed at each), every way the platform reaches the Hub
 (init=<Hub id>, a fine-tuning task's Hub data set, a pre-training corpus on the Hub, streamed or not, and
 convert push-to-hub) ends within seconds of its deadline, naming what it reached, where, the deadline and how

@@ -275,3 +275,26 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     with (tmp_path / "results" / "table5.csv").open() as f:
         cells = {row["column"]: row for row in csv.DictReader(f)}
     assert cells["mrpc_acc"]["status"] == "ok" and cells["mrpc_acc"]["ours"]  # the table came out whole
+
+
+# the table CLI with one of its steps (argv[1]) sending the runner argv[2] first, then doing its work
+SIGNALLED = ("import os, sys; from bert_repro.tables import __main__ as cli; name = sys.argv[1]; "
+             "step = getattr(cli, name); signum = int(sys.argv[2]); "
+             "setattr(cli, name, lambda *a, **k: (os.kill(os.getpid(), signum), step(*a, **k))[1]); "
+             "sys.exit(cli.main(sys.argv[3:]))")
+
+
+@pytest.mark.parametrize(("step", "signum"), [("build", signal.SIGINT), ("write_plan", signal.SIGTERM)])
+def test_a_signal_at_the_runners_start_up_is_one_line_and_128_plus_n_and_files_are_whole(tmp_path, step,
+                                                                                          signum):
+    """Ctrl-C while the table is planned (before any run) and SIGTERM while plan.json is written: the one
+    line, 128 + n, and the plan written whole or not at all."""
+    proc = subprocess.run([sys.executable, "-c", SIGNALLED, step, str(int(signum)), "plan", "table5",
+                           "--scale", "smoke", "--runs-dir", str(tmp_path)], cwd=REPO, capture_output=True,
+                          text=True, timeout=300)
+    assert proc.returncode == 128 + signum, proc.stderr[-3000:]
+    assert (f"error: {signum.name} received during `python -m bert_repro.tables`: stopped; what finished is "
+            "kept, run the same command again to go on") in proc.stderr
+    assert "Traceback" not in proc.stderr
+    plan = tmp_path / "table5" / "smoke" / "plan.json"
+    assert (json.loads(plan.read_text())["runs"] if step == "write_plan" else not plan.exists())

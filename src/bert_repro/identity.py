@@ -47,6 +47,14 @@ def checkpoint_identity(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
             "max_seq_length": (settings.get("data") or {}).get("max_seq_length"), "science": settings}
 
 
+def init_identity(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """What a run started from (``init=``) wherever the file lies: a checkpoint of ours by its run's identity
+    and global step, so a table moved to another disk is the same run and another checkpoint put at the same
+    path is not; None for a checkpoint without an identity, which is known by its path alone."""
+    identity = checkpoint_identity(checkpoint)
+    return None if identity is None else {"identity": identity, "step": checkpoint.get("global_step")}
+
+
 def describe(identity: dict[str, Any]) -> str:
     labels = identity.get("labels")
     return f"task={identity.get('task')}" + (f" (labels {', '.join(map(str, labels))})" if labels else "")

@@ -57,7 +57,7 @@ def build_data(spec: RunSpec) -> L.LightningDataModule:
     cfg = spec.cfg
     loading = {k: cfg.speed[k] for k in get_class(cfg.data._target_).speed_keys}  # as the class declares
     vocab = {"tokenizer": list(spec.vocab), "lowercase": spec.lowercase} if spec.vocab is not None else {}
-    # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, 30k tokens ~7 s
+    # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, slow for 30k tokens
     datamodule = instantiate(cfg.data, batch_size=spec.per_device, _convert_="all", _partial_=True,
                              **loading)(**vocab)
     datamodule.prepare_tokenizer()

@@ -9,7 +9,6 @@ import hashlib
 import math
 import re
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -22,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from bert_repro.keys import is_path, is_science
+from bert_repro.lifecycle.checks import unwritable
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 
 MAX_NAME = 160
@@ -165,27 +165,22 @@ def _check_writable(folder: Path, key: str) -> None:
         raise SystemExit(2)
 
 
-def unwritable(folder: Path) -> str | None:
-    """Why ``folder`` cannot be created or written to, in the OS's words (a read-only file system, a full
-    disk, no permission, a file in the way); None when it can."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        return err.strerror
-    return None
-
-
 def entry(main: Callable[[], Any], config_dir: Path, config_name: str) -> None:
     """src/train.py's and src/evaluate.py's ``__main__``: Hydra's ``main``, and where composition fails, the
-    hints its message leaves out."""
+    hints its message leaves out; a signal before the run's own handling (exits.run_ends) ends it as one there
+    would."""
+    from bert_repro.lifecycle.exits import Stopped, stop_message, stop_on_signals
+
     groups = {d.name for d in config_dir.iterdir() if d.is_dir()}
     for arg in sys.argv[1:]:  # Hydra answers a group set to null with a raw ValueError traceback
         if arg.partition("=")[0] in groups and arg.partition("=")[2] == "null":
             sys.exit(f"{arg}: a group is left out with '~{arg.partition('=')[0]}', not set to null")
     try:
-        main()
+        with stop_on_signals():
+            main()
+    except Stopped as err:  # while composing, before a run folder is held
+        print(stop_message(err, "before the run started"), file=sys.stderr)
+        sys.exit(128 + err.signum)
     except SystemExit as exit_:
         if exit_.code not in (0, None) and not composed:  # not after a run started
             for hint in unknown_key_hints(sys.argv[1:], config_dir, config_name):

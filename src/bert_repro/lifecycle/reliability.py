@@ -8,8 +8,9 @@
   when training resumes, so dropout continues the uninterrupted run's stream.
 - ``SameRun``: a checkpoint found in the run folder (``ckpt_path=last``) is resumed only by the same settings.
 - ``NonFiniteLossGuard``: a NaN/inf training loss stops the run before a checkpoint of it is written.
-- ``Preemption``: SIGTERM / SIGUSR1 (and submitit's preemption signal) save ``last.ckpt`` at the next batch
-  boundary and stop; under submitit its own handler then requeues the job (the one requeue mechanism).
+- ``Preemption``: SIGTERM / SIGUSR1 (and submitit's preemption signal) and Ctrl-C save ``last.ckpt`` at the
+  next batch boundary and stop; under submitit its own handler then requeues the job (the one requeue
+  mechanism).
 """
 
 from __future__ import annotations
@@ -31,7 +32,7 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
 from bert_repro.keys import comparable, flatten
-from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted
+from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted, Stopped
 from bert_repro.lifecycle.results import plain_file_mode
 
 log = logging.getLogger(__name__)
@@ -222,12 +223,14 @@ class Preemption(L.Callback):
         self._previous: dict[int, Any] = {}
 
     def _handler(self, signum: int, frame: Any) -> None:
+        if self.received is not None and signum == signal.SIGINT:  # Ctrl-C twice: now, from the last save
+            raise Stopped(signum)
         log.warning("%s received: saving a checkpoint at the end of this batch", signal.Signals(signum).name)
         self.received = self.received or signum
 
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        # replaces Lightning's SIGTERM handler, which waits for the epoch's end
-        for sig in preemption_signals():
+        # replaces Lightning's SIGTERM handler, which waits for the epoch's end; Ctrl-C saves as a pre-emption
+        for sig in (*preemption_signals(), signal.SIGINT):
             self._previous[sig] = signal.signal(sig, self._handler)
 
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any,
@@ -236,7 +239,7 @@ class Preemption(L.Callback):
             return
         trainer.save_checkpoint(self.checkpoint)  # every rank takes part; rank 0 writes
         signum = self.received or signal.SIGTERM
-        previous = self._previous.get(signum)
+        previous = self._previous.get(signum) if signum != signal.SIGINT else None  # requeue: pre-emption
         self._restore()
         if callable(previous) and "lightning" not in getattr(type(previous), "__module__", ""):
             previous(signum, None)  # submitit: requeue this job, then exit

@@ -115,6 +115,7 @@ def run_result(spec: Any, trainer: Any, module: Any, datamodule: Any, final: dic
         status="interrupted" if trainer.interrupted else "complete", mode=mode, task=spec.task,
         model=spec.model_name, ablation=cfg.ablation.name, scale=cfg.scale.name, seed=cfg.seed,
         init=spec.init, identity=module.identity, resumed_from=spec.resume, predict_majority=spec.majority,
+        init_identity=spec.loaded.init_identity if spec.loaded is not None else None,
         monitor=monitor, **weights,
         metrics={"final": final,
                  "best": {monitor: float(best) if best is not None else None} if mode == "train"

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from bert_repro.lifecycle.exits import Stopped, signals_held, stop_on_signals
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
 from bert_repro.tables.runner import Interrupted, failed_jobs, run_table
@@ -39,6 +40,16 @@ def gpu_list(value: str) -> list[int]:
 
 
 def main(argv: list[str] | None = None) -> int:
+    try:
+        with stop_on_signals():  # before the runs start and after (planning, imports, collecting) too
+            return commands(argv)
+    except Stopped as err:  # outside the runs (the runner stops those): each file it writes is whole
+        print(f"error: {err} during `python -m bert_repro.tables`: stopped; what finished is kept, run the "
+              "same command again to go on", file=sys.stderr)
+        return 128 + err.signum
+
+
+def commands(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.tables", description=__doc__)
     parser.add_argument("action", choices=("run", "collect", "plan", "rehearse"))
     parser.add_argument("table", nargs="+", help=f"one or more of {', '.join(TABLES + DEMOS)}; several "
@@ -86,7 +97,9 @@ def table(args: argparse.Namespace, name: str):
 def plan_all(args: argparse.Namespace) -> int:
     plan = make_plan([table(args, name) for name in args.table], args.accelerator, args.yes)
     print_plan(plan)
-    print(f"wrote {write_plan(plan, args.runs_dir)}")
+    with signals_held():
+        written = write_plan(plan, args.runs_dir)
+    print(f"wrote {written}")
     return 0
 
 
@@ -120,7 +133,8 @@ def one_table(args: argparse.Namespace, name: str) -> int:
         (spec.root / "summary.json").write_text(json.dumps({"wall_s": round(time.time() - start, 1),
                                                             "sweeps": summary}, indent=2) + "\n")
     collected = collect(spec, reference)
-    written = write_all(spec, collected, reference, results_dir)
+    with signals_held():  # the table's files are written whole, all of them
+        written = write_all(spec, collected, reference, results_dir)
     if (args.logger or spec.spec.get("logger")) == "wandb":  # the table itself too, beside its runs
         log_wandb(spec, collected, written, args.runs_dir / name / args.scale)
     print((results_dir / f"{name}.md").read_text(), end="")

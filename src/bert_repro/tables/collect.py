@@ -16,6 +16,7 @@ from bert_repro.tables.runner import job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
 REFERENCE = REPO / "experiments" / "reference.yaml"
+NOT_RUN = "not run"  # a comparison's verdict while a cell of it has no finished run
 
 
 @dataclass
@@ -187,6 +188,8 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
                 paper_diff = spec.get("paper_diff", None if None in paper else round(paper[0] - paper[1], 4))
                 cell_a, cell_b = rows[ra].cells[ca], rows[rb].cells[cb]
                 result = stats.compare(cell_a.seeds or {}, cell_b.seeds or {}, paper_diff)
+                if cell_a.status != "ok" or cell_b.status != "ok":  # no verdict over runs that never ran
+                    result["verdict"] = NOT_RUN
                 name_a, name_b = (part.columns[c].get("label", c) for c in (ca, cb))
                 address, label = (({"a": ca, "b": cb, "column": None, "row": ra},
                                    f"{rows[ra].label}: {name_a} vs {name_b}") if along else
@@ -204,8 +207,10 @@ def _why(result: dict, a: Cell, b: Cell, given: str | None) -> str | None:
         return None
     if given:
         return given
-    if a.status != "ok" or b.status != "ok":
-        return "a cell has no number: " + "; ".join(c.reason or c.status for c in (a, b) if c.status != "ok")
+    if result["verdict"] == NOT_RUN:
+        absent = [c for c in (a, b) if c.status != "ok"]
+        return (f"{len(absent)} of its 2 cells have no number: "
+                + "; ".join(c.reason or c.status for c in absent))
     if result["paper_diff"] is None:
         return "the paper reports no number for one of the rows here"
     if result["n"] < 2:

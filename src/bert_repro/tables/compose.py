@@ -54,7 +54,8 @@ def composing_jobs():
 
 def compose_once(config: str, args: list[str]):
     """conf/<config>.yaml composed with ``args`` (inside ``composing``), read-only, once a process and kept
-    in .cache/compositions/ keyed by conf/'s files: tables compose the same runs again, ~0.5 s each."""
+    in .cache/compositions/ keyed by conf/'s files: tables compose the same runs
+    again (docs/benchmarks.md, plan wall time)."""
     key = (str(CONF_DIR), config, *args)
     if key not in _COMPOSED:
         digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()

@@ -26,6 +26,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
+from bert_repro.convert.loaders import read_init_identity
 from bert_repro.keys import flatten as flat_keys
 from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError, validate
@@ -34,6 +35,7 @@ from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
 from bert_repro.tables import REPO, TableError, warm
 from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
+from bert_repro.tables.machine import refusal
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import Sweep, Table, flatten
 
@@ -228,10 +230,12 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
         why = "--force" if force else "its pre-training runs again" if upstream else None
+        # init= by what its checkpoint is, not where it lies: a table moved whole is still complete
+        init = read_init_identity(sweep.overrides["init"]) if sweep.overrides.get("init") else None
         todo[name] = [(swept, f) for swept, f in sweep.jobs()
-                      if why or f not in configs or RunFolder(f).result_for(configs[f]) is None]
+                      if why or f not in configs or RunFolder(f).result_for(configs[f], init=init) is None]
         moves += [(f, way) for _, f in todo[name]
-                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {})) or why)]
+                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {}), init) or why)]
         if todo[name] and sweep.stage == "pretrain":
             rerun.add(name)
     return todo, moves
@@ -341,6 +345,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             swept = sweep.params_args() if len(todo[name]) == len(sweep.jobs()) else todo[name][0][0]
             _launch(sweep, swept, stage_launcher(launcher, sweep.stage), dry_run=True)
         return []
+    if why := refusal(table, todo, launcher):  # before any job: not hundreds of failures in its place
+        raise TableError(why)
     said, done = [], threading.Event()
     with _hold(table, todo):
         for folder, why in moves:
