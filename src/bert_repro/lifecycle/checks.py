@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -10,7 +11,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.hydra_hooks import unwritable
 
 log = logging.getLogger(__name__)
 
@@ -131,6 +131,18 @@ def validate(cfg: DictConfig, output_dir: Path | None = None) -> None:
     except ValueError as err:
         raise UsageError(str(err)) from None
     check_inputs(cfg, output_dir or Path(cfg.paths.output_dir))
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created or written to, in the OS's words (a read-only file system, a full
+    disk, no permission, a file in the way); None when it can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        return err.strerror
+    return None
 
 
 def check_writable(output_dir: Path, cache_dir: Path) -> None:
