@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_repro.tables import stats
+from bert_repro.tables import runner, stats
 from bert_repro.tables.collect import collect, comparisons, load_reference
 from bert_repro.tables.render import write_all
 from bert_repro.tables.spec import TableError, build
@@ -42,10 +42,9 @@ def test_paired_difference_uses_only_seeds_both_rows_ran():
     assert found["seeds"] == [2, 3] and found["ours_diff"] == pytest.approx(0.25) and found["n"] == 2
 
 
-def write_results(folder: Path, task: str, metrics: dict, monitor: str, seed: int) -> None:
+def write_results(folder: Path, task: str, metrics: dict, monitor: str, seed: int, config: dict) -> None:
+    """A results.json with the job's ``config`` as composed (what collect holds a result to)."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"task": {"name": task, "monitor_mode": "min" if task == "pretrain" else "max"},
-              "optim": {"lr": 1e-3, "epochs": 1}, "data": {"batch_size": 16}, "seed": seed}
     (folder / "results.json").write_text(json.dumps({
         "status": "complete", "task": task, "model": "tiny", "ablation": "none", "scale": "smoke",
         "seed": seed, "init": None, "monitor": monitor, "predict_majority": False,
@@ -66,14 +65,16 @@ def accuracy(row: str, task: str, seed: int) -> float:
 def fill(table, finetuned) -> None:
     """Every job of the table gets a results.json: pre-training a fixed loss, fine-tuning
     ``finetuned(row, task, seed) -> (metrics, monitor)``."""
+    configs = runner.job_configs(table)
     for sweep in table.sweeps.values():
         task = sweep.overrides["task"]
         for swept, folder in sweep.jobs():
             seed = int(dict(s.split("=", 1) for s in swept).get("seed", 1))
             if task == "pretrain":
-                write_results(folder, task, {"val/mlm_loss": 5.0}, "val/mlm_loss", seed)
+                write_results(folder, task, {"val/mlm_loss": 5.0}, "val/mlm_loss", seed, configs[folder])
             else:
-                write_results(folder, task, *finetuned(sweep.name.split("/")[1], task, seed), seed=seed)
+                write_results(folder, task, *finetuned(sweep.name.split("/")[1], task, seed), seed=seed,
+                              config=configs[folder])
 
 
 @pytest.fixture

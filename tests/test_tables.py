@@ -47,7 +47,9 @@ def job_dirs(table, sweep_name):
 
 
 def fill(table, values) -> None:
-    """Complete runs for every sweep: ``values(sweep, swept) -> metrics``."""
+    """Complete runs for every sweep: ``values(sweep, swept) -> metrics``, each with its job's config as
+    composed (what collect holds a result to)."""
+    configs = runner.job_configs(table)
     for sweep in table.sweeps.values():
         task = sweep.overrides["task"]
         for swept, folder in sweep.jobs():
@@ -57,7 +59,7 @@ def fill(table, values) -> None:
                 write_results(folder, task, metrics, seed=int(args.get("seed", 1)),
                               lr=float(args.get("optim.lr", 1e-3)),
                               monitor="val/mlm_loss" if task == "pretrain" else next(iter(metrics)),
-                              config={"data": {"batch_size": 16, "mask_shares": [0.8, 0.1, 0.1]}})
+                              config=configs[folder])
 
 
 def glue_metrics(sweep, args):

@@ -19,9 +19,6 @@ from bert_repro.tables.plan import make_plan, plan_work
 from bert_repro.tables.runner import run_table
 from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec
 
-OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d, replace=True)
-OmegaConf.register_new_resolver("gcd", math.gcd, replace=True)
-
 
 def _composed(table: Table, *args: str):
     with composing():
