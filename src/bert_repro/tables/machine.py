@@ -1,7 +1,7 @@
 """What a table's runs need of the machine they launch on, checked before the first job: a CUDA device
 where their trainer trains on GPUs, and the Hugging Face Hub (or the data set already in the run's cache)
-where their data come from it. A table launched through SLURM runs on the cluster's nodes: nothing is asked
-of this one."""
+where their data come from it. A table launched through SLURM, or to a Ray cluster (``ray.address``), runs on
+the cluster's nodes: nothing is asked of this one."""
 
 from __future__ import annotations
 
@@ -69,7 +69,8 @@ def _hub_unreachable(path: str) -> str | None:
 def refusal(table: Table, todo: dict[str, list], launcher: dict | None) -> str | None:
     """Why this machine cannot run ``todo`` (each sweep's jobs left to run), naming what is missing, which
     sweeps need it and the ways out; None when it can, or when the launcher sends the runs elsewhere."""
-    if any("submitit_slurm" in str(v) for v in flatten(launcher or {}).values()):
+    if any("submitit_slurm" in str(v) for v in flatten(launcher or {}).values()) \
+            or ((launcher or {}).get("ray") or {}).get("address"):
         return None
     gpu: list[str] = []
     hub: dict[tuple[str, Path], list[str]] = {}
