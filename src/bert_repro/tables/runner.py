@@ -121,27 +121,42 @@ class Children:
 CHILDREN = Children()
 
 
-def job_state(folder: Path) -> tuple[str, str | None]:
-    """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it."""
+def job_state(folder: Path, config: dict | None = None) -> tuple[str, str | None]:
+    """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it. With
+    ``config`` (the job's science as composed now, job_configs), a complete result of other science is
+    ``other``, naming the keys that differ: run would run it again, so no table shows it as this job's."""
     try:
-        return RunFolder(folder).state()
+        state, why = RunFolder(folder).state()
+        if state == "complete" and config is not None and RunFolder(folder).result_for(config) is None:
+            return "other", RunFolder(folder).in_the_way(config)
+        return state, why
     except ValueError as err:
         raise TableError(str(err)) from None
 
 
-def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
+def job_configs(table: Table, root: Path | None = None) -> dict[Path, dict]:
+    """Every job's science as composed now, by folder (job_config; checked as the run will be, when
+    ``root``)."""
+    with composing_jobs():
+        return {f: job_config(s, swept, root) for s in table.sweeps.values() if s.skip is None
+                for swept, f in s.jobs()}
+
+
+def job_config(sweep: Sweep, swept: list[str], root: Path | None) -> dict:
     """The job's science as src/train.py composes it now (within ``composing_jobs``), checked as its run
-    will check it, writing nothing; what fails is a TableError naming the job."""
+    will check it when ``root`` (the folder it writes under) is given, writing nothing; what fails is a
+    TableError naming the job."""
     where = " ".join([sweep.name, *swept])
     try:
         cfg = compose_run([*sweep.compose_args(), *swept])
-        validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))
+        if root is not None:
+            validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                  for k in cfg if is_science(k)}
     except (HydraException, OmegaConfBaseException, UsageError, ValueError) as err:
         raise TableError(f"job {where}: {str(err).split(chr(10) * 2)[0]}") from None  # less Hydra's paths
     ours = str(sweep.needs.folder) if sweep.needs is not None else None  # what the table writes first
-    for key, value in flat_keys(plain).items():  # a local path the run reads
+    for key, value in flat_keys(plain).items() if root is not None else ():  # a local path the run reads
         if is_path(key) and isinstance(value, str) and value.startswith("/") and not Path(value).exists() \
                 and not (ours and value.startswith(ours)):
             raise TableError(f"job {where}: {key}={value} does not exist")
@@ -252,9 +267,7 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
     rerun: set[str] = set()  # pre-training sweeps that run again in this launch
     todo: dict[str, list] = {}
     moves: list[tuple[Path, str]] = []
-    with composing_jobs():
-        configs = {f: job_config(s, swept, table.root) for s in table.sweeps.values() if s.skip is None
-                   for swept, f in s.jobs()}
+    configs = job_configs(table, table.root)
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
         why = "--force" if force else "its pre-training runs again" if upstream else None
@@ -417,7 +430,7 @@ def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict 
     jobs = table.jobs()
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
     progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
-                             kinds={jobs[r["name"]]: r["kind"] for r in planned})
+                             kinds={f: s.kind for s in table.sweeps.values() for _, f in s.jobs()})
     lines: dict[str, dict] = {}  # by sweep, once it ended
 
     def one(sweep: Sweep) -> dict:
