@@ -84,7 +84,8 @@ def test_table5_in_miniature_runs_collects_and_resumes(table5_run):
     saved = json.loads((tmp_path / "results" / "table5.json").read_text())
     # one seed per grid point
     assert saved["parts"]["main"]["rows"][0]["cells"]["mrpc_acc"]["restarts"]["n"] == 1
-    assert saved["comparisons"] == []  # every row they compare was removed above
+    # every row they compare was removed above: each listed as skipped, saying so
+    assert {c["verdict"] for c in saved["comparisons"]} == {"skipped"}
 
     again = tables(tmp_path, "run", "table5", "--scale", "smoke")
     assert again.returncode == 0, again.stderr[-3000:]
@@ -165,6 +166,8 @@ def test_a_moved_table_reruns_nothing_and_a_checkpoint_replaced_in_place_is_a_ne
         away.rename(table5_run)
     assert proc.returncode == 0, proc.stderr[-3000:]
     assert "launching" not in proc.stderr and "moved to" not in proc.stdout
+    cells = {c: (v["ours"], v["status"]) for c, v in csv_cells(table5_run).items()}
+    assert {c: (v["ours"], v["status"]) for c, v in csv_cells(moved).items()} == cells  # collected as its own
     last = next((moved / "runs" / "pretrain" / "smoke").iterdir()) / "default" / "checkpoints" / "last.ckpt"
     checkpoint = torch.load(last, weights_only=True)
     checkpoint["global_step"] += 1
