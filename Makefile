@@ -59,11 +59,12 @@ demo-pretrain: install
 
 lint: install
 	$(BIN)/ruff check src tests
+	$(BIN)/lint-imports --no-cache
 
 bench: install
 	$(BIN)/python -m bert_repro.benchmarks.train_step
 
-# The GPU path in one unattended command on one H100/H200-class GPU, <= 8 minutes (issue 17): prints the path of
+# The GPU path in one unattended command on one H100/H200-class GPU, <= 8 minutes: prints the path of
 # experiments/results/gpu/<device>-<date>.json (+ .md). Exits at once where no CUDA GPU is visible.
 gpu-check: install
 	HF_HUB_OFFLINE=1 HF_DATASETS_OFFLINE=1 $(BIN)/python -m bert_repro.benchmarks.gpu_check

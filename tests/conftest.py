@@ -1,10 +1,12 @@
 import atexit
+import contextlib
 import functools
 import gzip
 import hashlib
 import json
 import logging
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -229,6 +231,33 @@ def _restore_logging(state: dict[logging.Logger, tuple]) -> None:
     for logger, (handlers, level, propagate, disabled) in state.items():
         logger.handlers, logger.propagate, logger.disabled = list(handlers), propagate, disabled
         logger.setLevel(level)
+
+
+MFU_LINE = re.compile(r"MFU (\d+(?:\.\d+)?)%")  # lifecycle/callbacks.ProgressLines' figure
+
+
+def mfu_above_one(root: Path) -> list[str]:
+    """Each MFU above 100 % that a run under ``root`` reported: its results.json's perf.mfu, or a progress
+    line of a log."""
+    found = []
+    for path in root.rglob("results.json"):
+        with contextlib.suppress(OSError, ValueError, AttributeError):
+            if ((json.loads(path.read_text()).get("perf") or {}).get("mfu") or 0) > 1:
+                found.append(f"{path}: perf.mfu {json.loads(path.read_text())['perf']['mfu']:.3f}")
+    for path in root.rglob("*.log"):
+        with contextlib.suppress(OSError):
+            found += [f"{path}: MFU {m}%" for m in MFU_LINE.findall(path.read_text(errors="replace"))
+                      if float(m) > 100]
+    return found
+
+
+@pytest.fixture(scope="session", autouse=True)
+def no_mfu_above_one(tmp_path_factory):
+    """After the session's tests, every run they started (under its temporary folder) reported an MFU of at
+    most 100 %: a peak is a ceiling."""
+    yield
+    if found := mfu_above_one(tmp_path_factory.getbasetemp()):
+        pytest.fail("MFU above 100 %: " + "; ".join(found[:5]), pytrace=False)
 
 
 @pytest.fixture(scope="session")

@@ -1,4 +1,4 @@
-"""A science key added with a declared value (lifecycle/keys.ADDED: what every run computed before it existed)
+"""A science key added with a declared value (keys.ADDED: what every run computed before it existed)
 keeps what was finished: the same run folder, the same store name, nothing rerun. Another default is another
 science. The key is added to the typed model node here, as docs/extending.md's step 1 adds it."""
 
@@ -7,10 +7,10 @@ from dataclasses import field, make_dataclass
 import pytest
 from hydra.core.config_store import ConfigStore
 
-from bert_repro.lifecycle import compose, keys
+from bert_repro import keys
+from bert_repro.config import ModelConfig
 from bert_repro.lifecycle.finished import FolderHoldsOtherResult, finished_results
-from bert_repro.lifecycle.schema import ModelConfig
-from bert_repro.tables import runner
+from bert_repro.tables import compose, runner
 
 from .test_table_rerun import stand_in, tiny
 

@@ -82,7 +82,7 @@ CASES = [
     # changed)
     ("table-at-unknown-scale", ["run", "table5", "--scale", "galactic", "--runs-dir", "ROOT/tables"],
      "bert_repro.tables", ["unknown SCALE 'galactic'; expected one of smoke, budget, paper"]),
-    # degenerate data (issue 25): blank texts, files with no rows, a vocabulary that repeats a token
+    # degenerate data: blank texts, files with no rows, a vocabulary that repeats a token
     ("squad-blank-context-and-answer",
      ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_blank"], None,
      ["FILES/squad_blank/train-v1.1.json: question q1: its context is '   '; expected text"]),
@@ -93,7 +93,7 @@ CASES = [
      ["FILES/repeated_vocab.txt line ", "repeats line 11; expected each WordPiece token on one line only"]),
     ("warmup-ratio-out-of-range", ["optim.warmup_ratio=5"], None,
      ["optim.warmup_ratio=5: expected a fraction in [0, 1]"]),
-    # messages that name what the user typed (issue 44)
+    # messages that name what the user typed
     ("group-misspelled", ["modle=tiny"], None, ["unknown group or key 'modle' (did you mean 'model='?)"]),
     ("unquoted-non-ascii-path", ["data.corpus=/tmp/café.txt"], None,
      ["the override grammar does not take é unquoted; quote the value", "'data.corpus=\"/tmp/café.txt\"'"]),
@@ -107,7 +107,7 @@ CASES = [
     # nothing overwritten without being asked: an export into the good run's own folder
     ("export-into-a-folder-with-files", ["to-hf", "ROOT/good/checkpoints/last.ckpt", "ROOT/good"],
      "bert_repro.convert", ["ROOT/good is not empty", "--force"]),
-    # messages that point the right way (#44): evaluation reads the Dev file alone, init= is named as given
+    # messages that point the right way: evaluation reads the Dev file alone, init= is named as given
     ("evaluate-without-the-dev-file", ["task=rte", "init=ROOT/good/checkpoints/last.ckpt",
                                        "data.glue_dir=/nonexistent/glue"], "evaluate.py",
      ["task=rte split dev: /nonexistent/glue/RTE/dev.tsv does not exist"]),
@@ -147,7 +147,7 @@ def test_the_catalogue_covers_the_required_inputs():
 
 
 def test_evaluate_reads_the_dev_file_alone(good):
-    """#44: an evaluation of a task whose train file is nowhere (data.glue_dir) needs its Dev file only."""
+    """An evaluation of a task whose train file is nowhere (data.glue_dir) needs its Dev file only."""
     tmp, out, cache, files = good
     run = tmp / "evaluate-dev-only"
     init = out / "checkpoints" / "last.ckpt"

@@ -7,8 +7,8 @@ import pytest
 from hydra import compose
 from omegaconf import OmegaConf, open_dict, read_write
 
-from bert_repro.lifecycle.compose import composing
 from bert_repro.model import BertConfig
+from bert_repro.tables.compose import composing
 
 from .conftest import CONF, REPO, train_py
 
@@ -143,8 +143,8 @@ def test_typed_configs_refuse_a_wrong_value_when_composed(override, key):
 def test_speed_and_place_keys_are_one_declaration():
     """keys.py decides, for every composed key: trainer/, speed/, paths, logger, callbacks are not science;
     the paper's axes are; a run folder's name and selection's restarts follow it."""
+    from bert_repro.keys import flatten, is_science, science
     from bert_repro.lifecycle.hydra_hooks import run_name
-    from bert_repro.lifecycle.keys import flatten, is_science, science
     from bert_repro.selection import _science
 
     cfg = resolved(compose_cfg(["task=mrpc", "logger=csv"]))

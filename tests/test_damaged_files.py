@@ -1,4 +1,4 @@
-"""Damaged files (#44): a cache this platform wrote and finds cut short is rebuilt, saying so; a user's
+"""Damaged files: a cache this platform wrote and finds cut short is rebuilt, saying so; a user's
 damaged file is refused by name; a failed write (a full disk) leaves no temporary file."""
 
 import errno
@@ -139,7 +139,7 @@ def test_a_full_disk_leaves_no_temporary_file(full_disk):
 
 
 def test_a_vocabulary_that_does_not_cover_the_corpus_is_refused(tmp_path):
-    """#44: a 100-token vocab.txt turns most of a corpus into [UNK]; it trains to nonsense, so it is refused,
+    """A 100-token vocab.txt turns most of a corpus into [UNK]; it trains to nonsense, so it is refused,
     naming the vocabulary and the share."""
     vocab = tmp_path / "vocab.txt"
     letters = [chr(c) for c in range(ord("a"), ord("z") + 1)]

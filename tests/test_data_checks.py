@@ -150,7 +150,7 @@ def test_a_checkpoint_is_not_read_as_a_vocab_file(tmp_path):
 
 
 def test_data_modules_share_one_key_and_seed_and_import_nothing_above_them():
-    """#26: cache keys and the held-out seed are defined once (data/base.py, beside fixed_subset); data/ reads
+    """Cache keys and the held-out seed are defined once (data/base.py, beside fixed_subset); data/ reads
     no checkpoint (convert/), module (tasks/) or run: a value they hold is passed in."""
     for path in sorted(DATA.glob("*.py")):
         text = path.read_text()

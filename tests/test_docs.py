@@ -142,7 +142,7 @@ def resolves(name: str) -> bool:
 
 
 def named_modules(path: Path) -> list[str]:
-    """Module paths and dotted names the page names in backticks: `lifecycle/keys.py`, `bert_repro.flops`,
+    """Module paths and dotted names the page names in backticks: `keys.py`, `bert_repro.flops`,
     `speed/kernels.py`'s ..., `src/bert_repro/data/glue_tasks.yaml`, `conf/table/table5.yaml`."""
     found = []
     for text in backticked(path):

@@ -54,7 +54,7 @@ def test_the_dev_loader_yields_that_many_examples(tmp_path, minilm_dir, shared_d
     rte.setup()
     assert sum(len(batch["labels"]) for batch in rte.val_dataloader()) == 5
     with pytest.raises(ValueError, match=r"data.max_eval_examples=0: expected a positive whole number"):
-        from bert_repro.lifecycle.schema import check
+        from bert_repro.config import check
 
         check(hydra_config(["task=rte", "+data.max_eval_examples=0"]))
 

@@ -7,8 +7,8 @@ arguments from speed: and the mesh are checked without a run."""
 import pytest
 
 from bert_repro.convert import load_checkpoint
+from bert_repro.keys import is_science
 from bert_repro.lifecycle.checks import UsageError, check_inputs
-from bert_repro.lifecycle.keys import is_science
 from bert_repro.lifecycle.trainer import build_strategy
 
 from .conftest import run_py

@@ -129,7 +129,7 @@ def test_dev_metrics_under_ddp_count_each_example_once(tmp_path, minilm_dir, sha
 
 
 def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, shared_data):
-    """Acceptance (issue §5): all-MiniLM-L6-v2 as init=, 384 real SST-2 sentences, 24 steps; dev carved from
+    """Acceptance: all-MiniLM-L6-v2 as init=, 384 real SST-2 sentences, 24 steps; dev carved from
     train."""
     proc, out = run("task=sst2", "model=minilm_l6", f"init={minilm_dir}", "logger=csv",
                     "trainer.enable_progress_bar=false", "data.dev_from_train=200",
@@ -140,8 +140,7 @@ def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, sha
     assert proc.returncode == 0, out[-3000:]
     results = json.loads((tmp_path / "run" / "results.json").read_text())
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 24
-    perf = results["perf"]  # MFU against a measured CPU matmul peak (issue #8 §1)
-    assert (perf["peak_source"] == "measured fp32 matmul" and 0 < perf["mfu"] < 1.5
-            and perf["tflops_per_device"] > 0)
+    perf = results["perf"]  # a CPU has no peak to divide by: model FLOP/s, and no MFU
+    assert perf["peak_source"] is None and perf["mfu"] is None and perf["tflops_per_device"] > 0
     final = results["metrics"]["final"]
     assert final["val/acc"] > 0.70 and final["val/top_class_share"] < 0.8, final  # chance: 0.5

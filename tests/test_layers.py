@@ -1,75 +1,55 @@
-"""The package's imports run one way: no module imports, at any depth or inside a function, a module that
-imports it back. Lower layers name none above them (data/ names no run, task, converter or checkpoint
-reader; the torch-free record and selection modules name no torch module)."""
+"""The package's floors (DESIGN.md "Layout", pyproject.toml [tool.importlinter]) hold as `make lint` checks
+them, and a science module that imports the lifecycle breaks them; no module imports one that imports it
+back; the records the table collector reads load without torch."""
 
-import ast
+import os
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 
+import grimp
 import pytest
 
-PACKAGE = Path(__file__).resolve().parents[1] / "src" / "bert_repro"
+ROOT = Path(__file__).resolve().parents[1]
 
 
-def import_graph() -> dict[str, set[str]]:
-    """module -> the package's modules it imports (top-level or inside functions)."""
-    modules = {".".join(("bert_repro", *p.relative_to(PACKAGE).with_suffix("").parts)): p
-               for p in PACKAGE.rglob("*.py")}
-    modules = {name.removesuffix(".__init__"): path for name, path in modules.items()}
-    graph: dict[str, set[str]] = {m: set() for m in modules}
-    for module, path in modules.items():
-        for node in ast.walk(ast.parse(path.read_text())):
-            names = []
-            if isinstance(node, ast.ImportFrom) and (node.module or "").startswith("bert_repro"):
-                names = [f"{node.module}.{a.name}" for a in node.names]
-            elif isinstance(node, ast.Import):
-                names = [a.name for a in node.names if a.name.startswith("bert_repro")]
-            for name in names:
-                while name not in modules and "." in name:
-                    name = name.rsplit(".", 1)[0]
-                if name in modules and name != module:
-                    graph[module].add(name)
-    return graph
+def lint_imports(src: Path) -> subprocess.CompletedProcess:
+    """import-linter's command line on the package under ``src``, with the project's contracts."""
+    config = str(ROOT / "pyproject.toml")
+    command = [str(Path(sys.executable).with_name("lint-imports")), config, "--no-cache"]
+    return subprocess.run(command, cwd=src, env={**os.environ, "PYTHONPATH": str(src)}, capture_output=True,
+                          text=True)
 
 
-def reachable(graph: dict[str, set[str]], start: str) -> set[str]:
-    seen, todo = set(), [start]
-    while todo:
-        for nxt in graph[todo.pop()] - seen:
-            seen.add(nxt)
-            todo.append(nxt)
-    return seen
+def test_the_floors_hold():
+    proc = lint_imports(ROOT / "src")
+    assert proc.returncode == 0, proc.stdout + proc.stderr
 
 
-@pytest.mark.slow
+@pytest.mark.parametrize("science", ["model", "speed/kernels", "data/base", "heads", "tasks/span"])
+def test_a_science_module_that_imports_the_lifecycle_breaks_them(tmp_path, science):
+    shutil.copytree(ROOT / "src" / "bert_repro", tmp_path / "bert_repro",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    module = tmp_path / "bert_repro" / f"{science}.py"
+    late = "\n\ndef late():\n    from bert_repro.lifecycle.run import train\n"  # inside a function counts too
+    module.write_text(module.read_text() + late)
+    proc = lint_imports(tmp_path)
+    name = "bert_repro." + science.replace("/", ".")
+    assert proc.returncode == 1, proc.stdout
+    assert f"- {name} -> bert_repro.lifecycle.run" in proc.stdout, proc.stdout
+
+
 def test_no_module_imports_one_that_imports_it_back():
-    graph = import_graph()
-    cycles = sorted(m for m in graph if m in reachable(graph, m))
+    graph = grimp.build_graph("bert_repro", cache_dir=None)
+    cycles = sorted(module for module in graph.modules
+                    for imported in graph.find_modules_directly_imported_by(module)
+                    if graph.chain_exists(importer=imported, imported=module))
     assert not cycles, f"modules on an import cycle: {cycles}"
 
 
-@pytest.mark.parametrize("lower,above", [
-    ("bert_repro.data", ("bert_repro.lifecycle.run", "bert_repro.lifecycle.build",
-                         "bert_repro.lifecycle.spec", "bert_repro.tasks", "bert_repro.convert",
-                         "bert_repro.lifecycle.pretrained", "bert_repro.lifecycle.evaluation",
-                         "bert_repro.tables")),
-    ("bert_repro.lifecycle.results", ("bert_repro.lifecycle.run", "bert_repro.model", "bert_repro.tasks",
-                                      "bert_repro.speed")),
-    ("bert_repro.selection", ("bert_repro.lifecycle.run", "bert_repro.lifecycle.build",
-                              "bert_repro.lifecycle.spec", "bert_repro.model", "bert_repro.tasks",
-                              "bert_repro.speed")),
-    ("bert_repro.lifecycle.identity", ("bert_repro.lifecycle.run", "bert_repro.model", "bert_repro.tasks",
-                                       "bert_repro.convert")),
-])
-@pytest.mark.slow
-def test_lower_layers_name_nothing_above_them(lower, above):
-    graph = import_graph()
-    modules = [m for m in graph if m == lower or m.startswith(lower + ".")]
-    # selection imports run/data lazily for --submit only: count top-level imports there
-    wrong = {m: sorted(n for n in graph[m] if n.startswith(above)) for m in modules}
-    if lower == "bert_repro.selection":
-        wrong = {m: [n for n in names if n not in LAZY_SUBMIT] for m, names in wrong.items()}
-    assert not any(wrong.values()), wrong
-
-
-# selection --submit predicts through the run's builders
-LAZY_SUBMIT = {"bert_repro.lifecycle.build", "bert_repro.lifecycle.spec"}
+def test_the_collectors_records_load_without_torch():
+    code = ("import sys, bert_repro.selection, bert_repro.lifecycle.results, bert_repro.scores\n"
+            "print(sorted({'torch', 'lightning'} & set(sys.modules)))")
+    proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True)
+    assert proc.stdout.strip() == "[]", proc.stdout

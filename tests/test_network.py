@@ -1,4 +1,4 @@
-"""Every network call has a deadline and a named failure (#44): against a server on 127.0.0.1 that accepts and
+"""Every network call has a deadline and a named failure: against a server on 127.0.0.1 that accepts and
 never answers, and a port that refuses (HF_ENDPOINT pointed at each), every way the platform reaches the Hub
 (init=<Hub id>, a fine-tuning task's Hub data set, a pre-training corpus on the Hub, streamed or not, and
 convert push-to-hub) ends within seconds of its deadline, naming what it reached, where, the deadline and how
@@ -14,7 +14,7 @@ import time
 
 import pytest
 
-from bert_repro.lifecycle.network import NotCached
+from bert_repro.network import NotCached
 
 from .conftest import REPO, run_py
 
@@ -46,7 +46,7 @@ OFFLINE = {"init": "hf download someone/bert-x", "glue": "data.glue_dir=", "conl
 # one process runs every case (the imports once): each case's seconds and what it raised
 RUNNER = """
 import json, pathlib, sys, time, traceback
-from bert_repro.lifecycle.network import Unreachable, set_deadline
+from bert_repro.network import Unreachable, set_deadline
 set_deadline(float(sys.argv[1]))
 root, said = pathlib.Path(sys.argv[2]), {}
 EXPORT = root / "export"

@@ -9,8 +9,8 @@ import pytest
 from huggingface_hub.errors import LocalEntryNotFoundError
 
 from bert_repro.lifecycle import pretrained
-from bert_repro.lifecycle.compose import compose_once, composing
 from bert_repro.lifecycle.pretrained import InitError, default_init, is_hub_id, resolve_init
+from bert_repro.tables.compose import compose_once, composing
 
 from .conftest import train_py
 

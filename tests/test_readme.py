@@ -3,6 +3,7 @@
 bert_repro.X`` lines parsed by their own argument parser (``--help``), ``make X`` lines by ``make -n``. A
 stale line fails the test naming it; lines that cannot be checked offline are listed below with the reason."""
 
+import getopt
 import os
 import re
 import runpy
@@ -61,7 +62,7 @@ def words_of(line: str) -> list[str]:
 
 def compose_line(config: str, args: list[str]) -> None:
     """``args`` composed as Hydra would (a sweep as its first value), then the range checks."""
-    from bert_repro.lifecycle.schema import check
+    from bert_repro.config import check
 
     overrides, skip = [], False
     for arg in args:
@@ -102,6 +103,15 @@ def check_line(line: str, capsys) -> str:
     if words[0] == "python" and words[1].endswith(("src/train.py", "src/evaluate.py")):
         compose_line("train" if words[1].endswith("train.py") else "evaluate", words[2:])
         return "compose"
+    if words[:3] == ["python", "-m", "timeit"]:  # a figure's command: its setup runs, its statements compile
+        options, statements = getopt.getopt(words[3:], "n:r:s:u:pv",
+                                            ["number=", "repeat=", "setup=", "unit="])
+        scope: dict = {}
+        for setup in (value for option, value in options if option in ("-s", "--setup")):
+            exec(setup, scope)  # noqa: S102 (the page's own setup)
+        for statement in statements:
+            compile(statement, line, "exec")
+        return "timeit setup"
     if words[0] == "python" and words[1] == "-m":
         parse_module(words[2], words[3:], capsys)
         return "parse"

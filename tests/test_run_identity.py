@@ -1,4 +1,4 @@
-"""One run, one owner (issues 39, 43): ``train(cfg)`` in-process on a config that nothing may rewrite, and a
+"""One run, one owner: ``train(cfg)`` in-process on a config that nothing may rewrite, and a
 result known by its science, not its folder: an edited config file never writes over a finished result, and a
 forced rerun killed half-way leaves a folder that says it is unfinished, with the earlier result kept."""
 

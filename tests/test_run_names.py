@@ -9,8 +9,8 @@ from hydra import compose, initialize_config_dir
 from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
+from bert_repro.keys import is_path
 from bert_repro.lifecycle.hydra_hooks import MAX_NAME, register_resolvers, run_name
-from bert_repro.lifecycle.keys import is_path
 from bert_repro.tables import TABLES, runner
 from bert_repro.tables.spec import CONF_DIR, Sweep, TableError, build
 

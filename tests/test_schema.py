@@ -9,8 +9,8 @@ import sys
 
 import pytest
 
-from bert_repro.lifecycle.compose import compose_once, composing
-from bert_repro.lifecycle.schema import check
+from bert_repro.config import check
+from bert_repro.tables.compose import compose_once, composing
 
 from .conftest import CONF, REPO
 

@@ -1,4 +1,4 @@
-"""Speed options change how fast a step runs, never what it computes (issue #8 §3, #15, #17, #26): the fast
+"""Speed options change how fast a step runs, never what it computes: the fast
 kernels, unpadding (varlen attention, packed rows) and activation checkpointing give the same loss and
 gradients as model.py's plain padded pass, and they run model.py's own layers, so an edit there reaches every
 configuration; the MFU formula counts what the paper's encoder does."""
@@ -226,7 +226,7 @@ EVERY_PATH = {"plain": {}, **OPTIONS, "unpad-padded": dict(unpad=True, attention
 @pytest.mark.parametrize("option", list(EVERY_PATH))
 @pytest.mark.parametrize("ltr", [False, True])
 def test_an_edit_to_model_py_reaches_every_speed_configuration(edit, option, ltr, monkeypatch):
-    """Issue #26: the speed options run model.py's layers, not copies of them. One function of model.py
+    """The speed options run model.py's layers, not copies of them. One function of model.py
     patched (the block's residual/LayerNorm order, or the attention), every configuration computes the edited
     model: its loss moves off the unedited one, to the plain path's edited loss, gradients included."""
     if "nested" in option and ltr:
@@ -534,7 +534,7 @@ def test_speed_options_are_declared_once():
     from hydra import compose, initialize_config_dir
 
     from bert_repro import speed
-    from bert_repro.lifecycle.schema import SpeedOptions
+    from bert_repro.config import SpeedOptions
 
     from .conftest import CONF
 
@@ -549,18 +549,20 @@ def test_speed_options_are_declared_once():
         SpeedOptions(attention="bogus")
 
 
-def test_unpadding_on_a_gpu_without_flash_attn_warns_once(monkeypatch):
-    """On an H200, nested-jagged attention measured 3.4-6x slower than padded (docs/benchmarks.md): where
-    ``auto`` picks it, the run is told once, with the two ways out."""
+def test_unpadding_on_a_gpu_without_torchs_varlen_attention_warns_once(monkeypatch):
+    """Where ``auto`` falls back to nested-jagged attention on a GPU (a torch without varlen_attn), the run is
+    told once, with the two ways out; with varlen_attn it takes torch's flash kernel."""
     import warnings
     from types import SimpleNamespace
 
     from bert_repro.speed import kernels
 
-    monkeypatch.setattr(kernels, "FLASH_ATTN", False)
-    kernels._warn_nested.cache_clear()
     gpu = SimpleNamespace(device=torch.device("cuda"), dtype=torch.bfloat16)  # all varlen_backend reads
-    with pytest.warns(UserWarning, match="install flash-attn or set speed.unpad=false"):
+    monkeypatch.setattr(kernels, "varlen_attn", lambda *args, **kwargs: None)
+    assert kernels.varlen_backend("auto", gpu, causal=False) == "flash"
+    monkeypatch.setattr(kernels, "varlen_attn", None)
+    kernels._warn_nested.cache_clear()
+    with pytest.warns(UserWarning, match="use torch >= 2.10 with bf16, or set speed.unpad=false"):
         assert kernels.varlen_backend("auto", gpu, causal=False) == "nested"
     with warnings.catch_warnings():
         warnings.simplefilter("error")

@@ -12,10 +12,10 @@ import time
 
 import pytest
 
-from bert_repro.lifecycle.compose import composing_jobs
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import runner
 from bert_repro.tables.collect import collect, load_reference
+from bert_repro.tables.compose import composing_jobs
 from bert_repro.tables.spec import TableError, build
 
 from .test_tables import write_results

@@ -526,7 +526,7 @@ def test_launcher_settings_compose_with_their_hydra_plugins(launcher, tmp_path):
     """conf/table/table_tasks.yaml's launchers: every key is one the plugin's config has (stage by stage)."""
     from hydra import compose
 
-    from bert_repro.lifecycle.compose import composing, hydra_value
+    from bert_repro.tables.compose import composing, hydra_value
 
     table = build("table5", "paper", tmp_path)
     settings = table.spec["launchers"][launcher]

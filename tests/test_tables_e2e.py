@@ -8,10 +8,12 @@ import csv
 import json
 import os
 import shlex
+import shutil
 import subprocess
 import sys
 
 import pytest
+import torch
 
 from .conftest import REPO, shared_data_dir
 
@@ -129,6 +131,31 @@ def test_tables_notebook_runs_top_to_bottom_on_the_smoke_results(table5_run, mon
         line = next(line for line in spread if "mrpc_acc" in line and f" {job} " in line)
         assert f"{100 * run['metrics']['final']['val/acc']:.2f}" in line and "complete" in line
     assert any("image/png" in o.get("data", {}) for o in outputs)
+
+
+@pytest.mark.slow
+def test_a_moved_table_reruns_nothing_and_a_checkpoint_replaced_in_place_is_a_new_run(table5_run, tmp_path):
+    """The finished table at another path (the first moved away meanwhile) launches nothing: a fine-tuning is
+    known by its pre-training checkpoint's identity and step, not its path. Another checkpoint written over
+    that one (a later step) makes its fine-tunings new runs."""
+    moved, away = tmp_path / "elsewhere", table5_run.with_name(table5_run.name + "-away")
+    shutil.copytree(table5_run, moved)
+    table5_run.rename(away)  # nothing may read the first folder
+    try:
+        proc = tables(moved, "run", "table5", "--scale", "smoke")
+    finally:
+        away.rename(table5_run)
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert "launching" not in proc.stderr and "moved to" not in proc.stdout
+    last = next((moved / "runs" / "pretrain" / "smoke").iterdir()) / "default" / "checkpoints" / "last.ckpt"
+    checkpoint = torch.load(last, weights_only=True)
+    checkpoint["global_step"] += 1
+    torch.save(checkpoint, last)
+    proc = tables(moved, "run", "table5", "--scale", "smoke")
+    assert proc.returncode == 0, proc.stderr[-3000:]
+    assert proc.stdout.count("init.step: was 2, now 3; moved to") == 2  # both MRPC jobs, nothing else
+    mrpc = moved / "runs" / "table5" / "smoke" / "finetune" / "bert_base" / "mrpc"
+    assert {json.loads(p.read_text())["init_identity"]["step"] for p in mrpc.glob("*/results.json")} == {3}
 
 
 @pytest.mark.slow

@@ -11,11 +11,11 @@ import pytest
 
 from bert_repro.benchmarks.lengths import measure_lengths
 from bert_repro.data.batching import PadCollator
-from bert_repro.lifecycle.compose import composing_jobs
 from bert_repro.tables import SCALES, TABLES
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
 from bert_repro.tables.collect import checkpoint_of
+from bert_repro.tables.compose import composing_jobs
 from bert_repro.tables.plan import make_plan
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.runner import job_config, run_table, sweep_costs
@@ -150,7 +150,7 @@ def test_a_run_composed_in_hydras_two_steps_is_the_config_hydra_composes():
     from hydra import compose
     from omegaconf import OmegaConf
 
-    from bert_repro.lifecycle.compose import compose_run, composing
+    from bert_repro.tables.compose import compose_run, composing
 
     args = ["scale=budget", "task=conll2003", "ablation=feature_concat_last_four", "model=L6_H768_A3",
             "optim.lr=3e-5", "seed=2", "init=/ckpt/given", "+trainer.num_sanity_val_steps=0"]
@@ -167,7 +167,7 @@ def test_a_composition_read_back_from_the_file_cache_is_the_one_composed(tmp_pat
     ``${...}`` interpolations unresolved: the next process reads the config this one composed."""
     from omegaconf import OmegaConf
 
-    from bert_repro.lifecycle import compose as composition
+    from bert_repro.tables import compose as composition
 
     monkeypatch.setattr(composition, "CACHE", tmp_path)
     monkeypatch.setattr(composition, "_COMPOSED", {})

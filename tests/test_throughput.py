@@ -1,6 +1,7 @@
 """The MFU every run reports: the peak comes from Lightning's table of known accelerators (the device name
-mocked at its boundary, torch.cuda.get_device_name), speed.peak_tflops overrides it, CPU measures one;
-the FLOPs of a batch are counted by the Throughput callback from the batch and the module's config."""
+mocked at its boundary, torch.cuda.get_device_name), speed.peak_tflops overrides it, a CPU has none (no
+MFU), and a peak the run passes is no ceiling (no MFU either: it never exceeds 1); the FLOPs of a batch are
+counted by the Throughput callback from the batch and the module's config."""
 
 from pathlib import Path
 from types import SimpleNamespace
@@ -9,6 +10,7 @@ import pytest
 import torch
 
 from bert_repro.flops import accelerator_peak_flops, batch_flops, training_flops
+from bert_repro.lifecycle import callbacks
 from bert_repro.lifecycle.callbacks import Throughput, compute_dtype
 from bert_repro.model import BertConfig
 
@@ -104,3 +106,29 @@ def test_throughput_counts_every_step_and_logs_on_the_loggers_cadence(tmp_path):
     assert len(steps_logged) == 2, steps_logged  # 2 of the 6 counted steps: every third, not every one
     lines = (Path(logger.log_dir) / "metrics.csv").read_text().splitlines()
     assert "perf/tokens_per_s" in lines[0]
+
+
+def _steps(callback: Throughput, flops: float, n: int = 3) -> Throughput:
+    """``n`` steps of ``flops`` model FLOPs each through the callback, on CPU, the first one warm-up."""
+    trainer = SimpleNamespace(world_size=1, _logger_connector=SimpleNamespace(should_update_logs=False))
+    module = SimpleNamespace(device=torch.device("cpu"))
+    batch = {"attention_mask": torch.ones(2, 8)}
+    for i in range(n):
+        callback.on_train_batch_start(trainer, module, batch, i)
+        callback.on_train_batch_end(trainer, module, None, batch, i)
+    return callback
+
+
+def test_a_cpu_run_reports_no_mfu_unless_given_a_peak(monkeypatch):
+    monkeypatch.setattr(callbacks, "module_batch_flops", lambda module, batch: 1e6)
+    cpu = _steps(_start(Throughput(), "32-true", torch.device("cpu")), 1e6)
+    assert cpu.flops_per_s > 0 and cpu.summary()["mfu"] is None and cpu.summary()["peak_source"] is None
+    given = _steps(_start(Throughput(peak_tflops=1e6), "32-true", torch.device("cpu")), 1e6)
+    assert given.summary()["peak_source"] == "config" and 0 < given.mfu <= 1
+
+
+def test_mfu_never_exceeds_one_a_peak_the_run_passes_is_no_ceiling(monkeypatch, caplog):
+    monkeypatch.setattr(callbacks, "module_batch_flops", lambda module, batch: 1e6)
+    passed = _steps(_start(Throughput(peak_tflops=1e-12), "32-true", torch.device("cpu")), 1e6)  # 1 FLOP/s
+    assert passed.mfu is None and passed.summary()["peak_tflops"] is None
+    assert "exceed the peak of 1e-12 (config): MFU is not reported" in caplog.text

@@ -146,7 +146,7 @@ def test_wordpiece_training_shows_the_trainers_bars_on_a_terminal(monkeypatch):
 
 
 def test_wordpiece_training_logs_plain_lines_off_a_terminal(monkeypatch, caplog):
-    from bert_repro.data import progress as progress
+    from bert_repro import progress
 
     monkeypatch.setattr(progress, "EVERY_S", 0.0)  # a line after every sentence
     with caplog.at_level("INFO"):
@@ -161,7 +161,7 @@ def test_wordpiece_training_logs_plain_lines_off_a_terminal(monkeypatch, caplog)
 def test_datasets_maps_log_plain_lines_off_a_terminal(monkeypatch, caplog, tmp_path):
     from datasets.utils.logging import is_progress_bar_enabled
 
-    from bert_repro.data import progress as progress
+    from bert_repro import progress
     from bert_repro.data.corpus import load_documents
 
     (tmp_path / "c.txt").write_text("One sentence.\nTwo sentences.\n\nNext document.\n")
@@ -175,7 +175,7 @@ def test_datasets_maps_log_plain_lines_off_a_terminal(monkeypatch, caplog, tmp_p
             yield
 
     monkeypatch.setattr("bert_repro.data.corpus.datasets_progress", watched)
-    with caplog.at_level("INFO", logger="bert_repro.data.progress"):
+    with caplog.at_level("INFO", logger="bert_repro.progress"):
         load_documents(str(tmp_path / "c.txt"), cache_dir=tmp_path / "cache")
     assert seen == [(f"reading corpus {str(tmp_path / 'c.txt')!r} (1 file(s))", False)]  # bars off inside
     assert caplog.records[0].getMessage().startswith("reading corpus") and is_progress_bar_enabled()

@@ -1,4 +1,4 @@
-"""Warm starts (bert_repro.lifecycle.warm): a script forked from the forkserver sees what the same command
+"""Warm starts (bert_repro.tables.warm): a script forked from the forkserver sees what the same command
 started cold sees (arguments, environment, working directory, threads, its own process group, exit status,
 atexit, SIGINT as KeyboardInterrupt, its command line in /proc), and a command whose import-time environment
 differs from the forkserver's starts cold."""
@@ -12,8 +12,8 @@ import time
 
 import pytest
 
-from bert_repro.lifecycle import warm
 from bert_repro.lifecycle.locks import live_processes
+from bert_repro.tables import warm
 
 PROBE = r'''
 import atexit, json, os, sys, torch

@@ -1,6 +1,6 @@
 """bert-repro: the BERT paper (Devlin et al.), every table, one command each."""
 
-from bert_repro.lifecycle.schema import register as _register_schemas
+from bert_repro.config import register as _register_schemas
 
 __version__ = "0.1.0"
 # conf/ composes the typed configs (schema.py): wherever conf/ is composed, they are there

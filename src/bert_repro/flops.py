@@ -115,11 +115,3 @@ def matmul_probe(device: str | torch.device = "cpu", n: int = 1024, reps: int = 
         return 2 * n**3 * reps / (time.perf_counter() - start)
 
     return probe
-
-
-def measured_peak_flops(device: str | torch.device = "cpu", n: int = 1024, reps: int = 4,
-                        dtype: torch.dtype | None = None, trials: int = 3) -> float:
-    """The best of ``trials`` matmul probes: a peak, so a trial that a noisy machine slowed does not lower
-    it."""
-    probe = matmul_probe(device, n, reps, dtype)
-    return max(probe() for _ in range(trials))

@@ -23,7 +23,7 @@ import torch.nn.functional as F
 import torch.utils.checkpoint
 from torch import Tensor, nn
 
-from bert_repro.lifecycle.schema import ModelConfig, problems, whole_positive
+from bert_repro.config import ModelConfig, problems, whole_positive
 from bert_repro.speed import SpeedOptions, kernels, layout
 from bert_repro.speed.layout import AttentionContext
 from bert_repro.speed.loss import decode, fusable, linear_cross_entropy

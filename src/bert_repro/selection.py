@@ -24,9 +24,9 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from bert_repro.identity import checkpoint_identity, science_differences
+from bert_repro.keys import comparable, flatten, science
 from bert_repro.lifecycle.folder import RunFolder, find_runs
-from bert_repro.lifecycle.identity import checkpoint_identity, science_differences
-from bert_repro.lifecycle.keys import comparable, flatten, science
 from bert_repro.scores import (  # torch-free: the collector uses this
     COLLAPSE_SHARE,
     degenerate_reason,

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from tokenizers import BertWordPieceTokenizer, Tokenizer
 
-from bert_repro.data.progress import counted, on_terminal
+from bert_repro.progress import counted, on_terminal
 
 log = logging.getLogger(__name__)
 

@@ -17,7 +17,7 @@ die() { echo "tools/slurm/cluster.sh: $*" >&2; exit 1; }
 
 alive() { local pid; for pid in "$@"; do kill -0 "$pid" 2>/dev/null && return 0; done; return 1; }
 
-stop_pidfiles() {  # the daemons whose pids the files hold: SIGTERM to all at once (each takes ~2 s to go),
+stop_pidfiles() {  # the daemons whose pids the files hold: SIGTERM to all at once (each takes seconds to go),
   local file pid pids=()  # then wait for them; SIGKILL to any left after 10 s
   for file in "$@"; do
     [[ -f "$file" ]] || continue

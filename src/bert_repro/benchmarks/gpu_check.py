@@ -1,4 +1,4 @@
-"""`make gpu-check`: the GPU path measured in one unattended command on one H100/H200-class GPU (issue 17),
+"""`make gpu-check`: the GPU path measured in one unattended command on one H100/H200-class GPU,
 within 8 minutes of GPU time.
 
     python -m bert_repro.benchmarks.gpu_check [--out experiments/results/gpu] [--budget-s 470]

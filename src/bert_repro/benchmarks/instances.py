@@ -5,9 +5,9 @@ with num_proc, and peak heap against corpus size (a benchmark script, not a test
     python -m bert_repro.benchmarks.instances --num-proc 1 2 4 --copies 1 4 --dupe-factor 5 --wikitext
     python -m bert_repro.benchmarks.instances --copies 1 4 --num-proc 1 2 --repeats 3   # best of 3, not 2
 
-The reference: google-research/bert's create_pretraining_data.py (TF 2, compat.v1, one process) took 17.5 s on
-the shared Gutenberg books (8.5 MB; dupe_factor 1, max_seq_length 128, max_predictions 20, bert-base-uncased
-vocabulary): 0.49 MB/s, tokenization included (issue 28). The corpus here is the same books of the shared data
+The reference: google-research/bert's create_pretraining_data.py (TF 2, compat.v1, one process) on the shared
+Gutenberg books (dupe_factor 1, max_seq_length 128, max_predictions 20, bert-base-uncased vocabulary),
+tokenization included; its rate is in docs/benchmarks.md. The corpus here is the same books of the shared data
 folder, one document per chapter (`--wikitext` adds the WikiText-2 articles), written once in the original
 format; the larger sizes repeat it (`--copies`), so only the amount of text changes. Each size runs with each
 `--num-proc` (one process always). Each configuration runs in a fresh child process
@@ -15,25 +15,25 @@ with an empty cache and a fixed vocabulary (WordPiece training is not what is me
 PretrainDataModule.setup: reading the text into Arrow, the train/val split, tokenization, and instance
 creation with static masking (`dupe_factor` rounds). Meanwhile a thread samples the proportional set size
 (PSS, from /proc/<pid>/smaps_rollup) of the child and its worker processes, so memory shared after fork is not
-counted twice (read every 0.5 s, with the RSS growth since every 20 ms: PSS costs 10 ms of kernel time to
-read, so sampling it every 20 ms took a third of a core). The sampler's CPU time is left out of the figures
+counted twice (read every 0.5 s, with the RSS growth since every 20 ms: PSS is slow to read, so sampling it
+every 20 ms took a large share of a core). The sampler's CPU time is left out of the figures
 (`sampler_cpu_s`). "anon" is the heap (Python objects, Arrow buffers being built); the rest is file-backed
 pages of the memory-mapped Arrow cache, which the kernel reclaims at will. Peak heap must not grow with the
 corpus.
 One JSON line per configuration (with the 1-minute load average when it started, and `others_cores`: the
 cores other processes held during the run, from /proc/stat less the run's own CPU time), then a summary
 naming the CPU model and the load (`uptime`), per size the scaling num_proc=N / num_proc=1 of wall MB/s (the
-issue's target: >= 0.8 N) and of MB per CPU-second, and last the scaling at the largest size: a map gives each
-process at least `pretraining.PROCESS_BYTES` (8 MB) or runs in one process, so at 1x (7.7 MB of train text)
-num_proc=2 runs as one process, and the pool's fixed cost (about 0.3 s a map) weighs least at the largest
+target: >= 0.8 N) and of MB per CPU-second, and last the scaling at the largest size: a map gives each
+process at least `pretraining.PROCESS_BYTES` (8 MB) or runs in one process, so at 1x (less train text than
+that) num_proc=2 runs as one process, and the pool's fixed cost a map weighs least at the largest
 size. The machine may be shared, so each line also gives MB per CPU-second of the setup, workers included
 (`cpu_mb_per_s`), which other processes' load disturbs less than wall time: on a machine with no other load,
 wall scaling is N x the CPU-second ratio at best; other jobs holding cores understate both (with one core
 held, num_proc=2 also spent a quarter more CPU time a MB: three processes sharing two cores).
 `--repeats K` (default 2) runs each configuration K times, the num_proc settings of a size taking turns, and
 keeps the fastest (wall): a machine's speed drifts between repeats minutes apart (docs/benchmarks.md).
-`--no-memory` leaves the memory sampler out (its PSS readings, about 10 ms of kernel time per process every
-0.5 s, take CPU time from the workers on a small shared machine).
+`--no-memory` leaves the memory sampler out (its PSS readings, per process every 0.5 s, take kernel time
+from the workers on a small shared machine).
 """
 
 from __future__ import annotations
@@ -82,8 +82,8 @@ def _tree(pid: int) -> list[int]:
 
 
 def _rss(pid: int) -> tuple[int, int]:
-    """(RSS, anonymous RSS) of one process in bytes, from /proc/<pid>/status: microseconds to read, where
-    smaps_rollup (PSS) costs about 10 ms of kernel time in a process with torch loaded."""
+    """(RSS, anonymous RSS) of one process in bytes, from /proc/<pid>/status: cheap to read, where
+    smaps_rollup (PSS) costs far more kernel time in a process with torch loaded."""
     try:
         fields = dict(line.split(":", 1) for line in Path(f"/proc/{pid}/status").read_text().splitlines())
     except (OSError, ValueError):
@@ -94,7 +94,7 @@ def _rss(pid: int) -> tuple[int, int]:
 
 class PeakMemory:
     """Peaks of the PSS of this process and its descendants, and the sizes at the start (`baseline`,
-    `baseline_anon`). PSS costs about 10 ms of kernel time to read, RSS microseconds: so it reads PSS every
+    `baseline_anon`). PSS costs far more kernel time to read than RSS: so it reads PSS every
     `pss_interval` seconds (and for each new process) and RSS every `interval`, and takes each process's PSS
     at its last reading plus its RSS growth since as its PSS in between (new pages are private: they count the
     same in both). `cpu`: the sampler's own CPU seconds, which the benchmark leaves out of the figures."""
@@ -324,7 +324,7 @@ def write_rates(results: list[dict], argv: list[str] | None) -> Path:
 
 
 def summary(results: list[dict]) -> str:
-    """The issue's three figures, with the machine they were measured on: per size, the scaling num_proc=N
+    """The three figures, with the machine they were measured on: per size, the scaling num_proc=N
     over 1, and last, on a line of its own, the scaling at the largest size (what a real corpus sees)."""
     from bert_repro.data.pretraining import PROCESS_BYTES
 

@@ -28,9 +28,9 @@ def measure_lengths(task: str, max_seq_length: int = 512, overrides: list[str] =
     from hydra import compose
 
     from bert_repro.lifecycle.build import build_data
-    from bert_repro.lifecycle.compose import composing
     from bert_repro.lifecycle.hydra_hooks import installed
     from bert_repro.lifecycle.spec import resolve_vocab
+    from bert_repro.tables.compose import composing
     from bert_repro.tables.spec import flatten, load_spec
 
     data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))

@@ -1,5 +1,5 @@
 r"""Is the pre-training input pipeline ever the bottleneck? Batches/s the DataLoader produces against
-batches/s the model trains on, same machine, same batches (issue #8 §4; a benchmark script, not a test).
+batches/s the model trains on, same machine, same batches (a benchmark script, not a test).
 
     python -m bert_repro.benchmarks.loader                                   # model=base, batch 32, CPU
     python -m bert_repro.benchmarks.loader --model large --device cuda --precision bf16 --batch 64 \

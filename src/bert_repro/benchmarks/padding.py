@@ -1,5 +1,5 @@
 """Padding benchmark on real MRPC (or SST-2, --task sst2): dynamic padding vs the released code's fixed 128
-tokens (issue #4, §6).
+tokens.
 
     python -m bert_repro.benchmarks.padding --init /ckpt/bert-base-uncased --glue-dir ../shared/data/glue
 

@@ -290,7 +290,7 @@ def cpu_speed(conf_dir: Path = CONF_DIR) -> dict:
 def largest_batch(name: str, seq: int, device: str, precision: str, checkpointing: bool, limit: int = 4096,
                   conf_dir: Path = CONF_DIR) -> int:
     """The largest per-device batch whose training step fits in the accelerator's memory (doubling, then
-    bisection on out-of-memory), for activation checkpointing's trade (issue #8 §3)."""
+    bisection on out-of-memory), for activation checkpointing's trade."""
     if not device.startswith("cuda"):
         raise SystemExit("error: --max-batch probes accelerator memory; it needs --device cuda")
     config = model_config(name, conf_dir=conf_dir)

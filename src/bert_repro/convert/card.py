@@ -170,7 +170,7 @@ def push_to_hub(folder: str | Path, repo_id: str, private: bool = False, message
     creating the repository when it does not exist. Returns the commit's URL."""
     from huggingface_hub import HfApi
 
-    from bert_repro.lifecycle.network import reaching
+    from bert_repro.network import reaching
 
     folder = Path(folder)
     missing = [name for name in ("config.json", "README.md") if not (folder / name).is_file()]

@@ -22,7 +22,7 @@ from bert_repro.convert.parity import (
 )
 from bert_repro.convert.safe import CheckpointError, safe_torch_load
 from bert_repro.lifecycle.folder import find_runs
-from bert_repro.lifecycle.network import DEFAULT_S, Unreachable, set_deadline
+from bert_repro.network import DEFAULT_S, Unreachable, set_deadline
 
 
 def _check(src: str, tol: float) -> int:

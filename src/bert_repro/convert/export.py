@@ -16,22 +16,21 @@ from torch import Tensor, nn
 
 from bert_repro.convert.names import ARCHITECTURES, HEADS, hf_config, ours_to_hf
 from bert_repro.heads import FeatureTagger, SequenceClassifier, TokenTagger
-from bert_repro.lifecycle.identity import IDENTITY_KEY
-from bert_repro.lifecycle.results import plain_file_mode
+from bert_repro.identity import IDENTITY_KEY
 from bert_repro.model import BertConfig, BertForPreTraining
 
 
 def _write(out_dir: str | Path, config: dict, weights: dict[str, Tensor], vocab: list[str] | None,
            lowercase: bool, max_position: int) -> Path:
     """config.json, model.safetensors (fp32), and vocab.txt + tokenizer_config.json when there is a vocab."""
-    from safetensors.torch import save_file
+    from safetensors.torch import save
 
     out = Path(out_dir)
     out.mkdir(parents=True, exist_ok=True)
     weights = {k: v.detach().to("cpu", torch.float32).clone().contiguous() for k, v in weights.items()}
     (out / "config.json").write_text(json.dumps(config, indent=2) + "\n")
-    save_file(weights, str(out / "model.safetensors"), metadata={"format": "pt"})
-    plain_file_mode(out / "model.safetensors")  # safetensors writes it through a 0600 temporary file
+    # a plain open, not save_file's 0600 temporary file: the model keeps the umask's mode like its neighbours
+    (out / "model.safetensors").write_bytes(save(weights, metadata={"format": "pt"}))
     if vocab is not None:
         (out / "vocab.txt").write_text("".join(token + "\n" for token in vocab), encoding="utf-8")
         tok = {"tokenizer_class": "BertTokenizer", "do_lower_case": lowercase,

@@ -14,7 +14,7 @@ from torch import Tensor
 
 from bert_repro.convert.names import HEADS, config_from_hf, hf_to_ours, tf_to_hf
 from bert_repro.convert.safe import CheckpointError, _first_line, safe_torch_load
-from bert_repro.lifecycle.identity import IDENTITY_KEY, checkpoint_identity, unknown_model_refusal
+from bert_repro.identity import IDENTITY_KEY, checkpoint_identity, init_identity, unknown_model_refusal
 from bert_repro.model import BertConfig, BertForPreTraining
 
 log = logging.getLogger(__name__)
@@ -30,6 +30,7 @@ class LoadedCheckpoint:
     source: str
     ignored: list[str] = field(default_factory=list)  # parameters with no place in our model (task heads)
     identity: dict | None = None  # what it was trained as (identity.py): our .ckpt and exported folders
+    init_identity: dict | None = None  # our .ckpt's identity and step (identity.init_identity)
     # the task head's tensors under the task module's names (``classifier.weight``): ours and our exports'
     task_head: dict[str, Tensor] = field(default_factory=dict)
     vocab_file: str | None = None  # the vocab.txt beside it that it is read from; None: the file holds it
@@ -152,7 +153,7 @@ def _load_lightning(path: Path) -> LoadedCheckpoint:
     ignored = [k for k in state if k.split(".")[0] not in ("bert", *HEADS)]  # task heads
     head = {k: state.pop(k).float() for k in ignored}
     loaded = _checked(config, state, ignored, ckpt.get("vocab"), ckpt.get("lowercase"), path)
-    loaded.identity = checkpoint_identity(ckpt)
+    loaded.identity, loaded.init_identity = checkpoint_identity(ckpt), init_identity(ckpt)
     loaded.task_head = head
     return loaded
 
@@ -193,6 +194,18 @@ def _checked(config: BertConfig, state: dict[str, Tensor], ignored: list[str], v
                               f"the embeddings {config.vocab_size}")
     state = {k: v.float() for k, v in state.items()}
     return LoadedCheckpoint(config, state, missing_heads, vocab, lowercase, str(path), ignored)
+
+
+def read_init_identity(path: str | Path) -> dict | None:
+    """``LoadedCheckpoint.init_identity`` of our ``.ckpt`` at ``path``, its tensors mapped, not read; None for
+    another kind of checkpoint or a file that cannot be read (its run names why)."""
+    path = Path(path)
+    if not path.is_file() or path.suffix != ".ckpt":
+        return None
+    try:
+        return init_identity(safe_torch_load(path, mmap=True))
+    except CheckpointError:
+        return None
 
 
 def load_checkpoint(path: str | Path) -> LoadedCheckpoint:

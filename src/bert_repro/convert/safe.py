@@ -21,11 +21,12 @@ def _first_line(err: BaseException) -> str:
     return f"{type(err).__name__}: {reason}"
 
 
-def safe_torch_load(path: str | Path, map_location="cpu", what: str = "loadable") -> dict:
+def safe_torch_load(path: str | Path, map_location="cpu", what: str = "loadable", mmap: bool = False) -> dict:
     """``torch.load`` with ``weights_only=True`` only: tensors and plain containers, never pickled code (a
-    checkpoint from elsewhere may carry a payload that unpickling would run). Refusals name the file."""
+    checkpoint from elsewhere may carry a payload that unpickling would run). Refusals name the file.
+    ``mmap``: tensors mapped, not read (what a caller needs is beside them)."""
     try:
-        return torch.load(path, weights_only=True, map_location=map_location)
+        return torch.load(path, weights_only=True, map_location=map_location, mmap=mmap)
     except FileNotFoundError:
         raise
     except Exception as err:  # torch raises UnpicklingError, RuntimeError, EOFError ... for a bad file

@@ -60,16 +60,19 @@ def cached_map(rows: Dataset, cache_file: Path, function, **kwargs) -> Dataset:
         return rows.map(function, cache_file_name=str(cache_file), **kwargs)
 
 
+HUB_CACHE = "hub"  # a task's Hub data sets, under its data.cache_dir
+
+
 def hub_split(hub: dict, split: str, cache_dir: Path, local_key: str) -> Dataset:
     """One split of a task's Hub data set (``task.hub``: path, name, revision), every request bounded by
     network.timeout_s; a Hub that does not answer is named with ``local_key``, the key that reads the task's
-    files instead (lifecycle.network.reaching)."""
-    from bert_repro.lifecycle.network import reaching
+    files instead (network.reaching)."""
+    from bert_repro.network import reaching
 
     with reaching(f"the Hub data set {hub['path']}" + (f" ({hub['name']})" if hub.get("name") else ""),
                   f"give the task's files with {local_key}=<folder>"):
         return load_dataset(hub["path"], hub.get("name"), split=split, revision=hub.get("revision"),
-                            cache_dir=str(cache_dir / "hub"))
+                            cache_dir=str(cache_dir / HUB_CACHE))
 
 
 class VocabularyBySize(L.LightningDataModule):

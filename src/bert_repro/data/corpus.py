@@ -40,8 +40,8 @@ import pyarrow as pa
 import pyarrow.compute as pc
 from datasets import Dataset, Features, Sequence, Value
 
-from bert_repro.data.progress import counted, datasets_progress
 from bert_repro.data.textfiles import refuse_non_text
+from bert_repro.progress import counted, datasets_progress
 
 log = logging.getLogger(__name__)
 
@@ -50,7 +50,7 @@ TEXT_EXPECTED = "plain text, one sentence per line and a blank line between docu
 READER_VERSION = 1  # part of the documents' cache key: bump when `documents_table` reads text otherwise
 BLOCK_BYTES = 1 << 20  # text read and split at a time: memory stays flat whatever the corpus size
 READ_BYTES = 4 << 20  # files are read in ranges of about this size, the shards num_proc processes share
-# text per process below which a corpus is read here: a pool costs about 0.3 s to start and stop
+# text per process below which a corpus is read here: a pool costs time to start and stop (pool_size)
 READ_POOL_BYTES = 32 << 20
 MIN_WORDS = 3  # converted sentences with fewer words are headings, list items or code, not prose
 
@@ -419,7 +419,7 @@ class OriginalFormat(datasets.ArrowBasedBuilder):
 
 def pool_size(dataset: Dataset, num_proc: int | None, min_bytes: int) -> int | None:
     """The `num_proc` to give `dataset.map`: up to num_proc processes with at least `min_bytes` of the
-    dataset's Arrow data each, None (this process) below two. A pool costs about 0.3 s to start and stop
+    dataset's Arrow data each, None (this process) below two. A pool costs time to start and stop
     (forking a parent that holds torch, datasets' progress manager, the workers' exit): a small map would
     spend more on it than it saves. Deterministic in the data, so a rerun finds the same shards."""
     if not num_proc or num_proc < 2:

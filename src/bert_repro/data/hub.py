@@ -43,17 +43,19 @@ from datasets import (
 from datasets.exceptions import DatasetGenerationError
 
 from bert_repro.data.corpus import pool_size, prose_sentences, wiki_passages
-from bert_repro.lifecycle.network import reaching
+from bert_repro.network import reaching
 
 FORMATS = ("wiki", "text", "sentences")
 DEFAULTS = {"name": None, "split": "train", "revision": None, "data_files": None, "text_column": "text",
             "format": "text", "streaming": False, "document_column": None, "rows_per_document": None}
 DOCUMENT_FEATURES = Features({"sentences": Sequence(Value("string"))})
-# Arrow data a num_proc worker must get, else the rows are split here: 10-14 MB/s, so a pool pays from ~4 MB
+# Arrow data a num_proc worker must get, else the rows are split here: at a process's rate a pool pays from a
+# few MB (docs/benchmarks.md, instances)
 PROCESS_BYTES = 8 << 20
 # `sentences` rows are grouped into documents in ranges of about this many rows (BookCorpus: ~8 MB of text,
 # some 570 ranges), each starting where a document does, so that any num_proc gives one reader's documents
 RANGE_ROWS = 1 << 17
+HF_CACHE = "hf"  # the corpora's Hub data sets, under the pre-training's data.cache_dir
 OFFLINE = "read a local copy of its files (path=<folder>) or text files (data.source=files data.corpus=...)"
 
 
@@ -207,8 +209,8 @@ def load_hub_documents(entries: list[dict], cache_dir: str | Path, num_proc: int
                        max_documents: int | None = None) -> Dataset:
     """One row per document with a `sentences: list[str]` column: every entry's documents, in order
     (the first `max_documents` of each when set). A Hub that does not answer within network.timeout_s is
-    named with the entry (lifecycle.network.reaching)."""
-    hf_cache = Path(cache_dir) / "hf"
+    named with the entry (network.reaching)."""
+    hf_cache = Path(cache_dir) / HF_CACHE
     parts = []
     for spec in map(hub_spec, entries):
         with reaching(f"data.hub entry {spec['path']!r}", OFFLINE):

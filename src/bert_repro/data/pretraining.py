@@ -30,7 +30,7 @@ from bert_repro.data.corpus import (
     replaced_whole,
 )
 from bert_repro.data.hub import load_hub_documents
-from bert_repro.data.progress import datasets_progress
+from bert_repro.progress import datasets_progress
 from bert_repro.tokenization import load_tokenizer, tokenizer_from_vocab, train_wordpiece, vocab_list
 
 log = logging.getLogger(__name__)
@@ -38,8 +38,8 @@ log = logging.getLogger(__name__)
 PAD_ID = 0  # [PAD] is id 0 in google-research/bert vocabularies (checked against the tokenizer)
 CACHE_FORMAT = 3  # bump when the cached token or instance layout changes, so old caches are not read back
 BATCH_DOCUMENTS = 64  # documents per map batch: enough for array work; the heap holds one batch
-# Arrow data (text, or token ids: about as many bytes) a num_proc worker must get, else a map runs here: at
-# 5-10 MB/s a process, a pool (about 0.3 s to start and stop) pays for itself from a few MB
+# Arrow data (text, or token ids: about as many bytes) a num_proc worker must get, else a map runs here: at a
+# process's rate, a pool's start and stop pays for itself from a few MB (docs/benchmarks.md, instances)
 PROCESS_BYTES = 8 << 20
 UNKNOWN_SAMPLE = 10_000_000  # the [UNK] share is measured on about this many of the first train tokens
 
@@ -60,8 +60,8 @@ def cache_settings(hp, static: bool) -> tuple[dict, dict]:
 @contextmanager
 def frozen_heap():
     """gc.freeze() for the block: the objects alive before it (torch's, Lightning's: about a million) stay
-    out of the collector's full passes, which took 0.3 s each, and 0.6-0.9 s in a forked num_proc worker,
-    where touching them copies their pages. Objects made in the block are collected as usual."""
+    out of the collector's full passes, which cost most in a forked num_proc worker, where touching them
+    copies their pages (docs/benchmarks.md, instances). Objects made in the block are collected as usual."""
     if gc.get_freeze_count():  # frozen by the caller already: theirs to unfreeze
         yield
         return

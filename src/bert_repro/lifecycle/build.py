@@ -13,9 +13,7 @@ from hydra.utils import get_class, instantiate
 from omegaconf import DictConfig, OmegaConf
 
 from bert_repro.convert.safe import safe_torch_load
-from bert_repro.lifecycle.callbacks import ProgressLines
-from bert_repro.lifecycle.checks import UsageError
-from bert_repro.lifecycle.identity import (
+from bert_repro.identity import (
     checkpoint_identity,
     describe,
     head_mismatch,
@@ -23,6 +21,8 @@ from bert_repro.lifecycle.identity import (
     run_identity,
     vocab_refusal,
 )
+from bert_repro.lifecycle.callbacks import ProgressLines
+from bert_repro.lifecycle.checks import UsageError
 from bert_repro.lifecycle.spec import RunSpec
 from bert_repro.speed import compile_model
 
@@ -57,7 +57,7 @@ def build_data(cfg: DictConfig, vocab: list[str] | tuple[str, ...] | None, lower
     constructor takes."""
     loading = {k: cfg.speed[k] for k in get_class(cfg.data._target_).speed_keys}  # as the class declares
     vocab_args = {"tokenizer": list(vocab), "lowercase": lowercase} if vocab is not None else {}
-    # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, 30k tokens ~7 s
+    # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, slow for 30k tokens
     datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", _partial_=True,
                              **loading)(**vocab_args)
     datamodule.prepare_tokenizer()

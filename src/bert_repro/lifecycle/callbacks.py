@@ -14,7 +14,7 @@ from pathlib import Path
 import lightning as L
 import torch
 
-from bert_repro.flops import accelerator_peak_flops, batch_flops, measured_peak_flops
+from bert_repro.flops import accelerator_peak_flops, batch_flops
 from bert_repro.lifecycle.folder import BEST, LAST, RECENT, RunFolder, step_checkpoint_name, step_of
 
 log = logging.getLogger(__name__)
@@ -56,6 +56,21 @@ def kept_bytes_per_parameter(checkpoint: dict, written: Iterable[int]) -> float:
     return best * (BEST in kept) + RESUMABLE_BYTES * len(kept - {BEST})
 
 
+class StepCheckpoint(L.Callback):
+    """A step checkpoint (``RunFolder.step``) every ``every`` optimizer steps, none ever deleted. Not a
+    ModelCheckpoint (sub)class: Lightning would let it replace the run's best/last checkpointing."""
+
+    def __init__(self, every: int):
+        self.every, self._saved = every, -1
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        # already counts this batch's optimizer step; repeats across accumulated batches
+        step = trainer.global_step
+        if step > 0 and step % self.every == 0 and step != self._saved:
+            self._saved = step
+            trainer.save_checkpoint(RunFolder(trainer.default_root_dir).step(step))
+
+
 def module_batch_flops(pl_module: L.LightningModule, batch: dict) -> float:
     """The training FLOPs of ``batch`` through a task module (flops.batch_flops of its BertConfig); 0 without
     one."""
@@ -82,8 +97,10 @@ class Throughput(L.Callback):
 
     MFU = the model FLOPs of the steps (flops.batch_flops of each batch and the module's BertConfig) per
     second and device, over the accelerator's dense peak: ``peak_tflops`` when given (speed.peak_tflops),
-    else Lightning's table of known devices at the run's precision (flops.accelerator_peak_flops), else on
-    CPU a matmul probe; ``peak_source`` says which. An unknown accelerator reports no MFU, not a guess.
+    else Lightning's table of known devices at the run's precision (flops.accelerator_peak_flops). A CPU has
+    no such table (its peak depends on the dtype, the threads and what else runs), and an unknown accelerator
+    none either: they report no MFU, not a guess. A peak is a ceiling, so MFU never exceeds 1: a run faster
+    than the peak it was given reports none, saying why.
     """
 
     def __init__(self, skip_steps: int = 1, peak_tflops: float | None = None):
@@ -104,13 +121,12 @@ class Throughput(L.Callback):
     def on_train_start(self, trainer, pl_module) -> None:
         self._reset()
         device = pl_module.device
-        if self.peak_flops is None and device.type == "cpu":
-            self.peak_flops, self.peak_source = measured_peak_flops("cpu"), "measured fp32 matmul"
-        elif self.peak_flops is None and device.type == "cuda":
+        if self.peak_flops is None and device.type == "cuda":
             dtype = compute_dtype(trainer.precision)
             self.peak_flops, self.peak_source = accelerator_peak_flops(device, dtype)
         if self.peak_flops is None:
-            log.warning("no known peak for %s and no speed.peak_tflops: MFU is not reported", device)
+            log.log(logging.INFO if device.type == "cpu" else logging.WARNING,
+                    "no known peak for %s and no speed.peak_tflops: MFU is not reported", device)
             self.peak_source = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
@@ -137,10 +153,14 @@ class Throughput(L.Callback):
         if self._flops:
             self.flops_per_s = self._flops / elapsed
             metrics["perf/tflops_per_device"] = self.flops_per_s / 1e12
+            if self.peak_flops and self.flops_per_s > self.peak_flops:  # not a ceiling: no MFU from it
+                log.warning("%.3g model TFLOP/s exceed the peak of %.3g (%s): MFU is not reported",
+                            self.flops_per_s / 1e12, self.peak_flops / 1e12, self.peak_source)
+                self.peak_flops = self.peak_source = self.mfu = None
             if self.peak_flops:
                 self.mfu = self.flops_per_s / self.peak_flops
                 metrics["perf/mfu"] = self.mfu
-        # on the logger's cadence, as Lightning's ThroughputMonitor: self.log costs 1.5 ms, 6 % of a tiny step
+        # on the logger's cadence, as Lightning's ThroughputMonitor: a self.log every step slows a tiny step
         if trainer._logger_connector.should_update_logs:
             pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
 

@@ -124,7 +124,7 @@ def validate(cfg: DictConfig, output_dir: Path | None = None) -> None:
     shape's relations (schema.py, beside the keys), then the relations between nodes and the places
     (``check_inputs``; ``output_dir`` where the run's folder is not there yet, e.g. a table's job). A
     UsageError naming the first key that is wrong."""
-    from bert_repro.lifecycle.schema import check
+    from bert_repro.config import check
 
     try:
         check(cfg)

@@ -24,8 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bert_repro.lifecycle.checks import UsageError, check_writable, validate
 from bert_repro.lifecycle.exits import run_ends
-from bert_repro.lifecycle.network import set_deadline
 from bert_repro.lifecycle.results import RunResult, floats, print_results
+from bert_repro.network import set_deadline
 from bert_repro.scores import degenerate_reason
 
 log = logging.getLogger(__name__)

@@ -16,9 +16,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError
 from bert_repro.lifecycle.folder import RunFolder, differences
-from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.pretrained import SHAPE_KEYS, model_on_command_line
 from bert_repro.lifecycle.results import print_results
 

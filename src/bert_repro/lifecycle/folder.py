@@ -22,7 +22,7 @@ from typing import Any
 
 import yaml
 
-from bert_repro.lifecycle.keys import comparable, flatten, science
+from bert_repro.keys import comparable, flatten, science
 
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
 PREVIOUS = ".previous"  # earlier results set aside by a fresh attempt (a dot: find_runs never counts them)
@@ -31,7 +31,7 @@ RECENT = "recent-*.ckpt"  # checkpoint.keep_recent's (conf/callbacks/default.yam
 
 
 def step_checkpoint_name(step: int) -> str:
-    """Pre-training's checkpoint at global step ``step`` (tasks/pretrain.StepCheckpoint writes it)."""
+    """Pre-training's checkpoint at global step ``step`` (callbacks.StepCheckpoint writes it)."""
     return f"step-{int(step)}.ckpt"
 
 
@@ -41,6 +41,16 @@ def step_of(name: str) -> int | None:
     if suffix != "ckpt" or not stem.startswith("step-") or not stem[5:].isdigit():
         return None
     return int(stem[5:])
+
+
+def compared(record: dict[str, Any], config: dict[str, Any], init: dict[str, Any] | None
+             ) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A result's recorded config and ``config``, each with ``init`` as its checkpoint's identity and step
+    where both know them (``init``: as the asker read it from the file now), not as the path it lay at."""
+    saved = record.get("config") or {}
+    if init is None or record.get("init_identity") is None:
+        return saved, config
+    return {**saved, "init": record["init_identity"]}, {**config, "init": init}
 
 
 def differences(saved: dict[str, Any] | None, now: dict[str, Any] | None,
@@ -167,14 +177,15 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         self.failed.write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}) + "\n")
 
-    def in_the_way(self, config: dict[str, Any]) -> str | None:
+    def in_the_way(self, config: dict[str, Any], init: dict[str, Any] | None = None) -> str | None:
         """Why a run of ``config`` cannot go on in this folder (its earlier result and checkpoints set aside
-        first): a result of other science, a damaged one, or checkpoints its command would not resume."""
+        first): a result of other science, a damaged one, or checkpoints its command would not resume.
+        ``init``: the identity of the checkpoint its init= names now (``compared``)."""
         try:
             record = self.read() if self.results.is_file() else {}
         except ValueError as err:
             return f"its result is damaged ({err})"
-        if record and (changed := differences(record.get("config"), config)):
+        if record and (changed := differences(*compared(record, config, init))):
             return "; ".join(changed[:4])
         command = self.hydra / "config.yaml"
         if any(self.checkpoints.glob("*")) and command.is_file() \
@@ -212,10 +223,11 @@ class RunFolder:
             aside.parent.rmdir()
         return True
 
-    def result_for(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> dict[str, Any] | None:
-        """The folder's complete result when it is ``config``'s science, else None."""
+    def result_for(self, config: dict[str, Any], ignore: tuple[str, ...] = (),
+                   init: dict[str, Any] | None = None) -> dict[str, Any] | None:
+        """The folder's complete result when it is ``config``'s science, else None; ``init`` as in_the_way."""
         done = self.complete()
-        if done is None or differences(done.get("config"), config, ignore):
+        if done is None or differences(*compared(done, config, init), ignore):
             return None
         return done
 

@@ -87,7 +87,7 @@ def fetch(hub_id: str) -> Path:
         RevisionNotFoundError,
     )
 
-    from bert_repro.lifecycle.network import reaching
+    from bert_repro.network import reaching
 
     try:
         with reaching(f"init={hub_id}", download_hint(hub_id)):  # network.timeout_s bounds every request

@@ -59,6 +59,7 @@ class RunResult:
     resumed_from: str | None = None
     missing_heads: list[str] = field(default_factory=list)
     init_head_dropped: str | None = None  # init= was fine-tuned on another task: its head was not taken
+    init_identity: dict[str, Any] | None = None  # init='s checkpoint, wherever it lies (identity.py)
     predict_majority: bool = False
     degenerate: str | None = None  # e.g. collapsed onto one class
     data_sizes: dict[str, int] | None = None

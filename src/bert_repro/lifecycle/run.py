@@ -19,7 +19,7 @@ from bert_repro.lifecycle.checks import UsageError, validate
 from bert_repro.lifecycle.exits import run_ends
 from bert_repro.lifecycle.finished import config_summary, report_finished, scale_reads
 from bert_repro.lifecycle.locks import is_launcher
-from bert_repro.lifecycle.network import set_deadline
+from bert_repro.network import set_deadline
 
 log = logging.getLogger(__name__)
 
@@ -116,6 +116,7 @@ def finish(spec: Any, trainer: Any, module: Any, datamodule: Any, final: dict[st
     results = RunResult(
         status=status, task=spec.task, model=spec.model_name, ablation=cfg.ablation.name,
         scale=cfg.scale.name, seed=cfg.seed, init=spec.init, identity=module.identity, resumed_from=ckpt_path,
+        init_identity=spec.loaded.init_identity if spec.loaded is not None else None,
         predict_majority=majority, monitor=spec.monitor, **weights,
         metrics={"final": final,
                  "best": {spec.monitor: float(best_score) if best_score is not None else None},

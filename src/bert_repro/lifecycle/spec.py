@@ -14,9 +14,9 @@ from typing import Any
 
 from omegaconf import DictConfig, OmegaConf
 
+from bert_repro.keys import science
 from bert_repro.lifecycle.checks import UsageError, resolve_ckpt_path, split_batch
 from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.keys import science
 from bert_repro.lifecycle.pretrained import model_name, model_on_command_line, model_shape, resolve_init
 
 

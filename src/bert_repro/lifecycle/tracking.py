@@ -20,8 +20,8 @@ from typing import Any
 from hydra.experimental.callback import Callback
 from omegaconf import DictConfig, OmegaConf
 
+from bert_repro.keys import is_science
 from bert_repro.lifecycle.folder import RESULTS
-from bert_repro.lifecycle.keys import is_science
 
 log = logging.getLogger(__name__)
 

@@ -12,6 +12,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
+from bert_repro.lifecycle.callbacks import StepCheckpoint
 from bert_repro.lifecycle.checks import world_size
 from bert_repro.lifecycle.record import RunRecord
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
@@ -28,6 +29,9 @@ def build_callbacks(cfg: DictConfig, science: dict, resume_strict: bool, loggers
     callbacks.insert(preempt, RunRecord(start))
     # a checkpoint of this folder resumes only under the same science (keys.py), whatever the speed
     callbacks.append(SameRun(science, strict=resume_strict))
+    every = (cfg.get("module") or {}).get("checkpoint_every_n_steps")
+    if every:  # pre-training's step-<N>.ckpt (§5.3, Figure 4)
+        callbacks.append(StepCheckpoint(every))
     if loggers:  # Lightning refuses a learning-rate monitor without a logger
         callbacks.append(LearningRateMonitor(logging_interval="step"))
     return callbacks

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 from torch import nn
 
-from bert_repro.lifecycle.schema import SpeedOptions  # the speed: node's one declaration
+from bert_repro.config import SpeedOptions  # the speed: node's one declaration
 
 __all__ = ["SpeedOptions", "compile_model"]
 

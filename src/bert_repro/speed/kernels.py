@@ -1,11 +1,12 @@
 """Kernels that compute what model.py computes, faster: CPU dropout masks, CPU attention with dropout,
-and attention over packed variable-length sequences (flash-attn, nested-jagged SDPA, or a padded reference).
+and attention over packed variable-length sequences (torch's varlen flash attention, nested-jagged SDPA, or a
+padded reference).
 """
 
 from __future__ import annotations
 
 import functools
-import importlib.util
+import inspect
 import warnings
 from dataclasses import dataclass
 
@@ -13,7 +14,7 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-from bert_repro.lifecycle.schema import ATTENTION_BACKENDS
+from bert_repro.config import ATTENTION_BACKENDS
 
 DROPOUT_LEVELS = 1 << 16  # the resolution of p in dropout_mask: a 16-bit uniform integer per element
 
@@ -22,8 +23,8 @@ def dropout_mask(like: Tensor, p: float) -> Tensor:
     """Dropout's multiplier for a tensor shaped like ``like``: 1 / (1 - p') with probability 1 - p', else 0,
     p' = round(p * 65536) / 65536 (|p' - p| <= 7.6e-6), so the expectation is exactly 1.
 
-    Each element is one 16-bit lane of a uniform 64-bit word: on CPU, where ATen draws serially, 2.6x
-    cheaper per element than ``torch.rand`` and 5x cheaper than ``bernoulli_``. The mask carries the scale
+    Each element is one 16-bit lane of a uniform 64-bit word: on CPU, where ATen draws serially, cheaper
+    per element than ``torch.rand`` or ``bernoulli_`` (docs/benchmarks.md). The mask carries the scale
     in ``like``'s dtype (float32 for half precision, which cannot hold 1/(1-p) exactly), so applying it
     and its backward are one multiplication each."""
     n, drop = like.numel(), min(round(p * DROPOUT_LEVELS), DROPOUT_LEVELS - 1)
@@ -127,18 +128,38 @@ class Packed:
         return flat.view(self.num_sequences, self.max_len, *x.shape[1:])
 
 
-FLASH_ATTN = importlib.util.find_spec("flash_attn") is not None
+try:  # torch >= 2.10: flash attention on packed sequences, no flash_attn package needed
+    from torch.nn.attention.varlen import varlen_attn
+except ImportError:
+    varlen_attn = None
+FLASH_FORWARD = torch.ops.aten._flash_attention_forward  # what varlen_attn runs, with a dropout_p of 0
 VARLEN_BACKENDS = ATTENTION_BACKENDS  # speed.attention (schema.SpeedOptions)
 
 
+def flash_varlen(q: Tensor, k: Tensor, v: Tensor, cu_q: Tensor, cu_k: Tensor, max_q: int, max_k: int,
+                 dropout_p: float, causal: bool) -> Tensor:
+    """torch's flash attention within packed sequences, (N, heads, d) -> (N, heads, d): ``varlen_attn``, or
+    with dropout the ATen op under it, which takes the paper's attention dropout (varlen_attn has none) and
+    has its own backward. varlen_attn's causal switch is ``is_causal`` in torch 2.10, ``window_size=(-1, 0)``
+    from 2.11."""
+    if dropout_p > 0.0:
+        return FLASH_FORWARD(q, k, v, cu_q, cu_k, max_q, max_k, dropout_p, causal, False)[0]
+    if not causal:
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k)
+    if "window_size" in inspect.signature(varlen_attn).parameters:
+        return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, window_size=(-1, 0))
+    return varlen_attn(q, k, v, cu_q, cu_k, max_q, max_k, is_causal=True)
+
+
 def varlen_backend(requested: str, q: Tensor, causal: bool) -> str:
-    """``auto``: flash-attn's varlen kernel where installed (CUDA, half precision), else torch's
-    nested-jagged SDPA on CUDA, else (CPU) the padded reference, whose dropout is the cheap CPU mask."""
+    """``auto``: torch's varlen flash attention where it exists (torch >= 2.10, CUDA, half precision), else
+    torch's nested-jagged SDPA on CUDA, else (CPU) the padded reference, whose dropout is the cheap CPU
+    mask."""
     if requested not in VARLEN_BACKENDS:
         raise ValueError(f"attention backend {requested!r}: expected one of {', '.join(VARLEN_BACKENDS)}")
     if requested != "auto":
         return requested
-    if q.device.type == "cuda" and FLASH_ATTN and q.dtype in (torch.float16, torch.bfloat16):
+    if q.device.type == "cuda" and varlen_attn is not None and q.dtype in (torch.float16, torch.bfloat16):
         return "flash"
     if q.device.type == "cuda":
         _warn_nested()
@@ -148,9 +169,10 @@ def varlen_backend(requested: str, q: Tensor, causal: bool) -> str:
 
 @functools.cache  # once a process: every layer of every step asks
 def _warn_nested() -> None:
-    warnings.warn("speed.unpad=true without flash_attn: attention runs as torch's nested-jagged SDPA, "
-                  "which measured 3.4-6x slower than padded on an H200 (docs/benchmarks.md#gpu); install "
-                  "flash-attn or set speed.unpad=false", stacklevel=3)
+    warnings.warn("speed.unpad=true without torch's varlen flash attention (torch >= 2.10, fp16/bf16): "
+                  "attention runs as torch's nested-jagged SDPA, slower than padded on an H200 "
+                  "(docs/benchmarks.md#gpu); use torch >= 2.10 with bf16, or set speed.unpad=false",
+                  stacklevel=3)
 
 
 def varlen_attention(
@@ -172,19 +194,8 @@ def varlen_attention(
     backend = varlen_backend(backend, q, causal)
     queries = packed if queries is None else queries
     if backend == "flash":
-        from flash_attn import flash_attn_varlen_func
-
-        return flash_attn_varlen_func(
-            q,
-            k,
-            v,
-            queries.cu_seqlens,
-            packed.cu_seqlens,
-            queries.max_len,
-            packed.max_len,
-            dropout_p=dropout_p,
-            causal=causal,
-        )
+        return flash_varlen(q, k, v, queries.cu_seqlens, packed.cu_seqlens, queries.max_len, packed.max_len,
+                            dropout_p, causal)
     if backend == "nested":
         def jagged(x: Tensor, at: Packed) -> Tensor:  # (N, heads, hd) -> (S, heads, j, hd), contiguous
             offsets = at.cu_seqlens.long()

@@ -18,7 +18,7 @@ from bert_repro.speed.kernels import Packed, varlen_attention
 from bert_repro.speed.packing import block_diagonal_mask, pack_rows, read_back
 
 if TYPE_CHECKING:
-    from bert_repro.lifecycle.schema import SpeedOptions
+    from bert_repro.config import SpeedOptions
 
 
 @dataclass(frozen=True)

@@ -4,7 +4,7 @@ render.py writes experiments/results/<table>.{md,csv,tex,json} and the figures."
 
 import re
 
-from bert_repro.lifecycle.compose import CONF_DIR, REPO  # noqa: F401 (the tables' conf/ and repository)
+from bert_repro.tables.compose import CONF_DIR, REPO  # noqa: F401 (the tables' conf/ and repository)
 
 SCALES = ("smoke", "budget", "paper")
 

@@ -16,7 +16,7 @@ import sys
 import time
 from pathlib import Path
 
-from bert_repro.lifecycle.exits import Stopped, signals_held, stop_on_signals
+from bert_repro.lifecycle.signals import Stopped, signals_held, stop_on_signals
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
 from bert_repro.tables.runner import Interrupted, failed_jobs, run_table

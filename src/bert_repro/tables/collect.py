@@ -12,10 +12,11 @@ from omegaconf import OmegaConf
 from bert_repro import selection
 from bert_repro.lifecycle.folder import LAST, RunFolder
 from bert_repro.tables import stats
-from bert_repro.tables.runner import job_configs, job_state
+from bert_repro.tables.runner import init_of, job_configs, job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
 REFERENCE = REPO / "experiments" / "reference.yaml"
+NOT_RUN = "not run"  # a comparison's verdict while a cell of it has no finished run
 
 
 @dataclass
@@ -67,7 +68,8 @@ def other_settings(sweep: Sweep, states: dict) -> str:
 
 def finetune_cell(sweep: Sweep, metric: str, scale: float, configs: dict) -> Cell:
     # reads and checks each result, held to the job's science as composed now, as `run` holds it
-    states = {folder: job_state(folder, configs.get(folder)) for _, folder in sweep.jobs()}
+    init = init_of(sweep)
+    states = {folder: job_state(folder, configs.get(folder), init) for _, folder in sweep.jobs()}
     runs, skipped = selection.load_runs([f for f, (state, _) in states.items() if state == "complete"])
     failed = [why or "failed" for state, why in states.values() if state == "failed"] + skipped
     if not runs:
@@ -99,7 +101,7 @@ def pretrain_cell(sweep: Sweep | None, column: dict, configs: dict) -> Cell:
     if sweep is None:
         return Cell(status="skipped", reason="this row has no pre-training run of ours")
     folder = sweep.jobs()[0][1]
-    state, reason = job_state(folder, configs.get(folder))
+    state, reason = job_state(folder, configs.get(folder), init_of(sweep))
     if state == "other":
         return Cell(status="missing", reason=other_settings(sweep, {folder: (state, reason)}))
     if state != "complete":
@@ -201,6 +203,8 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
                 paper_diff = spec.get("paper_diff", None if None in paper else round(paper[0] - paper[1], 4))
                 cell_a, cell_b = rows[ra].cells[ca], rows[rb].cells[cb]
                 result = stats.compare(cell_a.seeds or {}, cell_b.seeds or {}, paper_diff)
+                if cell_a.status != "ok" or cell_b.status != "ok":  # no verdict over runs that never ran
+                    result["verdict"] = NOT_RUN
                 name_a, name_b = (part.columns[c].get("label", c) for c in (ca, cb))
                 address, label = (({"a": ca, "b": cb, "column": None, "row": ra},
                                    f"{rows[ra].label}: {name_a} vs {name_b}") if along else
@@ -218,8 +222,10 @@ def _why(result: dict, a: Cell, b: Cell, given: str | None) -> str | None:
         return None
     if given:
         return given
-    if a.status != "ok" or b.status != "ok":
-        return "a cell has no number: " + "; ".join(c.reason or c.status for c in (a, b) if c.status != "ok")
+    if result["verdict"] == NOT_RUN:
+        absent = [c for c in (a, b) if c.status != "ok"]
+        return (f"{len(absent)} of its 2 cells have no number: "
+                + "; ".join(c.reason or c.status for c in absent))
     if result["paper_diff"] is None:
         return "the paper reports no number for one of the rows here"
     if result["n"] < 2:

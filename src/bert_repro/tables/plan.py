@@ -14,8 +14,8 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from bert_repro.flops import PEAK_TFLOPS, head_flops, training_flops
-from bert_repro.lifecycle.compose import compose_job, composing
 from bert_repro.tables import CONF_DIR, REPO, TableError
+from bert_repro.tables.compose import compose_job, composing
 from bert_repro.tables.spec import Sweep, Table
 
 # bf16 peak (flops.PEAK_TFLOPS), GB/s a GPU, one way, over NVLink and over InfiniBand (a NIC a GPU):
@@ -94,9 +94,9 @@ def _val_sequences(limit, batch: int, available: int) -> int:
 def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> Run:
     """One job's run, composed as src/train.py composes it and checked as it checks it (schema.check);
     ``facts``: the table's FACTS and the CPU's data rates."""
+    from bert_repro.config import check
     from bert_repro.data.batching import PadCollator
     from bert_repro.lifecycle.callbacks import kept_bytes_per_parameter
-    from bert_repro.lifecycle.schema import check
     from bert_repro.model import BertConfig, checkpoint_parameters
 
     try:

@@ -12,9 +12,9 @@ from pathlib import Path
 
 from omegaconf import OmegaConf
 
-from bert_repro.lifecycle.compose import compose_once, composing
 from bert_repro.lifecycle.folder import RunFolder, step_checkpoint_name, step_of
 from bert_repro.tables import CONF_DIR, TableError
+from bert_repro.tables.compose import compose_once, composing
 from bert_repro.tables.plan import make_plan, plan_work
 from bert_repro.tables.runner import run_table
 from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec

@@ -4,16 +4,21 @@ part's cells, then the paper's comparisons with their verdicts."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
+import time
 from dataclasses import asdict
 from pathlib import Path
 
 import pandas as pd
 
-from bert_repro.tables.collect import Cell, Row, comparisons
+from bert_repro.tables.collect import NOT_RUN, Cell, Row, comparisons
 from bert_repro.tables.spec import SELECTIONS, Part, Table
 
+log = logging.getLogger(__name__)
+
+PREVIOUS = ".previous"  # earlier tables set aside by a collect with fewer finished cells
 MARKS = {"failed": "failed", "missing": "not run", "skipped": "skipped"}
 COLUMNS = ["table", "scale", "part", "row", "column", "ours", "paper", "diff", "spread", "n_runs", "mean",
            "ci_low", "ci_high", "restarts", "collapsed", "status", "reason", "note", "checkpoint",
@@ -63,8 +68,8 @@ def comparison_lines(found: list[dict]) -> list[str]:
         lines.append(f"- {c['label']}: paper {_num(c['paper_diff'], signed=True)}, ours "
                      f"{_num(c['ours_diff'], signed=True)} {ci} (n={c['n']}): **{c['verdict']}**"
                      + (f" — {c['why']}" if c["why"] else ""))
-    counts = ", ".join(f"{sum(c['verdict'] == v for c in found)} {v}" for v in ("agrees", "disagrees",
-                                                                                 "inconclusive"))
+    counts = ", ".join(f"{sum(c['verdict'] == v for c in found)} {v}"
+                       for v in ("agrees", "disagrees", "inconclusive", NOT_RUN))
     return [*lines, "", f"Verdicts: {counts}.", ""]
 
 
@@ -152,10 +157,29 @@ def results_json(table: Table, collected: dict[str, list[Row]], checked: dict[st
             "parts": parts, "comparisons": [c for part in table.parts for c in checked.get(part.name, [])]}
 
 
+def finished_cells(path: Path) -> int | None:
+    """The finished cells of a written <table>.json; None when there is none or it cannot be read."""
+    try:
+        parts = json.loads(path.read_text())["parts"].values()
+        return sum(cell["status"] == "ok" for part in parts for row in part["rows"]
+                   for cell in row["cells"].values())
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None
+
+
 def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, out_dir: Path) -> list[Path]:
     checked = comparisons(table, collected, reference)
     out_dir.mkdir(parents=True, exist_ok=True)
     written = [out_dir / f"{table.name}.{ext}" for ext in ("md", "csv", "tex", "json")]
+    earlier, now = finished_cells(written[3]), sum(c.status == "ok" for rows in collected.values()
+                                                    for row in rows for c in row.cells.values())
+    if earlier is not None and now < earlier:  # a thinner table never silently takes a fuller one's place
+        aside = out_dir / PREVIOUS / time.strftime("%Y%m%d-%H%M%S")
+        aside.mkdir(parents=True, exist_ok=True)
+        for path in (p for p in written if p.is_file()):
+            path.rename(aside / path.name)
+        log.warning("%s: %d finished cells, fewer than the %d of the table it replaces; that one is kept "
+                    "in %s", written[0], now, earlier, aside)
     written[0].write_text(markdown(table, collected, checked))
     records(table, collected).to_csv(written[1], index=False)
     written[2].write_text(latex(table, collected, checked))

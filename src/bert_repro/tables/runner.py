@@ -26,15 +26,16 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bert_repro.lifecycle import warm
+from bert_repro.convert.loaders import read_init_identity
+from bert_repro.keys import flatten as flat_keys
+from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError, validate
-from bert_repro.lifecycle.compose import compose_run, composing_jobs, hydra_value
 from bert_repro.lifecycle.exits import launch_error
 from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.keys import flatten as flat_keys
-from bert_repro.lifecycle.keys import is_path, is_science
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
-from bert_repro.tables import REPO, TableError
+from bert_repro.tables import REPO, TableError, warm
+from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
+from bert_repro.tables.machine import refusal
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import Sweep, Table, flatten
 
@@ -120,17 +121,25 @@ class Children:
 CHILDREN = Children()
 
 
-def job_state(folder: Path, config: dict | None = None) -> tuple[str, str | None]:
+def job_state(folder: Path, config: dict | None = None, init: dict | None = None) -> tuple[str, str | None]:
     """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it. With
-    ``config`` (the job's science as composed now, job_configs), a complete result of other science is
-    ``other``, naming the keys that differ: run would run it again, so no table shows it as this job's."""
+    ``config`` (the job's science as composed now, job_configs; ``init`` its sweep's init_of), a complete
+    result of other science is ``other``, naming the keys that differ: run would run it again, so no table
+    shows it as this job's."""
     try:
         state, why = RunFolder(folder).state()
-        if state == "complete" and config is not None and RunFolder(folder).result_for(config) is None:
-            return "other", RunFolder(folder).in_the_way(config)
+        if state == "complete" and config is not None and RunFolder(folder).result_for(config,
+                                                                                       init=init) is None:
+            return "other", RunFolder(folder).in_the_way(config, init)
         return state, why
     except ValueError as err:
         raise TableError(str(err)) from None
+
+
+def init_of(sweep: Sweep) -> dict | None:
+    """The identity of the checkpoint the sweep's init= names: a job's init= is what its checkpoint is, not
+    where it lies (a table moved whole is still complete)."""
+    return read_init_identity(sweep.overrides["init"]) if sweep.overrides.get("init") else None
 
 
 def job_configs(table: Table, root: Path | None = None) -> dict[Path, dict]:
@@ -242,10 +251,11 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
         why = "--force" if force else "its pre-training runs again" if upstream else None
+        init = init_of(sweep)
         todo[name] = [(swept, f) for swept, f in sweep.jobs()
-                      if why or f not in configs or RunFolder(f).result_for(configs[f]) is None]
+                      if why or f not in configs or RunFolder(f).result_for(configs[f], init=init) is None]
         moves += [(f, way) for _, f in todo[name]
-                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {})) or why)]
+                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {}), init) or why)]
         if todo[name] and sweep.stage == "pretrain":
             rerun.add(name)
     return todo, moves
@@ -355,6 +365,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             swept = sweep.params_args() if len(todo[name]) == len(sweep.jobs()) else todo[name][0][0]
             _launch(sweep, swept, stage_launcher(launcher, sweep.stage), dry_run=True)
         return []
+    if why := refusal(table, todo, launcher):  # before any job: not hundreds of failures in its place
+        raise TableError(why)
     said, done = [], threading.Event()
     with _hold(table, todo):
         for folder, why in moves:

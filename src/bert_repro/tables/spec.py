@@ -16,12 +16,12 @@ from hydra.core.override_parser.overrides_parser import OverridesParser
 from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
+from bert_repro.keys import comparable, is_science
+from bert_repro.keys import flatten as flat_keys
 from bert_repro.lifecycle import hydra_hooks
-from bert_repro.lifecycle.compose import compose_once, compose_run, composing, hydra_value
 from bert_repro.lifecycle.folder import LAST, RunFolder, step_checkpoint_name, step_of
-from bert_repro.lifecycle.keys import comparable, is_science
-from bert_repro.lifecycle.keys import flatten as flat_keys
 from bert_repro.tables import CONF_DIR, DEMOS, REPO, SCALES, TABLES, TableError  # noqa: F401 (re-exported)
+from bert_repro.tables.compose import compose_once, compose_run, composing, hydra_value
 
 SELECTIONS = {  # selection.select's two rules, as a table names them
     "best_on_dev": "best run on Dev over the grid (§3.5; best of the restarts where seeds are swept, §4.1)",
@@ -136,7 +136,7 @@ class Sweep:
             raise TableError(f"{self.name}: grid {self.params} is not Hydra sweep syntax ({err})") from None
         if speed := [o.key_or_group for o in parsed if not is_science(o.key_or_group)]:
             raise TableError(f"{self.name}: grid sweeps {', '.join(speed)}, which do not change the science "
-                             "(bert_repro.lifecycle.keys), so its jobs would share one folder; sweep science "
+                             "(bert_repro.keys), so its jobs would share one folder; sweep science "
                              "keys only")
         values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
                   else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]

@@ -11,7 +11,7 @@ import torch
 from lightning.fabric.utilities.data import AttributeDict
 from torch import nn
 
-from bert_repro.lifecycle.identity import architecture_differences, head_mismatch
+from bert_repro.identity import architecture_differences, head_mismatch
 from bert_repro.model import BertConfig, Layer
 from bert_repro.speed import SpeedOptions
 

@@ -4,14 +4,12 @@ from __future__ import annotations
 
 import math
 
-import lightning as L
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
-from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.model import BertForPreTraining
 from bert_repro.tasks.base import BertTaskModule
 
@@ -22,7 +20,8 @@ class PretrainModule(BertTaskModule):
     ``nsp=False`` drops the NSP head and loss (Table 5 "No NSP"); ``ltr=True`` trains a left-to-right
     LM that predicts every next token (Table 5 "LTR & No NSP": needs ``model.causal``).
     ``checkpoint_every_n_steps`` keeps ``checkpoints/step-<N>.ckpt`` every N optimizer steps, for the
-    fine-tuning-vs-steps curve (§5.3, Figure 4); each loads as ``init=`` like ``last.ckpt``.
+    fine-tuning-vs-steps curve (§5.3, Figure 4); each loads as ``init=`` like ``last.ckpt``. The run's trainer
+    writes them (lifecycle/callbacks.StepCheckpoint): where they go is the run folder's to say.
     """
 
     def __init__(self, model: dict, optim: dict, nsp: bool = True, ltr: bool = False,
@@ -37,18 +36,12 @@ class PretrainModule(BertTaskModule):
             raise ValueError(f"checkpoint_every_n_steps={checkpoint_every_n_steps}: expected a positive step "
                              "count or null")
         self.nsp, self.ltr = nsp, ltr
-        self.checkpoint_every_n_steps = checkpoint_every_n_steps
         self.model = BertForPreTraining(self.config, nsp=nsp, speed=self.speed)
         for split in ("train", "val"):
             setattr(self, f"{split}_mlm_loss", MeanMetric())
             setattr(self, f"{split}_mlm_acc", MeanMetric())
             if nsp:
                 setattr(self, f"{split}_nsp_acc", MulticlassAccuracy(num_classes=2, average="micro"))
-
-    def configure_callbacks(self) -> list:
-        if not self.checkpoint_every_n_steps:
-            return []
-        return [StepCheckpoint(RunFolder(self.trainer.default_root_dir), self.checkpoint_every_n_steps)]
 
     def on_train_start(self) -> None:
         # Phase 2 of the two-phase schedule (v2 A.2) must continue phase 1's final state, not an earlier one.
@@ -110,19 +103,3 @@ class PretrainModule(BertTaskModule):
     def on_validation_epoch_end(self) -> None:
         # held-out masked-LM perplexity (Table 6 "LM (ppl)"): exp of the prediction-weighted mean loss
         self.log("val/mlm_ppl", math.exp(min(float(self.val_mlm_loss.compute()), 50.0)))
-
-
-
-class StepCheckpoint(L.Callback):
-    """A step checkpoint (``RunFolder.step``) every ``every`` optimizer steps, none ever deleted. Not a
-    ModelCheckpoint (sub)class: Lightning would let it replace the run's best/last checkpointing."""
-
-    def __init__(self, folder: RunFolder, every: int):
-        self.folder, self.every, self._saved = folder, every, -1
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        # already counts this batch's optimizer step; repeats across accumulated batches
-        step = trainer.global_step
-        if step > 0 and step % self.every == 0 and step != self._saved:
-            self._saved = step
-            trainer.save_checkpoint(self.folder.step(step))

@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
-from bert_repro.lifecycle.keys import comparable, flatten
+from bert_repro.keys import comparable, flatten
 
 IDENTITY_KEY = "bert_repro"  # an exported folder's config.json entry holding the identity
 # keys a checkpoint written before identities existed still carries (the SameRun callback's settings)
@@ -45,6 +45,14 @@ def checkpoint_identity(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
         return None
     return {"task": (settings.get("task") or {}).get("name"), "head": None, "labels": None,
             "max_seq_length": (settings.get("data") or {}).get("max_seq_length"), "science": settings}
+
+
+def init_identity(checkpoint: dict[str, Any]) -> dict[str, Any] | None:
+    """What a run started from (``init=``) wherever the file lies: a checkpoint of ours by its run's identity
+    and global step, so a table moved to another disk is the same run and another checkpoint put at the same
+    path is not; None for a checkpoint without an identity, which is known by its path alone."""
+    identity = checkpoint_identity(checkpoint)
+    return None if identity is None else {"identity": identity, "step": checkpoint.get("global_step")}
 
 
 def describe(identity: dict[str, Any]) -> str:

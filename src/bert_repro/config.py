@@ -178,7 +178,7 @@ class DataConfig:
 
 @dataclass
 class NetworkConfig:
-    """How long a Hub request waits for an answer (lifecycle/network.py): conf/train.yaml's network node."""
+    """How long a Hub request waits for an answer (network.py): conf/train.yaml's network node."""
 
     timeout_s: float = positive(60, "number of seconds")
 

@@ -54,7 +54,8 @@ def composing_jobs():
 
 def compose_once(config: str, args: list[str]):
     """conf/<config>.yaml composed with ``args`` (inside ``composing``), read-only, once a process and kept
-    in .cache/compositions/ keyed by conf/'s files: tables compose the same runs again, ~0.5 s each."""
+    in .cache/compositions/ keyed by conf/'s files: tables compose the same runs
+    again (docs/benchmarks.md, plan wall time)."""
     key = (str(CONF_DIR), config, *args)
     if key not in _COMPOSED:
         digest = hashlib.sha256(json.dumps([_tree(), hydra.__version__, config, *args]).encode()).hexdigest()
@@ -78,7 +79,7 @@ def _tree() -> str:
     digest = hashlib.sha256()
     for path in sorted(CONF_DIR.rglob("*.yaml")):
         digest.update(str(path.relative_to(CONF_DIR)).encode() + b"\0" + path.read_bytes())
-    # the typed nodes conf/ composes (lifecycle/schema.py) declare defaults too: a changed one composes anew
+    # the typed nodes conf/ composes (config.py) declare defaults too: a changed one composes anew
     for name, node in sorted(ConfigStore.instance().repo.get("schema", {}).items()):
         digest.update(name.encode() + b"\0" + OmegaConf.to_yaml(node.node).encode())
     return digest.hexdigest()
