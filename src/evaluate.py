@@ -13,7 +13,6 @@ from omegaconf import DictConfig
 from bert_repro.lifecycle import hydra_hooks
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
-hydra_hooks.register_resolvers()
 
 
 @hydra.main(version_base="1.3", config_path="../conf", config_name="evaluate")

@@ -172,11 +172,10 @@ def test_cpu_precision_takes_bf16_only_where_the_cpu_has_it(monkeypatch, avx512_
     fp32 where bf16 would be emulated; torch's CPU feature probes mocked at their boundary."""
     import torch
 
-    from bert_repro.lifecycle.hydra_hooks import register_resolvers, run_name
+    from bert_repro.lifecycle.hydra_hooks import run_name
 
     monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
     monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
-    register_resolvers()
     assert OmegaConf.create({"precision": "${cpu_precision:}"}).precision == expected
     # a speed key: either precision runs in the same folder, so a finished run is reused
     assert run_name(["task=pretrain", "trainer.precision=${cpu_precision:}"]) == run_name(["task=pretrain"])

@@ -10,7 +10,7 @@ from hydra.core.global_hydra import GlobalHydra
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from bert_repro.keys import is_path
-from bert_repro.lifecycle.hydra_hooks import MAX_NAME, register_resolvers, run_name
+from bert_repro.lifecycle.hydra_hooks import MAX_NAME, run_name
 from bert_repro.tables import TABLES, runner
 from bert_repro.tables.spec import CONF_DIR, Sweep, TableError, build
 
@@ -19,7 +19,6 @@ ITEM = re.compile(r"[A-Za-z0-9_.]+-[A-Za-z0-9_.-]+")  # key-value: the key holds
 
 def hydra_config(overrides: list[str], config_name: str = "train"):
     """The run's config with its hydra node, as src/train.py (or src/evaluate.py: "evaluate") would see it."""
-    register_resolvers()
     GlobalHydra.instance().clear()
     try:
         with initialize_config_dir(config_dir=str(CONF_DIR), version_base="1.3"):

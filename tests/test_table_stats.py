@@ -146,10 +146,21 @@ def test_a_comparison_naming_an_unknown_row_is_an_error_that_names_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_comparisons_of_rows_removed_with_set_are_left_out(tmp_path):
+def test_comparisons_of_rows_removed_with_set_are_listed_as_skipped_saying_why(tmp_path):
     table = build("table5", "smoke", tmp_path / "runs", sets=["rows.no_nsp=null", "columns.squad_v1_f1=null"])
-    found = comparisons(table, collect(table, REFERENCE), REFERENCE)["main"]
-    assert len(found) == 2 * 4 and "no_nsp" not in {c["a"] for c in found} | {c["b"] for c in found}
+    collected = collect(table, REFERENCE)
+    found = comparisons(table, collected, REFERENCE)["main"]
+    kept = [c for c in found if c["verdict"] != "skipped"]
+    assert len(kept) == 2 * 4 and "no_nsp" not in {c["a"] for c in kept} | {c["b"] for c in kept}
+    skipped = {c["label"]: c["why"] for c in found if c["verdict"] == "skipped"}
+    why = "not compared: this table's spec removes it"
+    assert skipped["bert_base vs no_nsp, mrpc_acc"] == f"{why} (rows.no_nsp=null)"
+    both = "rows.no_nsp=null, columns.squad_v1_f1=null"
+    assert skipped["bert_base vs no_nsp, squad_v1_f1"] == f"{why} ({both})"
+    assert len(skipped) == len(found) - len(kept) == 5 + 2
+    md = write_all(table, collected, REFERENCE, tmp_path / "results")[0].read_text()
+    assert f"- bert_base vs no_nsp, mrpc_acc: paper —, ours — no interval (n=0): **skipped** — {why}" in md
+    assert "8 not run, 7 skipped." in md  # no run of this table has finished
 
 
 @pytest.mark.slow
@@ -172,4 +183,5 @@ def test_demo_comparisons_take_the_papers_difference_from_the_column_they_stand_
     pair = found["bert_base", "ltr_no_nsp", "pydoc_next_acc"]  # the config's reason is shown
     assert pair["verdict"] == "inconclusive" and "last token, which sees both sentences" in pair["why"]
     md = write_all(table, collected, REFERENCE, tmp_path / "results")[0].read_text()
-    assert "Verdicts: 2 agrees, 0 disagrees, 4 inconclusive, 0 not run." in md and "sees both sentences" in md
+    assert "Verdicts: 2 agrees, 0 disagrees, 4 inconclusive, 0 not run, 0 skipped." in md
+    assert "sees both sentences" in md

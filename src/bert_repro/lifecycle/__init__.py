@@ -3,4 +3,4 @@ runs, loggers and faults. The science (model, heads, tasks, data, metrics) lives
 
 from bert_repro.lifecycle.hydra_hooks import register_resolvers
 
-register_resolvers()  # every composition resolves ${run_name:}, ${run_folder:}, ${cpu_precision:}
+register_resolvers()  # wherever conf/ is composed, ${run_name:}, ${run_folder:} ... resolve

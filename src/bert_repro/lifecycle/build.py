@@ -51,15 +51,15 @@ def build_module(spec: RunSpec, datamodule: L.LightningDataModule, training: boo
     return module, {"model_config": encoder, "missing_heads": missing, "init_head_dropped": dropped}
 
 
-def build_data(cfg: DictConfig, vocab: list[str] | tuple[str, ...] | None, lowercase: bool,
-               per_device: int) -> L.LightningDataModule:
+def build_data(spec: RunSpec) -> L.LightningDataModule:
     """The task's DataModule with the run's vocabulary, its tokenizer ready, and the speed options its
     constructor takes."""
+    cfg = spec.cfg
     loading = {k: cfg.speed[k] for k in get_class(cfg.data._target_).speed_keys}  # as the class declares
-    vocab_args = {"tokenizer": list(vocab), "lowercase": lowercase} if vocab is not None else {}
+    vocab = {"tokenizer": list(spec.vocab), "lowercase": spec.lowercase} if spec.vocab is not None else {}
     # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, slow for 30k tokens
-    datamodule = instantiate(cfg.data, batch_size=per_device, _convert_="all", _partial_=True,
-                             **loading)(**vocab_args)
+    datamodule = instantiate(cfg.data, batch_size=spec.per_device, _convert_="all", _partial_=True,
+                             **loading)(**vocab)
     datamodule.prepare_tokenizer()
     return datamodule
 

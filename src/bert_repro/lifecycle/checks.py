@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import logging
+import tempfile
 from pathlib import Path
 
 from hydra.core.hydra_config import HydraConfig
@@ -10,7 +11,6 @@ from hydra.types import RunMode
 from omegaconf import DictConfig
 
 from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.hydra_hooks import unwritable
 
 log = logging.getLogger(__name__)
 
@@ -84,7 +84,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | No
 
 
 def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
-    """Ranges and relations between keys, which the typed configs (schema.py) cannot say, and places."""
+    """Ranges and relations between keys, which the typed configs (config.py) cannot say, and places."""
     optim = cfg.optim
     seed = cfg.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:  # numpy's seed range
@@ -121,7 +121,7 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
 
 def validate(cfg: DictConfig, output_dir: Path | None = None) -> None:
     """Every value of ``cfg`` checked once, before torch and Lightning load: each key's declared range and the
-    shape's relations (schema.py, beside the keys), then the relations between nodes and the places
+    shape's relations (config.py, beside the keys), then the relations between nodes and the places
     (``check_inputs``; ``output_dir`` where the run's folder is not there yet, e.g. a table's job). A
     UsageError naming the first key that is wrong."""
     from bert_repro.config import check
@@ -131,6 +131,18 @@ def validate(cfg: DictConfig, output_dir: Path | None = None) -> None:
     except ValueError as err:
         raise UsageError(str(err)) from None
     check_inputs(cfg, output_dir or Path(cfg.paths.output_dir))
+
+
+def unwritable(folder: Path) -> str | None:
+    """Why ``folder`` cannot be created or written to, in the OS's words (a read-only file system, a full
+    disk, no permission, a file in the way); None when it can."""
+    try:
+        folder.mkdir(parents=True, exist_ok=True)
+        with tempfile.TemporaryFile(dir=folder):
+            pass
+    except OSError as err:
+        return err.strerror
+    return None
 
 
 def check_writable(output_dir: Path, cache_dir: Path) -> None:

@@ -24,9 +24,8 @@ from omegaconf import DictConfig, OmegaConf, open_dict
 
 from bert_repro.lifecycle.checks import UsageError, check_writable, validate
 from bert_repro.lifecycle.exits import run_ends
-from bert_repro.lifecycle.results import RunResult, floats, print_results
+from bert_repro.lifecycle.results import floats, print_results
 from bert_repro.network import set_deadline
-from bert_repro.scores import degenerate_reason
 
 log = logging.getLogger(__name__)
 
@@ -34,8 +33,10 @@ log = logging.getLogger(__name__)
 def evaluate(cfg: DictConfig) -> dict[str, Any]:
     import lightning as L
 
-    from bert_repro.lifecycle.build import build_data, build_module, data_sizes, predict_test
-    from bert_repro.lifecycle.spec import describe
+    from bert_repro.lifecycle.build import build_data, build_module, predict_test
+    from bert_repro.lifecycle.record import RunRecord
+    from bert_repro.lifecycle.run import run_result
+    from bert_repro.lifecycle.spec import read_spec
 
     start = time.time()
     output_dir = Path(cfg.paths.output_dir)
@@ -52,8 +53,8 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
             test = OmegaConf.to_container(cfg.predict)
             cfg.data.files = {**OmegaConf.to_container(cfg.data.files), "test": test}
     L.seed_everything(cfg.seed, workers=True)
-    spec = describe(cfg, training=False)
-    datamodule = build_data(cfg, spec.vocab, spec.lowercase, spec.per_device)
+    spec = read_spec(cfg, training=False)
+    datamodule = build_data(spec)
     module, weights = build_module(spec, datamodule, training=False)
     if weights["missing_heads"]:
         log.warning("evaluating with untrained %s: the numbers are a random head's",
@@ -61,7 +62,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
 
     trainer = instantiate(cfg.trainer, devices=1, num_nodes=1, strategy="auto", logger=False,
                           enable_checkpointing=False, limit_val_batches=cfg.optim.limit_val_batches,
-                          default_root_dir=str(output_dir))
+                          default_root_dir=str(output_dir), callbacks=[RunRecord(start)])
     dev = trainer.validate(module, datamodule=datamodule, verbose=False)  # one dict per dev set (MNLI: two)
     final = floats({k: v for d in dev for k, v in d.items()})
     predictions = {}
@@ -69,18 +70,7 @@ def evaluate(cfg: DictConfig) -> dict[str, Any]:
         if not datamodule.writes_predictions:
             raise UsageError(f"task={cfg.task.name} has no prediction files")
         predictions = predict_test(trainer, module, datamodule, output_dir / "predictions")
-    wall = round(time.time() - start, 2)
-    results = RunResult(
-        status="complete", mode="evaluate", task=spec.task, model=spec.model_name, identity=module.identity,
-        ablation=cfg.ablation.name, scale=cfg.scale.name, seed=cfg.seed, init=spec.init, **weights,
-        monitor=spec.monitor,
-        metrics={"final": final, "best": {cfg.task.monitor: final.get(cfg.task.monitor)},
-                 "best_checkpoint": None, "per_epoch": None},
-        degenerate=degenerate_reason(final), data_sizes=data_sizes(datamodule),
-        test_predictions=predictions or None,
-        global_batch=int(cfg.data.batch_size), per_device_batch=int(cfg.data.batch_size),
-        wall_time_s=wall, wall_time_attempt_s=wall, config=spec.config,
-    )
+    results = run_result(spec, trainer, module, datamodule, final, predictions, weights, mode="evaluate")
     spec.folder.write(asdict(results))
     print_results(asdict(results))
     if predictions:

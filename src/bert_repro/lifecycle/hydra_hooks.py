@@ -6,9 +6,9 @@ import atexit
 import difflib
 import functools
 import hashlib
+import math
 import re
 import sys
-import tempfile
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -21,6 +21,7 @@ from hydra.experimental.callback import Callback
 from omegaconf import OmegaConf
 
 from bert_repro.keys import is_path, is_science
+from bert_repro.lifecycle.checks import unwritable
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
 
 MAX_NAME = 160
@@ -110,15 +111,15 @@ def installed(package: str, folder: str = "") -> str:
 
 
 def register_resolvers() -> None:
-    if not OmegaConf.has_resolver("run_name"):
-        OmegaConf.register_new_resolver(
-            "run_name", lambda overrides, exclude=(): run_name(list(overrides), [str(k) for k in exclude]))
-    if not OmegaConf.has_resolver("run_folder"):  # ${run_folder:<dir>,last}: the layout's one owner says
-        OmegaConf.register_new_resolver("run_folder", run_folder_path)
-    if not OmegaConf.has_resolver("cpu_precision"):
-        OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
-    if not OmegaConf.has_resolver("installed"):
-        OmegaConf.register_new_resolver("installed", installed)
+    """Every resolver conf/ names, registered once: bert_repro.lifecycle's import does it."""
+    OmegaConf.register_new_resolver(
+        "run_name", lambda overrides, exclude=(): run_name(list(overrides), [str(k) for k in exclude]))
+    OmegaConf.register_new_resolver("run_folder", run_folder_path)  # ${run_folder:<dir>,last}: folder.py says
+    OmegaConf.register_new_resolver("cpu_precision", cpu_precision)
+    OmegaConf.register_new_resolver("installed", installed)
+    # a rehearsal's schedule divided down (conf/table_scale/rehearsal.yaml)
+    OmegaConf.register_new_resolver("floordiv", lambda n, d: None if n is None else n // d)
+    OmegaConf.register_new_resolver("gcd", math.gcd)
 
 
 composed = False  # the command's config composed (a Hydra run started): a later exit is no misspelled key
@@ -162,18 +163,6 @@ def _check_writable(folder: Path, key: str) -> None:
         print(f"output folder {folder} cannot be written ({reason}); choose another with {key}=...",
               file=sys.stderr)
         raise SystemExit(2)
-
-
-def unwritable(folder: Path) -> str | None:
-    """Why ``folder`` cannot be created or written to, in the OS's words (a read-only file system, a full
-    disk, no permission, a file in the way); None when it can."""
-    try:
-        folder.mkdir(parents=True, exist_ok=True)
-        with tempfile.TemporaryFile(dir=folder):
-            pass
-    except OSError as err:
-        return err.strerror
-    return None
 
 
 def entry(main: Callable[[], Any], config_dir: Path, config_name: str) -> None:

@@ -28,7 +28,9 @@ class RunRecord(L.Callback):
         self.flops += module_batch_flops(pl_module, batch) * trainer.world_size
 
     def totals(self) -> dict[str, Any]:
-        return {"wall_time_s": round(self.before["wall_time_s"] + time.time() - self.start, 2),
+        """The run's totals over its attempts, and this attempt's wall time (``attempt_s``)."""
+        attempt = time.time() - self.start
+        return {"wall_time_s": round(self.before["wall_time_s"] + attempt, 2), "attempt_s": round(attempt, 2),
                 "tokens": self.before["tokens"] + self.tokens, "flops": self.before["flops"] + self.flops,
                 "resumes": self.resumes}
 

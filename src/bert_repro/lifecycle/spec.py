@@ -39,6 +39,7 @@ class RunSpec:
     resume: str | None = None  # the checkpoint fit starts from (checks.resolve_ckpt_path); None: step 0
     resuming: bool = False  # ``resume`` is this run's own progress: its settings must be this run's
     fresh: bool = False  # +force=true: a finished run reruns from scratch, not from its folder's last.ckpt
+    majority: bool = False  # §4.1 WNLI: the training run predicts the majority class, nothing trained
 
     @property
     def monitor(self) -> str:
@@ -86,10 +87,10 @@ def locate(key: str, target: str) -> None:
                          f"{name!r}")
 
 
-def describe(cfg: DictConfig, training: bool = True) -> RunSpec:
-    """``cfg`` resolved once: the checkpoint it resumes, init= read, the vocabulary, the shape, the science,
-    the batch split. ``training``: the global batch split over the devices, and a resume; an evaluation runs
-    on one device, from its own checkpoint."""
+def read_spec(cfg: DictConfig, training: bool = True) -> RunSpec:
+    """``cfg`` resolved once, reading init='s checkpoint and the vocabulary's file (``data.tokenizer``): the
+    checkpoint it resumes, the vocabulary, the shape, the science, the batch split. ``training``: the global
+    batch split over the devices, and a resume; an evaluation runs on one device, from its own checkpoint."""
     from bert_repro.convert.loaders import load_checkpoint
 
     for key in ("module", "data"):  # a class that does not exist: refused before a checkpoint or data is read
@@ -113,4 +114,5 @@ def describe(cfg: DictConfig, training: bool = True) -> RunSpec:
                    loaded=loaded, vocab=tuple(vocab) if vocab is not None else None, vocab_source=source,
                    lowercase=lowercase, model=shape, model_name=model_name(configured, shape, explicit),
                    config=config, science=science(config), per_device=per_device, accumulation=accumulation,
-                   resume=resume, resuming=resuming, fresh=fresh)
+                   resume=resume, resuming=resuming, fresh=fresh,
+                   majority=training and bool(cfg.task.get("predict_majority", False)))

@@ -16,7 +16,8 @@ from bert_repro.tables.runner import init_of, job_configs, job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
 REFERENCE = REPO / "experiments" / "reference.yaml"
-NOT_RUN = "not run"  # a comparison's verdict while a cell of it has no finished run
+NOT_RUN = "not run"  # a comparison's verdict while a cell of it has no number
+SKIPPED = "skipped"  # a comparison of a row or column the table's spec removes
 
 
 @dataclass
@@ -176,12 +177,12 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
 def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> dict[str, list[dict]]:
     """Each part's ``comparisons:`` on paired seeds: rows ``a`` - ``b`` on each of ``columns``, or (with
     ``rows:``) columns ``a`` - ``b`` within each row. The paper's difference is ``paper_diff``, else read at
-    ``paper_column`` (default: the column). A row or column removed with ``--set`` drops its comparisons; an
-    unknown name is an error."""
+    ``paper_column`` (default: the column). A comparison of a row or column removed (``--set rows.x=null``)
+    is listed as skipped, saying so; an unknown name is an error."""
     checked: dict[str, list[dict]] = {}
     for part in table.parts:
         own = (table.spec.get("parts") or {}).get(part.name) or {}
-        removed = {k for node in (table.spec, own) for group in ("rows", "columns")
+        removed = {k: f"{group}.{k}=null" for node in (table.spec, own) for group in ("rows", "columns")
                    for k, v in (node.get(group) or {}).items() if v is None}
         rows = {row.key: row for row in tables[part.name]}
         found = []
@@ -189,7 +190,14 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
             a, b, along = spec.get("a"), spec.get("b"), spec.get("rows")
             pairs = [((r, a), (r, b)) for r in along] if along else \
                 [((a, c), (b, c)) for c in spec.get("columns") or [spec.get("column")]]
-            pairs = [p for p in pairs if not {*p[0], *p[1]} & removed]
+            for (ra, ca), (rb, cb) in (p for p in pairs if {*p[0], *p[1]} & removed.keys()):
+                gone = ", ".join(removed[k] for k in sorted({ra, ca, rb, cb} & removed.keys()))
+                address, label = (({"a": ca, "b": cb, "column": None, "row": ra}, f"{ra}: {ca} vs {cb}")
+                                  if along else ({"a": ra, "b": rb, "column": ca}, f"{ra} vs {rb}, {ca}"))
+                why = f"not compared: this table's spec removes it ({gone})"
+                found.append({"part": part.name, **address, "label": label, **stats.compare({}, {}, None),
+                              "verdict": SKIPPED, "why": why})
+            pairs = [p for p in pairs if not {*p[0], *p[1]} & removed.keys()]
             unknown = {str(k) for pair in pairs for r, c in pair
                        for k, ok in ((r, r in part.rows), (c, c in part.columns)) if not ok}
             if unknown:

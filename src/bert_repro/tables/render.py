@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bert_repro.tables.collect import NOT_RUN, Cell, Row, comparisons
+from bert_repro.tables.collect import NOT_RUN, SKIPPED, Cell, Row, comparisons
 from bert_repro.tables.spec import SELECTIONS, Part, Table
 
 log = logging.getLogger(__name__)
@@ -69,7 +69,7 @@ def comparison_lines(found: list[dict]) -> list[str]:
                      f"{_num(c['ours_diff'], signed=True)} {ci} (n={c['n']}): **{c['verdict']}**"
                      + (f" — {c['why']}" if c["why"] else ""))
     counts = ", ".join(f"{sum(c['verdict'] == v for c in found)} {v}"
-                       for v in ("agrees", "disagrees", "inconclusive", NOT_RUN))
+                       for v in ("agrees", "disagrees", "inconclusive", NOT_RUN, SKIPPED))
     return [*lines, "", f"Verdicts: {counts}.", ""]
 
 
