@@ -176,6 +176,7 @@ class Table:
     parts: list[Part]
     sweeps: dict[str, Sweep]  # by name, each after the sweep it needs
     root: Path  # <runs>/<table>/<scale>: its fine-tuning sweeps' folders
+    sets: tuple[str, ...] = ()  # the --set overrides it was built with: the scale's note no longer says it
 
     def jobs(self) -> dict[str, Path]:
         """Every job's folder by its name, ``<sweep>/<folder name>`` (the plan's run names)."""
@@ -357,4 +358,4 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                         sweep.needs = sweeps[f"{needs.name}/phase1"]
                     sweep.overrides["init"] = str(sweep.init_path())
                 sweeps.setdefault(name, sweep)
-    return Table(table, scale, spec, parts, sweeps, root)
+    return Table(table, scale, spec, parts, sweeps, root, tuple(sets or ()))
