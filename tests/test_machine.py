@@ -62,12 +62,12 @@ def test_the_hub_data_sets_a_run_reads_are_those_with_no_local_copy():
     assert read("task=pretrain", "data.corpus=builtin:pydoc") == []
 
 
-@pytest.mark.parametrize("launcher", [{"common": {"hydra/launcher": "submitit_slurm"}},
-                                      {"ray": {"address": "head:6379"}}])
-def test_a_table_sent_to_slurm_or_a_ray_cluster_asks_nothing_of_this_machine(monkeypatch, tmp_path, launcher):
+@pytest.mark.parametrize("elsewhere", [{"common": {"hydra/launcher": "submitit_slurm"}},
+                                       {"ray": {"address": "ray://head:10001"}}])
+def test_a_table_sent_to_a_cluster_asks_nothing_of_this_machine(monkeypatch, tmp_path, elsewhere):
     table = build("table5", "budget", tmp_path)  # never composed: the check stops at the launcher
     monkeypatch.setattr(machine, "composing_jobs", None)
-    assert machine.refusal(table, {name: [([], None)] for name in table.sweeps}, launcher) is None
+    assert machine.refusal(table, {name: [([], None)] for name in table.sweeps}, elsewhere) is None
 
 
 @pytest.mark.slow
