@@ -8,6 +8,7 @@ explicit mark, never a number."""
 
 import csv
 import json
+from dataclasses import replace
 
 import pytest
 
@@ -66,14 +67,14 @@ def test_table_config_runs_one_cell_through_hydra_multirun_and_collects_every_ro
     part, row_key, col, sweep = one_cell(table)
 
     if sweep.needs is not None:  # the row's own pre-training, cut to 2 steps
-        sweep.needs.overrides.update(TINY_PRETRAIN)
-        assert run_sweep(sweep.needs, stage_launcher(launcher, "pretrain"))["complete"] == 1, job_state(
-            sweep.needs.jobs()[0][1])
+        needs = replace(sweep.needs, overrides={**sweep.needs.overrides, **TINY_PRETRAIN})
+        assert run_sweep(needs, stage_launcher(launcher, "pretrain"))["complete"] == 1, job_state(
+            needs.jobs()[0][1])
     swept, folder = sweep.jobs()[0]  # the first job of the grid, in the folder the full table expects it
-    sweep.params = dict(item.split("=", 1) for item in swept)
+    sweep = replace(sweep, params=dict(item.split("=", 1) for item in swept))
     assert sweep.jobs() == [(swept, folder)]
     assert not set(FAST) & set(sweep.params)  # a swept key would name another folder
-    sweep.overrides.update(FAST)
+    sweep = replace(sweep, overrides={**sweep.overrides, **FAST})
     counts = run_sweep(sweep, stage_launcher(launcher, "finetune"))
     assert counts["complete"] == 1, job_state(folder)
     record = json.loads((folder / "results.json").read_text())

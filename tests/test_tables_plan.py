@@ -2,6 +2,7 @@
 progress lines. The rehearsals of a budget and a paper plan on this CPU (ACTION=rehearse) are
 test_rehearse_figure4.py and test_rehearse_table5.py."""
 
+import dataclasses
 import io
 import json
 import re
@@ -40,6 +41,29 @@ def test_a_step_checkpoint_the_schedule_never_writes_is_refused(tmp_path):
 
 
 @pytest.mark.slow
+def test_a_built_table_is_a_frozen_value_and_the_rehearsal_derives_its_own(tmp_path, monkeypatch):
+    """Building returns finished values: a sweep, a part and the table refuse a write, and the rehearsal's
+    shrunk sweeps are new values (dataclasses.replace) beside the ones it built, which stay as built."""
+    from bert_repro.tables import rehearse
+
+    table = build("figure4", "smoke", tmp_path)
+    for value, name in [(table.sweeps["finetune/mlm/mnli_k100"], "checkpoint"), (table.parts[0], "x"),
+                        (table, "sweeps")]:
+        with pytest.raises(dataclasses.FrozenInstanceError):
+            setattr(value, name, None)
+    made = []
+    monkeypatch.setattr(rehearse, "build", lambda *a, **k: made.append((build(*a, **k), a, k)) or made[-1][0])
+    small = rehearse.shrink(table, tmp_path, 100)
+    (built, args, kwargs), = made
+    assert built.sweeps == build(*args, **kwargs).sweeps  # the shrink wrote nothing into what build made
+    shrunk, real = small.sweeps["finetune/mlm/mnli_k100"], built.sweeps["finetune/mlm/mnli_k100"]
+    assert (shrunk.checkpoint, real.checkpoint) == ("step-1.ckpt", "step-100.ckpt")
+    assert shrunk.overrides["init"].endswith("/step-1.ckpt")
+    assert real.overrides["init"].endswith("/step-100.ckpt")
+    assert shrunk.needs is small.sweeps["pretrain/mlm"] and small.spec["logger"] == "csv"
+
+
+@pytest.mark.slow
 def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoint_step(tmp_path):
     for scale in ("budget", "paper"):
         table = build("figure4", scale, tmp_path)
@@ -47,14 +71,14 @@ def test_budget_and_paper_pre_train_in_two_phases_and_figure4_x_is_the_checkpoin
         phases = (one.overrides["experiment"], two.overrides["experiment"])
         assert phases == ("pretrain_phase1", "pretrain_phase2") and two.needs is one
         assert two.overrides["ckpt_path"] == str(one.jobs()[0][1] / "checkpoints/last.ckpt")
-        x = [c["x"] for c in table.parts[0].columns.values()]
+        x = [table.parts[0].x[c] for c in table.parts[0].columns]
         assert x == [200_000, 500_000, 600_000, 800_000, 1_000_000]  # §5.3's +1.0 is 1M vs 500k
         # 200k ... 800k are written by phase 1 (900k steps), 1M (last.ckpt) by phase 2
         assert table.sweeps["finetune/ltr/mnli_k800k"].needs is table.sweeps["pretrain/ltr/phase1"]
         assert table.sweeps["finetune/ltr/mnli_k1m"].needs is table.sweeps["pretrain/ltr"]
     smoke = build("figure4", "smoke", tmp_path)
     assert "pretrain/mlm/phase1" not in smoke.sweeps
-    assert [c["x"] for c in smoke.parts[0].columns.values()] == [100, 200, 300]
+    assert [smoke.parts[0].x[c] for c in smoke.parts[0].columns] == [100, 200, 300]
 
 
 @pytest.mark.slow

@@ -12,7 +12,7 @@ from omegaconf import OmegaConf
 from bert_repro import selection
 from bert_repro.lifecycle.folder import LAST, RunFolder
 from bert_repro.tables import stats
-from bert_repro.tables.runner import init_of, job_configs, job_state
+from bert_repro.tables.runner import job_configs, job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
 REFERENCE = REPO / "experiments" / "reference.yaml"
@@ -69,8 +69,7 @@ def other_settings(sweep: Sweep, states: dict) -> str:
 
 def finetune_cell(sweep: Sweep, metric: str, scale: float, configs: dict) -> Cell:
     # reads and checks each result, held to the job's science as composed now, as `run` holds it
-    init = init_of(sweep)
-    states = {folder: job_state(folder, configs.get(folder), init) for _, folder in sweep.jobs()}
+    states = {folder: job_state(folder, configs.get(folder)) for _, folder in sweep.jobs()}
     runs, skipped = selection.load_runs([f for f, (state, _) in states.items() if state == "complete"])
     failed = [why or "failed" for state, why in states.values() if state == "failed"] + skipped
     if not runs:
@@ -102,7 +101,7 @@ def pretrain_cell(sweep: Sweep | None, column: dict, configs: dict) -> Cell:
     if sweep is None:
         return Cell(status="skipped", reason="this row has no pre-training run of ours")
     folder = sweep.jobs()[0][1]
-    state, reason = job_state(folder, configs.get(folder), init_of(sweep))
+    state, reason = job_state(folder, configs.get(folder))
     if state == "other":
         return Cell(status="missing", reason=other_settings(sweep, {folder: (state, reason)}))
     if state != "complete":
@@ -182,7 +181,7 @@ def what_ran(table: Table, tables: dict[str, list[Row]]) -> str:
     for sweep in table.sweeps.values():
         if sweep.stage == "pretrain" and not sweep.name.endswith("/phase1"):
             folder = sweep.jobs()[0][1]
-            if job_state(folder, configs.get(folder), init_of(sweep))[0] == "complete":
+            if job_state(folder, configs.get(folder))[0] == "complete":
                 step = RunFolder(folder).read().get("global_step")
                 steps.append(f"{sweep.name} {step:,} steps" if isinstance(step, int) else
                              f"{sweep.name} (its steps not recorded)")

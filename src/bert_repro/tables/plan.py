@@ -100,11 +100,25 @@ def _val_sequences(limit, batch: int, available: int) -> int:
     return int(available * float(limit if limit is not None else 1.0))
 
 
+@dataclass(frozen=True)
+class Work:
+    """What one job trains and evaluates, before devices, bytes and prices."""
+
+    steps: int
+    length: float  # the (mean padded) sequence length a step trains at
+    tokens: int
+    flops: float
+    val: int  # Dev sequences over the run
+    per_seq: int = 0  # the positions a Dev sequence predicts (pre-training's MLM or LM)
+    lstm_flops: float = 0.0
+    written: tuple[int, ...] = ()  # the steps of its step checkpoints
+    caches: dict[str, tuple[float, float]] | None = None
+
+
 def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: dict) -> Run:
-    """One job's run, composed as src/train.py composes it and checked as it checks it (schema.check);
+    """One job's run, composed as src/train.py composes it and checked as it checks it (config.check);
     ``facts``: the table's FACTS and the CPU's data rates."""
     from bert_repro.config import check
-    from bert_repro.data.batching import PadCollator
     from bert_repro.lifecycle.callbacks import kept_bytes_per_parameter
     from bert_repro.model import BertConfig, checkpoint_parameters
 
@@ -115,8 +129,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
         raise TableError(f"{sweep.name} {' '.join(swept)}: does not compose ({err})") from None
     except ValueError as err:
         raise TableError(f"{sweep.name} {' '.join(swept)}: {err}") from None
-    optim, data, pretraining = cfg.optim, cfg.data, sweep.stage == "pretrain"
-    seq, batch = int(data.max_seq_length), int(data.batch_size)
+    data, pretraining = cfg.data, sweep.stage == "pretrain"
     # pre-training trains a WordPiece of at most data.vocab_size; a fine-tuning's is its checkpoint's
     node, vocab = OmegaConf.to_container(cfg.model, resolve=True), pretraining and data.vocab_size
     key = (json.dumps(node, sort_keys=True), pretraining, vocab)
@@ -128,64 +141,83 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     devices = GPUS_PER_NODE if devices in (None, "auto", -1) else int(devices)
     nodes = int(cfg.trainer.get("num_nodes") or 1)
     n = devices * nodes
-    lstm_flops, caches, written = 0.0, {}, []
-    if pretraining:
-        start = int(optim.resume_step or 0)
-        steps = int(optim.max_steps) - start
-        tokens = steps * batch * seq
-        # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
-        per_seq = seq - 1 if cfg.ablation.ltr else int(data.max_predictions_per_seq)
-        flops = training_flops(model, tokens, seq, steps * batch * per_seq)
-        length = seq
-        val = steps // int(optim.val_check_interval) * _val_sequences(optim.limit_val_batches, batch,
-                                                                        batch * 10**6)
-        every = sweep.schedule.every
-        written = list(range(start + every, int(optim.max_steps) + 1, every)) if every else []
-        caches = _data_caches(cfg, sweep, seq, facts)
-    else:
-        if sweep.needs is not None and seq > (trained := sweep.needs.schedule.trained_length(sweep.phase)):
-            raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={seq} from "
-                             f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} "
-                             f"tokens only (phase {sweep.phase} of the pre-training schedule); lower the "
-                             "length or start from a later checkpoint")
-        sizes, dev_sizes = facts.get("train_sizes") or {}, facts.get("dev_sizes") or {}
-        task = cfg.task.name
-        # data.train_examples: the rows the demonstration tasks (data/pydoc_tasks.py) write
-        cap = data.get("max_train_examples") or data.get("train_examples")
-        if task not in sizes and not cap:
-            raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
-                             "train_sizes, and no data.max_train_examples (or data.train_examples)")
-        examples = min(sizes.get(task, cap), cap or sizes[task])
-        choices = int(cfg.task.get("num_choices") or 1)  # SWAG: four [CLS] A [SEP] B_i sequences
-        per_epoch = math.ceil(examples / batch)
-        steps = int(optim.max_steps) if (optim.max_steps or -1) > 0 else per_epoch * int(optim.epochs)
-        # each device pads its own share of the batch; the released code's fixed 128: speed.padding=max_length
-        pad_to = seq if cfg.speed.padding == "max_length" else None
-        quantiles = (facts.get("token_lengths") or {}).get(task)
-        per_device = max(1, batch // n)
-        key = ("padded", json.dumps(quantiles), per_device, seq, pad_to)
-        if key not in cache:
-            try:
-                cache[key] = PadCollator(pad_to).mean_padded_length(quantiles, per_device, seq)
-            except ValueError as err:  # the table's token_lengths
-                raise TableError(f"{sweep.name}: conf/table/table_tasks.yaml {err}") from None
-        length = cache[key]
-        tokens = round(steps * min(batch, examples) * length * choices)
-        flops = training_flops(model, tokens, length)  # padded tokens: an upper bound on the real ones
-        dev = dev_sizes.get(task, examples)
-        dev = min(dev, data.get("max_dev_examples") or dev)
-        val = math.ceil(steps / per_epoch) * _val_sequences(optim.limit_val_batches, batch, dev) * choices
-        per_seq, lstm_flops = 0, head_flops(model, cfg.module, tokens)
-        if cfg.module.get("features"):  # Table 7: the encoder frozen (forward only), its BiLSTM trained
-            flops /= 3
+    work = (pretraining_work(cfg, sweep, model, facts) if pretraining
+            else finetuning_work(cfg, sweep, model, facts, cache, n))
     # forward only, at each evaluation (pre-training: every val_check_interval; fine-tuning: each epoch's end)
-    eval_flops = training_flops(model, round(val * length), length, val * per_seq) / 3
+    val, length = work.val, work.length
+    eval_flops = training_flops(model, round(val * length), length, val * work.per_seq) / 3
     grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
-    disk_gb = kept_bytes_per_parameter(cfg.checkpoint, written) * params / 1e9
+    disk_gb = kept_bytes_per_parameter(cfg.checkpoint, list(work.written)) * params / 1e9
+    steps = work.steps
     after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
-    return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps, seq,
-               tokens, flops, lstm_flops, eval_flops, steps * 2 * (n - 1) / n * grad_bytes, devices, nodes,
-               model.hidden_size, disk_gb, str(folder), caches, after=after)
+    return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps,
+               int(data.max_seq_length), work.tokens, work.flops, work.lstm_flops, eval_flops,
+               steps * 2 * (n - 1) / n * grad_bytes, devices, nodes, model.hidden_size, disk_gb, str(folder),
+               work.caches or {}, after=after)
+
+
+def pretraining_work(cfg, sweep: Sweep, model, facts: dict) -> Work:
+    """A pre-training's steps from its resume step to optim.max_steps, every sequence at full length, its
+    masked positions (the LTR ablation: every next token) predicted; its step checkpoints and data caches."""
+    optim, data = cfg.optim, cfg.data
+    seq, batch = int(data.max_seq_length), int(data.batch_size)
+    start = int(optim.resume_step or 0)
+    steps = int(optim.max_steps) - start
+    tokens = steps * batch * seq
+    # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
+    per_seq = seq - 1 if cfg.ablation.ltr else int(data.max_predictions_per_seq)
+    flops = training_flops(model, tokens, seq, steps * batch * per_seq)
+    val = steps // int(optim.val_check_interval) * _val_sequences(optim.limit_val_batches, batch,
+                                                                    batch * 10**6)
+    every = sweep.schedule.every
+    written = tuple(range(start + every, int(optim.max_steps) + 1, every)) if every else ()
+    return Work(steps, seq, tokens, flops, val, per_seq, written=written,
+                caches=_data_caches(cfg, sweep, seq, facts))
+
+
+def finetuning_work(cfg, sweep: Sweep, model, facts: dict, cache: dict, n: int) -> Work:
+    """A fine-tuning's steps (optim.max_steps, or epochs over the train set), each device's share of a batch
+    padded to its longest (the table's measured length quantiles), its head's FLOPs, Dev after each epoch."""
+    from bert_repro.data.batching import PadCollator
+
+    optim, data = cfg.optim, cfg.data
+    seq, batch = int(data.max_seq_length), int(data.batch_size)
+    if sweep.needs is not None and seq > (trained := sweep.needs.schedule.trained_length(sweep.phase)):
+        raise TableError(f"{sweep.name}: fine-tunes at data.max_seq_length={seq} from "
+                         f"{sweep.checkpoint}, whose position embeddings were trained up to {trained} "
+                         f"tokens only (phase {sweep.phase} of the pre-training schedule); lower the "
+                         "length or start from a later checkpoint")
+    sizes, dev_sizes = facts.get("train_sizes") or {}, facts.get("dev_sizes") or {}
+    task = cfg.task.name
+    # data.train_examples: the rows the demonstration tasks (data/pydoc_tasks.py) write
+    cap = data.get("max_train_examples") or data.get("train_examples")
+    if task not in sizes and not cap:
+        raise TableError(f"{sweep.name}: no train size for task {task!r} in conf/table/table_tasks.yaml "
+                         "train_sizes, and no data.max_train_examples (or data.train_examples)")
+    examples = min(sizes.get(task, cap), cap or sizes[task])
+    choices = int(cfg.task.get("num_choices") or 1)  # SWAG: four [CLS] A [SEP] B_i sequences
+    per_epoch = math.ceil(examples / batch)
+    steps = int(optim.max_steps) if (optim.max_steps or -1) > 0 else per_epoch * int(optim.epochs)
+    # each device pads its own share of the batch; the released code's fixed 128: speed.padding=max_length
+    pad_to = seq if cfg.speed.padding == "max_length" else None
+    quantiles = (facts.get("token_lengths") or {}).get(task)
+    per_device = max(1, batch // n)
+    key = ("padded", json.dumps(quantiles), per_device, seq, pad_to)
+    if key not in cache:
+        try:
+            cache[key] = PadCollator(pad_to).mean_padded_length(quantiles, per_device, seq)
+        except ValueError as err:  # the table's token_lengths
+            raise TableError(f"{sweep.name}: conf/table/table_tasks.yaml {err}") from None
+    length = cache[key]
+    tokens = round(steps * min(batch, examples) * length * choices)
+    flops = training_flops(model, tokens, length)  # padded tokens: an upper bound on the real ones
+    dev = dev_sizes.get(task, examples)
+    dev = min(dev, data.get("max_dev_examples") or dev)
+    val = math.ceil(steps / per_epoch) * _val_sequences(optim.limit_val_batches, batch, dev) * choices
+    lstm_flops = head_flops(model, cfg.module, tokens)
+    if cfg.module.get("features"):  # Table 7: the encoder frozen (forward only), its BiLSTM trained
+        flops /= 3
+    return Work(steps, length, tokens, flops, val, lstm_flops=lstm_flops)
 
 
 def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[float, float]]:

@@ -27,7 +27,7 @@ def steps(table: Table, part: Part, rows: list[Row], reference: dict, out_dir: P
     """Ours: a curve per pre-training objective over the checkpoints' steps; the paper: its 1M-step values."""
     fig, (ours, paper) = plt.subplots(1, 2, figsize=(9, 3.6), gridspec_kw={"width_ratios": [3, 1]})
     for row in rows:
-        done = sorted((part.columns[c]["x"], cell.value, cell.spread or 0)
+        done = sorted((part.x[c], cell.value, cell.spread or 0)
                       for c, cell in row.cells.items() if cell.status == "ok")
         if done:
             xs, values, errors = zip(*done)

@@ -8,6 +8,7 @@ from __future__ import annotations
 import json
 import math
 import time
+from dataclasses import replace
 from pathlib import Path
 
 from omegaconf import OmegaConf
@@ -17,7 +18,7 @@ from bert_repro.tables import CONF_DIR, TableError
 from bert_repro.tables.compose import compose_once, composing
 from bert_repro.tables.plan import make_plan, plan_work
 from bert_repro.tables.runner import run_table
-from bert_repro.tables.spec import Sweep, Table, build, flatten, load_spec
+from bert_repro.tables.spec import Sweep, Table, build, checkpoint_path, flatten, load_spec
 
 
 def _composed(table: Table, *args: str):
@@ -46,26 +47,31 @@ def shrink(table: Table, runs_dir: Path, d: int, grid: str = "full", sets: list[
     # a store of its own per divisor: a shrunk pre-training depends on D beside the real one's science
     small = build(table.name, table.scale, runs_dir / "rehearsal", {"*": "minilm"}, sets, logger="csv",
                   store=runs_dir / "rehearsal" / "pretrain" / f"steps-over-{d}")
-    small.spec |= {"logger": "csv", "data_note": None,
-                   "scale_note": f"a rehearsal of the {table.scale} plan on CPU: tiny models, steps / {d}, "
-                                 "subsets of ../shared/data; it proves the path, not the numbers"}
-    for sweep in small.sweeps.values():
+    spec = {**small.spec, "logger": "csv", "data_note": None,
+            "scale_note": f"a rehearsal of the {table.scale} plan on CPU: tiny models, steps / {d}, "
+                          "subsets of ../shared/data; it proves the path, not the numbers"}
+    sweeps: dict[str, Sweep] = {}
+    for name, sweep in small.sweeps.items():  # each after the sweep it needs, which is shrunk already
+        needs = sweeps[sweep.needs.name] if sweep.needs is not None else None
+        overrides, checkpoint = dict(sweep.overrides), sweep.checkpoint
         if sweep.stage == "pretrain":
             layers = [rehearsal["pretrain"]]
         else:
-            task = sweep.overrides["task"]
-            for key in flatten(small.spec["task_data"].get(task)):  # the scale's data (the Hub) gives way
-                sweep.overrides.pop(key, None)
+            task = overrides["task"]
+            for key in flatten(spec["task_data"].get(task)):  # the scale's data (the Hub) gives way
+                overrides.pop(key, None)
             layers = [task_data.get(task), rehearsal["finetune"], rehearsal["tasks"].get(task),
-                      rehearsal["from_init" if sweep.needs is None else "from_pretraining"]]
-            if sweep.needs is not None and (step := step_of(sweep.checkpoint)):
-                sweep.checkpoint = step_checkpoint_name(step // d)
-                sweep.overrides["init"] = str(sweep.init_path())
+                      rehearsal["from_init" if needs is None else "from_pretraining"]]
+            if needs is not None and (step := step_of(checkpoint)):
+                checkpoint = step_checkpoint_name(step // d)
+                overrides["init"] = str(checkpoint_path(needs, checkpoint))
         for layer in (*layers, rehearsal["every_run"]):
-            sweep.overrides |= flatten(layer)
+            overrides |= flatten(layer)
+        shrunk = replace(sweep, overrides=overrides, checkpoint=checkpoint, needs=needs)
         if grid == "first":  # the first job of Hydra's sweep, in its folder
-            sweep.params = dict(o.split("=", 1) for o in sweep.jobs()[0][0])
-    return small
+            shrunk = replace(shrunk, params=dict(o.split("=", 1) for o in shrunk.jobs()[0][0]))
+        sweeps[name] = shrunk
+    return replace(small, spec=spec, sweeps=sweeps)
 
 
 def check_steps(table: Table, small: Table, d: int) -> list[str]:

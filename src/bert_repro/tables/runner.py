@@ -26,7 +26,6 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bert_repro.convert.loaders import read_init_identity
 from bert_repro.keys import flatten as flat_keys
 from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError, validate
@@ -122,25 +121,17 @@ class Children:
 CHILDREN = Children()
 
 
-def job_state(folder: Path, config: dict | None = None, init: dict | None = None) -> tuple[str, str | None]:
+def job_state(folder: Path, config: dict | None = None) -> tuple[str, str | None]:
     """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it. With
-    ``config`` (the job's science as composed now, job_configs; ``init`` its sweep's init_of), a complete
-    result of other science is ``other``, naming the keys that differ: run would run it again, so no table
-    shows it as this job's."""
+    ``config`` (the job's science as composed now, job_configs), a complete result of other science is
+    ``other``, naming the keys that differ: run would run it again, so no table shows it as this job's."""
     try:
         state, why = RunFolder(folder).state()
-        if state == "complete" and config is not None and RunFolder(folder).result_for(config,
-                                                                                       init=init) is None:
-            return "other", RunFolder(folder).in_the_way(config, init)
+        if state == "complete" and config is not None and RunFolder(folder).result_for(config) is None:
+            return "other", RunFolder(folder).in_the_way(config)
         return state, why
     except ValueError as err:
         raise TableError(str(err)) from None
-
-
-def init_of(sweep: Sweep) -> dict | None:
-    """The identity of the checkpoint the sweep's init= names: a job's init= is what its checkpoint is, not
-    where it lies (a table moved whole is still complete)."""
-    return read_init_identity(sweep.overrides["init"]) if sweep.overrides.get("init") else None
 
 
 def job_configs(table: Table, root: Path | None = None) -> dict[Path, dict]:
@@ -280,11 +271,10 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
         why = "--force" if force else "its pre-training runs again" if upstream else None
-        init = init_of(sweep)
         todo[name] = [(swept, f) for swept, f in sweep.jobs()
-                      if why or f not in configs or RunFolder(f).result_for(configs[f], init=init) is None]
+                      if why or f not in configs or RunFolder(f).result_for(configs[f]) is None]
         moves += [(f, way) for _, f in todo[name]
-                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {}), init) or why)]
+                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {})) or why)]
         if todo[name] and sweep.stage == "pretrain":
             rerun.add(name)
     return todo, moves

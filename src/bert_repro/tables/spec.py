@@ -9,7 +9,7 @@ import hashlib
 import itertools
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
 
@@ -100,9 +100,10 @@ def schedule_of(where: str, args: list[str]) -> tuple[Schedule, str]:
     return schedule, f"L{m.num_layers}_H{m.hidden_size}_A{m.num_heads}-{digest}"
 
 
-@dataclass
+@dataclass(frozen=True)
 class Sweep:
-    """One Hydra multirun: fixed overrides, swept params (Hydra sweep syntax ``a,b``), one folder."""
+    """One Hydra multirun: fixed overrides, swept params (Hydra sweep syntax ``a,b``), one folder. Built
+    finished by ``build``; a variant (a rehearsal's) is derived with ``dataclasses.replace``."""
 
     stage: str  # pretrain | finetune
     name: str  # pretrain/<name>[/phase1] or finetune/<row>/<run>
@@ -158,10 +159,15 @@ class Sweep:
 
     def init_path(self) -> Path | None:
         """The checkpoint this sweep starts from: fine-tuning's init=, phase 2's ckpt_path (``needs``)."""
-        return None if self.needs is None else RunFolder(self.needs.jobs()[0][1]).checkpoint(self.checkpoint)
+        return None if self.needs is None else checkpoint_path(self.needs, self.checkpoint)
 
 
-@dataclass
+def checkpoint_path(pretraining: Sweep, checkpoint: str) -> Path:
+    """Where the pre-training sweep ``pretraining`` (its first job) writes ``checkpoint``."""
+    return RunFolder(pretraining.jobs()[0][1]).checkpoint(checkpoint)
+
+
+@dataclass(frozen=True)
 class Part:
     """One printed table: rows x columns, the paper's under ``reference`` (experiments/reference.yaml)."""
 
@@ -175,9 +181,10 @@ class Part:
     plot: str | None = None
     notes: list[str] = field(default_factory=list)
     comparisons: list[dict] = field(default_factory=list)  # the paper's directions (collect.comparisons)
+    x: dict[str, int] = field(default_factory=dict)  # column -> its checkpoint's pre-training step (Figure 4)
 
 
-@dataclass
+@dataclass(frozen=True)
 class Table:
     name: str
     scale: str
@@ -315,18 +322,19 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
         grid = {k: str(v) for k, v in flatten(spec.get("pretrain_grid")).items()}
         single = Sweep("pretrain", f"pretrain/{name}", root, overrides, grid)
         with composing():
-            single.schedule, stored_as = schedule_of(single.name, single.compose_args())
-        single.folder = store / scale / stored_as
-        if single.schedule.phases == 1:
-            sweeps[single.name] = single
+            schedule, stored_as = schedule_of(single.name, single.compose_args())
+        folder = store / scale / stored_as
+        if schedule.phases == 1:
+            sweeps[single.name] = replace(single, folder=folder, schedule=schedule)
             continue
         # v2 A.2: phase 1 in <store>/phase1, then phase 2 resuming its last checkpoint, which keeps the name
-        first = Sweep("pretrain", f"{single.name}/phase1", single.folder / "phase1",
-                      {**overrides, "experiment": "pretrain_phase1"}, grid, phase=1, schedule=single.schedule)
-        second = Sweep("pretrain", single.name, single.folder, {**overrides, "experiment": "pretrain_phase2"},
-                       grid, needs=first, phase=2, schedule=single.schedule)
-        second.overrides["ckpt_path"] = str(second.init_path())
+        first = Sweep("pretrain", f"{single.name}/phase1", folder / "phase1",
+                      {**overrides, "experiment": "pretrain_phase1"}, grid, phase=1, schedule=schedule)
+        resume = {"experiment": "pretrain_phase2", "ckpt_path": str(checkpoint_path(first, LAST))}
+        second = Sweep("pretrain", single.name, folder, {**overrides, **resume}, grid, needs=first, phase=2,
+                       schedule=schedule)
         sweeps[first.name], sweeps[second.name] = first, second
+    x: dict[str, dict[str, int]] = {part.name: {} for part in parts}
     for part in parts:
         runs: dict[str, dict] = {}
         for col, column in part.columns.items():
@@ -338,8 +346,8 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
         for row_name, row in part.rows.items():
             if row.get("skip"):  # not run at this scale; its cells say why
                 continue
-            needs = sweeps.get(f"pretrain/{row['pretrain']}") if row.get("pretrain") else None
-            if row.get("pretrain") and needs is None:
+            pretraining = sweeps.get(f"pretrain/{row['pretrain']}") if row.get("pretrain") else None
+            if row.get("pretrain") and pretraining is None:
                 raise TableError(f"row {row_name}: pretrain {row['pretrain']!r} is not in `pretrain:`")
             for run_name, run in runs.items():
                 name = f"finetune/{row_name}/{run_name}"
@@ -356,18 +364,21 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                 skip = None
                 if row.get("init"):
                     overrides["init"], skip = resolve_init(row["init"], inits)
-                sweep = Sweep("finetune", name, root / "finetune" / row_name / run_name, tagged(overrides),
-                              params, needs=needs, skip=skip,
-                              selection=run["selection"] or row.get("selection") or part.selection)
+                overrides = tagged(overrides)
+                needs, checkpoint, phase = pretraining, LAST, None
                 if needs is not None:
-                    sweep.checkpoint = run["checkpoint"] or row.get("checkpoint") or LAST
-                    step = needs.schedule.checkpoint_step(sweep.checkpoint, f"conf/table/{table}.yaml {name}")
-                    sweep.phase = needs.schedule.phase_of(step)  # the phase that writes it, in whose folder
-                    for column in part.columns.values():  # Figure 4's x: the step, never a hand-written label
-                        if column.get("run", column.get("task")) == run_name:
-                            column["x"] = step
-                    if sweep.phase == 1 and needs.schedule.phases == 2:
-                        sweep.needs = sweeps[f"{needs.name}/phase1"]
-                    sweep.overrides["init"] = str(sweep.init_path())
-                sweeps.setdefault(name, sweep)
+                    checkpoint = run["checkpoint"] or row.get("checkpoint") or LAST
+                    step = needs.schedule.checkpoint_step(checkpoint, f"conf/table/{table}.yaml {name}")
+                    phase = needs.schedule.phase_of(step)  # the phase that writes it, in whose folder
+                    # Figure 4's x: the step, never a hand-written label
+                    x[part.name] |= {col: step for col, column in part.columns.items()
+                                     if column.get("run", column.get("task")) == run_name}
+                    if phase == 1 and needs.schedule.phases == 2:
+                        needs = sweeps[f"{needs.name}/phase1"]
+                    overrides["init"] = str(checkpoint_path(needs, checkpoint))
+                sweeps.setdefault(name, Sweep(
+                    "finetune", name, root / "finetune" / row_name / run_name, overrides, params, needs=needs,
+                    checkpoint=checkpoint, skip=skip, phase=phase,
+                    selection=run["selection"] or row.get("selection") or part.selection))
+    parts = [replace(part, x=x[part.name]) for part in parts]
     return Table(table, scale, spec, parts, sweeps, root, tuple(sets or ()))
