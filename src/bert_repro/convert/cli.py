@@ -22,6 +22,7 @@ from bert_repro.convert.parity import (
     sentence_batch,
 )
 from bert_repro.convert.safe import CheckpointError, safe_torch_load
+from bert_repro.lifecycle.exits import FAULTS
 from bert_repro.lifecycle.folder import find_runs
 from bert_repro.network import DEFAULT_S, Unreachable, set_deadline
 
@@ -175,7 +176,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pushed {args.folder} to {args.repo}: {push_to_hub(args.folder, args.repo, args.private)}")
             return 0
         return _to_hf(args.src, args.out_dir, args.encoder_only, args.force)
-    except (ValueError, ImportError, OSError, HfHubHTTPError) as err:  # CheckpointError is a ValueError
+    except OSError as err:
+        if args.command != "to-hf" or err.errno not in FAULTS:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        # a fault of the machine, exit 74 as a run's; the user's folder named, not the temporary one in it
+        what, advice = FAULTS[err.errno]
+        print(f"error: to-hf {args.out_dir}: {what} {Path(args.out_dir).absolute().parent}: {advice}, or "
+              "choose another OUT_DIR; nothing was written", file=sys.stderr)
+        return 74
+    except (ValueError, ImportError, HfHubHTTPError) as err:  # CheckpointError is a ValueError
         print(f"error: {err}", file=sys.stderr)
         return 2
     except Unreachable as err:
