@@ -149,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="compare our encoder with transformers on real sentences")
     check.add_argument("src", help="HF directory, Google TF checkpoint, or our Lightning .ckpt")
-    check.add_argument("--tol", type=option(float, lambda v: v > 0, "a positive tolerance"), default=1e-4)
+    check.add_argument("--tol", type=option(float, lambda v: v >= 0, "a tolerance of 0 or more"),
+                       default=1e-4)
     to_hf = sub.add_parser("to-hf", help="export any loadable checkpoint in Hugging Face format; "
                                          "a fine-tuned .ckpt with its task head and label names")
     to_hf.add_argument("src")
