@@ -82,11 +82,12 @@ clean:
 # The paper's tables beside its numbers: experiments/results/<table>.{md,csv,tex} (+ figures).
 #   make table5 SCALE=smoke|budget|paper [FORCE=1] [INIT=<dir> | INIT=base=<dir>,large=<dir>]
 #        [LAUNCHER=local|joblib|slurm] [GPUS=0,1,...] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse]
-#        [ACCELERATOR=h100|h200|a100] [GRID=full|first]
+#        [ACCELERATOR=h100|h200|a100] [GRID=full|first] [SET='rows.no_nsp=null grid.seed=1,2']
 # ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours
 # (experiments/runs/<table>/<scale>/plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny
 # model, steps and data divided down) on this CPU (each grid's first point; GRID=full for every point of every
-# grid). Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them.
+# grid). Complete runs are skipped (an interrupted table resumes); FORCE=1 re-runs them. SET: space-separated
+# Hydra overrides of the table's spec, each passed as --set (docs/extending.md: shrinking a table).
 # conf/table/<table>.yaml holds each table's sweeps and selection rule, over the `tables:` node of
 # conf/scale/<scale>.yaml.
 TABLES   := $(basename $(notdir $(wildcard conf/table/table[0-9].yaml conf/table/figure[0-9].yaml)))  # as tables/__init__.py
@@ -99,7 +100,8 @@ tables $(TABLES): install
 	$(SLURM_ENV) $(BIN)/python -m bert_repro.tables $(ACTION) $(if $(filter tables,$@),$(TABLES),$@) --scale $(SCALE) \
 		--launcher $(LAUNCHER) $(if $(GPUS),--gpus $(GPUS)) \
 		$(if $(filter 1 yes true,$(FORCE)),--force) $(if $(INIT),--init $(INIT)) $(if $(LOGGER),--logger $(LOGGER)) \
-		$(if $(ACCELERATOR),--accelerator $(ACCELERATOR)) $(if $(GRID),--rehearse-grid $(GRID))
+		$(if $(ACCELERATOR),--accelerator $(ACCELERATOR)) $(if $(GRID),--rehearse-grid $(GRID)) \
+		$(foreach override,$(SET),--set '$(override)')
 
 # A SLURM cluster on this host (munge, slurmctld, two 1-CPU slurmd nodes: tools/slurm/cluster.sh), its state in
 # SLURM_STATE; as root, after `apt-get install slurm-wlm munge`. With LAUNCHER=slurm the table targets and demo

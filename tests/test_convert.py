@@ -602,6 +602,54 @@ def mrpc_export(tmp_path_factory):
     return module, loaded, out
 
 
+def test_the_card_gives_the_exported_checkpoints_own_dev_metrics_epoch_and_step(mrpc_export, tmp_path):
+    """best.ckpt from epoch 1 of 3: the card's numbers are that validation's, not the final epoch's."""
+    from huggingface_hub import ModelCard
+
+    from bert_repro.convert.card import write_card
+
+    shutil.copy(mrpc_export[2] / "config.json", tmp_path / "config.json")
+    per_epoch = [{"epoch": 0, "step": 4, "val/acc": 0.8}, {"epoch": 1, "step": 8, "val/acc": 0.9167,
+                                                           "val/f1": 0.93, "train/real_tokens": 512},
+                 {"epoch": 2, "step": 12, "val/acc": 0.9, "val/f1": 0.91}]
+    results = {**RESULTS, "metrics": {"final": {"val/acc": 0.9, "val/f1": 0.91}, "per_epoch": per_epoch}}
+    best = {"name": "best.ckpt", "epoch": 1, "step": 8}
+    classifier = "BertForSequenceClassification"
+    card = ModelCard.load(write_card(tmp_path, classifier, None, results, checkpoint=best))
+    scored = {(r.metric_type, r.metric_value) for r in card.data.eval_results}
+    assert scored == {("acc", 0.9167), ("f1", 0.93)}
+    assert "| val/acc | 0.9167 |" in card.text and "0.9000" not in card.text
+    assert "- Weights: `best.ckpt`, epoch 1, step 8" in card.text
+    unscored = {**best, "step": 6}  # a step the run did not validate at: no numbers of other weights
+    card = ModelCard.load(write_card(tmp_path, classifier, None, results, checkpoint=unscored))
+    assert card.data.eval_results is None
+    assert "records no Dev evaluation at this checkpoint's step" in card.text
+
+
+@pytest.mark.slow
+@pytest.mark.e2e
+def test_the_cards_metrics_are_what_evaluate_gives_the_exported_checkpoint(tmp_path, minilm_dir, shared_data):
+    from huggingface_hub import ModelCard
+
+    from .conftest import run_py, train_py
+
+    small = ["task=mrpc", "model=tiny", "optim.limit_val_batches=2", "trainer.enable_progress_bar=false",
+             f"data.tokenizer={minilm_dir / 'vocab.txt'}", f"paths.cache_dir={tmp_path / 'cache'}"]
+    proc = train_py(*small, "optim.epochs=3", "data.max_train_examples=64", "logger=none",
+                    f"hydra.run.dir={tmp_path / 'train'}")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    best = tmp_path / "train" / "checkpoints" / "best.ckpt"
+    assert main(["to-hf", str(best), str(tmp_path / "hf")]) == 0
+    card = ModelCard.load(tmp_path / "hf" / "README.md")
+    proc = run_py(*small, f"init={best}", f"hydra.run.dir={tmp_path / 'eval'}", script="evaluate.py")
+    assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
+    evaluated = json.loads((tmp_path / "eval" / "results.json").read_text())["metrics"]["final"]
+    ours = {f"val/{r.metric_type}": r.metric_value for r in card.data.eval_results}
+    assert ours and ours == pytest.approx({k: evaluated[k] for k in ours}, abs=1e-6)
+    step = torch.load(best, weights_only=True, mmap=True)["global_step"]
+    assert "- Weights: `best.ckpt`, epoch " in card.text and f", step {step}" in card.text
+
+
 @torch.no_grad()
 @pytest.mark.slow
 def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mrpc_export):

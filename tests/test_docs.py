@@ -3,13 +3,16 @@ parsed or made (tests/test_readme.py's checks), every config key and module the 
 architecture page lists every module of the tree, and extending.md's task of one's own composes and reads its
 files as written. A renamed key, module or file fails here, naming the page and the name."""
 
+import ast
 import importlib
 import importlib.util
+import io
 import json
 import os
 import re
 import subprocess
 import sys
+import tokenize
 from functools import cache
 from pathlib import Path
 
@@ -174,6 +177,99 @@ def test_architecture_lists_every_module():
     assert tree - listed == set(), f"modules docs/architecture.md does not list: {sorted(tree - listed)}"
     assert listed - tree == set(), f"architecture.md lists modules not in the tree: {sorted(listed - tree)}"
 
+
+
+
+def test_make_curves_names_the_folder_of_the_csv_run_before_it():
+    """training.md's `make curves RUN=outputs/<task>/<name>` draws the `logger=csv` run its block starts just
+    before: the folder that run's command makes."""
+    from bert_repro.lifecycle.hydra_hooks import run_name
+
+    lines = commands(REPO / "docs" / "training.md")
+    curves = next(i for i, line in enumerate(lines) if line.startswith("make curves RUN="))
+    run = next(line for line in reversed(lines[:curves]) if "logger=csv" in line).split()[2:]
+    task = next(arg.split("=")[1] for arg in run if arg.startswith("task="))
+    assert lines[curves].split()[2] == f"RUN=outputs/{task}/{run_name(run)}"
+
+# -- what the code's comments name -----------------------------------------------------------------------
+# names a comment may give that are no file of this repository: the scripts of other projects the code follows
+# (google-research/bert, the SQuAD site's official scorers, transformers' examples), the files Hydra and
+# Lightning write into a run folder, and placeholders
+ELSEWHERE = {"run_squad.py", "run_classifier.py", "run_pretraining.py", "create_pretraining_data.py",
+             "modeling.py", "evaluate-v1.1.py", "evaluate-v2.0.py", "run_qa.py",
+             ".hydra/config.yaml", "overrides.yaml", "hparams.yaml",
+             "script.py", "bert_repro.X"}
+COMMENTED = ("src", "tests", "conf")  # with the Makefile: the code whose comments are read
+NAMED = re.compile(r"bert_repro(?:\.\w+)+|(?<![\w./-])[A-Za-z0-9.][\w./-]*\.(?:py|yaml)\b")
+
+
+def comments(path: Path) -> list[str]:
+    """The comments of a Python file (its docstrings too), a YAML file or the Makefile."""
+    text = path.read_text()
+    if path.suffix != ".py":
+        return re.findall(r"(?:^|\s)#(.*)$", text, flags=re.M)  # after a blank: a quoted "#..." is no comment
+    tokens = tokenize.generate_tokens(io.StringIO(text).readline)
+    found = [t.string for t in tokens if t.type == tokenize.COMMENT]
+    for node in ast.walk(ast.parse(text)):
+        if isinstance(node, (ast.Module, ast.ClassDef, ast.FunctionDef, ast.AsyncFunctionDef)):
+            found.append(ast.get_docstring(node, clean=False) or "")
+    return found
+
+
+@cache
+def repository_files() -> tuple[str, ...]:
+    return tuple(str(p.relative_to(REPO)) for top in (*COMMENTED, "experiments", "docs", "tools")
+                 for p in (REPO / top).rglob("*") if p.is_file())
+
+
+def stale_names(path: Path) -> list[str]:
+    """Modules and .py / .yaml files the comments of ``path`` name that exist nowhere: a dotted name must
+    import (an attribute must be there), a path must be a file from the repository, src/ or the package, or
+    end a path of one (`task/pretrain.yaml`, `test_tables_e2e.py`)."""
+    stale = []
+    for comment in comments(path):
+        for name in NAMED.findall(comment):
+            name = name.rstrip(".")
+            if (name in ELSEWHERE or name.startswith("bert_repro") and resolves(name) or
+                    not name.startswith("bert_repro") and (resolves(name) or any(
+                        f == name or f.endswith("/" + name) for f in repository_files()))):
+                continue
+            stale.append(name)
+    return stale
+
+
+def commented_files() -> list[Path]:
+    return [REPO / "Makefile", *(p for top in COMMENTED for p in sorted((REPO / top).rglob("*"))
+                                 if p.suffix in (".py", ".yaml") and "__pycache__" not in p.parts)]
+
+
+@pytest.mark.slow
+def test_every_module_and_file_a_comment_names_exists():
+    stale = {str(p.relative_to(REPO)): names for p in commented_files() if (names := stale_names(p))}
+    assert not stale, f"comments name modules or files that do not exist: {stale}"
+
+
+ISSUE = re.compile(r"\b[Ii]ssues? #?\d+|(?<![\w&/])#\d{1,3}\b")  # our tracker's numbers, not a library's
+
+
+@pytest.mark.slow
+def test_no_comment_cites_an_issue_number():
+    """A comment says what a thing is and why, not which issue asked for it: the issue is closed by then."""
+    cited = {str(p.relative_to(REPO)): found for p in commented_files()
+             if (found := [m for c in comments(p) for m in ISSUE.findall(c)])}
+    assert not cited, f"comments cite issue numbers: {cited}"
+
+def test_a_comment_naming_a_renamed_module_or_config_is_found(tmp_path):
+    code, config = tmp_path / "code.py", tmp_path / "config.yaml"
+    code.write_text('"""Scored as bert_repro.metrics.squad does, priced by bert_repro.tables.schedule."""\n'
+                    "x = 1  # see conf/task/squad_v1.yaml and conf/task/squad_v9.yaml, not tasks/spans.py\n")
+    config.write_text("steps: 10  # bert_repro.tables.spec.Schedule, bert_repro.tables.spec.Plan\n"
+                      "# conf/table/*, scale/paper.yaml, scale/galactic.yaml\n")
+    assert sorted(stale_names(code)) == ["bert_repro.tables.schedule", "conf/task/squad_v9.yaml",
+                                         "tasks/spans.py"]
+    assert stale_names(config) == ["bert_repro.tables.spec.Plan", "scale/galactic.yaml"]
+    assert ISSUE.findall("as issue 17 asked (#44, issues 39), not Lightning #20550 nor color #ff0000") == [
+        "issue 17", "#44", "issues 39"]
 
 # -- extending.md: a task of one's own, from config alone ---------------------------------------------------
 def own_task_yaml() -> str:

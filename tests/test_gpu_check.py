@@ -23,10 +23,10 @@ def test_without_cuda_it_exits_at_once_with_a_message(monkeypatch, capsys, tmp_p
 
 
 def _python(code: str):
-    return lambda folder: [sys.executable, "-c", code]
+    return lambda folder, done: [sys.executable, "-c", code]
 
 
-def _unreadable(stdout, folder):
+def _unreadable(stdout, folder, done):
     raise KeyError("val/acc")
 
 
@@ -124,3 +124,94 @@ def test_a_cpu_reference_stuck_on_one_class_is_refused(monkeypatch, tmp_path):
     with pytest.raises(SystemExit, match="predicts one class for every Dev example"):
         gpu_check.main(["--cpu-reference-run", "--cpu-reference", str(out)])
     assert not out.exists()
+
+
+def _plan():
+    return gpu_check.steps(Path("../shared/data"), gpu_check.CPU_REFERENCE)
+
+
+def test_the_plan_warms_the_compiler_first_and_fits_eight_minutes():
+    """Every step has its own limit; all but the optional MRPC tail fit the default budget together, and the
+    compile cache is warmed before any compiled bench."""
+    plan = _plan()
+    names = [s.name for s in plan]
+    assert names[0] == "warm-compile-cache" and names[-1] == "mrpc-bf16"
+    assert sum(s.limit_s for s in plan[:-1]) <= gpu_check.BUDGET_S <= 8 * 60
+    wanted = {"bench-base-128-b128", "bench-base-128-b512", "bench-base-128-b1024", "bench-large-512",
+              "bench-lengths-pretrain", "bench-lengths-mrpc", "bench-compiled-padded",
+              "bench-compiled-unpadded", "pretrain-budget-batch", "profile-fastest", "cuda-tests"}
+    assert wanted <= set(names)
+
+
+def test_every_bench_command_is_one_train_step_takes():
+    """The GPU machine runs these argument lists unattended: each parses with train_step's own parser, with
+    the batch the step is named after (tokens // seq)."""
+    from bert_repro.benchmarks.train_step import arguments
+
+    for step in _plan():
+        if step.name == "profile-fastest":  # built from the rows measured before it (test below)
+            continue
+        argv = step.command(Path("/tmp/x"), [])
+        if argv[1:3] != ["-m", "bert_repro.benchmarks.train_step"]:
+            continue
+        args = arguments().parse_args(argv[3:])
+        assert args.device == "cuda" and args.precision == "bf16", step.name
+        if step.name.startswith("bench-base-128-b"):
+            assert args.tokens // args.seq[0] == int(step.name.rsplit("b", 1)[1]), step.name
+    lengths = next(s for s in _plan() if s.name == "bench-lengths-pretrain").command(Path("/tmp/x"), [])
+    assert arguments().parse_args(lengths[3:]).tokens // 128 == 256  # the budget's batch, as the run's
+
+
+def test_the_budget_batch_run_composes_as_budget_scale_batch_and_length():
+    """src/train.py's overrides of the pre-training run compose (a wrong key would fail on the GPU machine)
+    into budget scale's batch of 256 at 128 tokens."""
+    from hydra import compose, initialize_config_dir
+
+    from .conftest import CONF
+
+    argv = next(s for s in _plan() if s.name == "pretrain-budget-batch").command(Path("/tmp/run"), [])
+    overrides = [a for a in argv[2:] if not a.startswith(("hydra.", "ckpt_path"))]
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        cfg = compose("train", overrides=overrides)
+    with initialize_config_dir(config_dir=str(CONF), version_base="1.3"):
+        budget = compose("train", overrides=["task=pretrain", "scale=budget"])
+    compose_budget = budget.scale.pretrain
+    assert cfg.scale.pretrain.batch_size == compose_budget.batch_size == 256
+    assert cfg.scale.pretrain.max_seq_length == compose_budget.max_seq_length == 128
+    assert cfg.trainer.precision == "bf16-mixed"
+
+
+def _bench_row(**row):
+    return {"model": "base", "seq": 128, "batch": 256, "real_tokens": 16384, "ours_tokens_per_s": 4e5,
+            "ratio": 1.5, "ours_mfu": 0.3, **row}
+
+
+def test_the_fastest_row_is_profiled_with_its_own_shape():
+    done = [{"name": "bench-eager", "command": "py -m bert_repro.benchmarks.train_step --model base --model "
+             "large --seq 128 --seq 512 --compare-unpad --tokens 16384",
+             "results": {"lines": [_bench_row(),
+                                   _bench_row(model="large", seq=512, unpad=True, ours_mfu=0.4)]}},
+            {"name": "pretrain", "results": {"tokens_per_s": 1.0}}]
+    argv = gpu_check.profile_fastest(done)
+    assert argv[:3] == ["py", "-m", "bert_repro.benchmarks.train_step"]
+    assert argv.count("--model") == argv.count("--seq") == 1 and "--compare-unpad" not in argv
+    assert argv[argv.index("--model") + 1] == "large" and argv[argv.index("--seq") + 1] == "512"
+    assert "--unpad" in argv and argv[argv.index("--profile") + 1] == "3"
+    with pytest.raises(RuntimeError, match="nothing to profile"):
+        gpu_check.profile_fastest(done[1:])
+
+
+def test_the_run_is_read_against_the_bench_at_its_batch(tmp_path):
+    """The run's real tokens/s over the bench's padded row's real tokens/s (its rate times the real share)."""
+    (tmp_path / "results.json").write_text(json.dumps({"status": "complete", "tokens_per_s": 1.5e5,
+                                                       "metrics": {"final": {}}}))
+    (tmp_path / "metrics.csv").write_text("train/loss\n9.0\n8.0\n7.0\n")
+    done = [{"name": "bench-lengths-pretrain",
+             "results": {"lines": [_bench_row(), _bench_row(unpad=True, ours_tokens_per_s=9e5)]}}]
+    out = gpu_check.read_run_against_bench("bench-lengths-pretrain")("", tmp_path, done)
+    assert out["bench_real_tokens_per_s"] == 2e5  # 4e5 x 16384 / (256 x 128)
+    assert out["run_over_bench"] == 0.75 and out["loss_falls"]
+    report = {"device": "d", "date": "x", "torch": "t", "cuda": "c", "budget_s": 1, "elapsed_s": 1,
+              "steps": [{"name": "run", "status": "ok", "results": out}]}
+    summary = gpu_check.summary_markdown(report)
+    assert "run_over_bench 0.75" in summary

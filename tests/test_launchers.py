@@ -1,12 +1,15 @@
 """Where a table's sweeps run: the local launcher shares a node's GPUs and cores out among the sweeps it runs
-side by side (each sweep's process sees its own CUDA_VISIBLE_DEVICES); explicit settings win over defaults."""
+side by side (each sweep's process sees its own CUDA_VISIBLE_DEVICES); explicit settings win over defaults.
+The plan's wall time: its runs packed onto the GPUs there are, each after the pre-training it starts from."""
 
 import json
 import sys
 
 import pytest
 
+from bert_repro.tables import plan as planning
 from bert_repro.tables import runner
+from bert_repro.tables.plan import make_plan
 from bert_repro.tables.spec import build
 
 from .test_tables import write_results
@@ -64,3 +67,39 @@ def test_each_sweep_side_by_side_sees_its_own_gpu(tmp_path, monkeypatch):
                    if a["start"] < b["end"] and b["start"] < a["end"]]
     assert overlapping, "no two sweeps ran side by side"
     assert all(a["devices"] != b["devices"] for a, b in overlapping)
+
+
+def test_the_plans_wall_time_is_the_schedule_worked_out_by_hand():
+    """Two GPUs. P2 (1 GPU, 2 h) has the longest chain and starts first; P1 (2 GPUs, 1 h) waits for both,
+    2 h to 3 h; its three fine-tunings (1 GPU, 0.5 h) follow two at a time: 3 to 3.5 h, then 3.5 to 4 h."""
+    runs = [{"folder": "p1", "gpus": 2, "gpu_hours": 2.0, "after": None},
+            {"folder": "p2", "gpus": 1, "gpu_hours": 2.0, "after": None},
+            *({"folder": f"f{i}", "gpus": 1, "gpu_hours": 0.5, "after": "p1"} for i in range(3))]
+    wall = planning.wall_time(runs, 2)
+    assert (wall["wall_hours"], wall["critical_path_hours"], wall["busy"]) == (4.0, 2.0, 5.5 / 8)
+    # four fine-tunings of 2 h on a quarter of a GPU each run at once after their pre-training, on one GPU
+    shared = [{"folder": "p", "gpus": 1, "gpu_hours": 1.0, "after": None},
+              *({"folder": f"f{i}", "gpus": 0.25, "gpu_hours": 0.5, "after": "p"} for i in range(4))]
+    assert planning.wall_time(shared, 1)["wall_hours"] == 3.0
+    # a run of more GPUs than there are takes them all, its GPU-hours spread over them
+    wide = [{"folder": "p", "gpus": 32, "gpu_hours": 64.0, "after": None}]
+    assert planning.wall_time(wide, 8)["wall_hours"] == 8.0
+
+
+@pytest.mark.slow
+def test_a_small_tables_wall_time_on_one_gpu_and_on_eight_and_a_fine_tunings_share(tmp_path):
+    """Table 5 cut to one task: three pre-trainings, four fine-tunings after them. On one GPU the runs follow
+    one another; on eight, the wall time is the longest pre-training + fine-tuning chain. At 0.25 of a GPU a
+    fine-tuning is charged a quarter of its GPU-hours, its wall time unchanged."""
+    table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
+    plan = make_plan(table, gpus=1)
+    runs, hours = plan["runs"], {r["folder"]: r["gpu_hours"] for r in plan["runs"]}
+    assert plan["wall"]["wall_hours"] == pytest.approx(sum(hours.values()))
+    chains = [hours[str(s.needs.jobs()[0][1])] + hours[str(s.jobs()[0][1])] for s in table.sweeps.values()
+              if s.needs is not None]
+    assert planning.wall_time(runs, 8)["wall_hours"] == pytest.approx(max(chains))
+    quarter = {r["folder"]: r for r in make_plan(table, share=0.25)["runs"]}
+    for r in runs:
+        share = 0.25 if r["kind"] == "finetune" else 1
+        assert quarter[r["folder"]]["gpu_hours"] == pytest.approx(share * r["gpu_hours"])
+        assert quarter[r["folder"]]["wall_hours"] == pytest.approx(r["wall_hours"])

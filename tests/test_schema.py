@@ -1,5 +1,5 @@
-"""Ranges and the model's shape, declared in schema.py and checked as a job starts (schema.RangeCheck, a Hydra
-callback of conf/train.yaml and so of conf/evaluate.yaml): a value out of range fails in a second or two,
+"""Ranges and the model's shape, declared in config.py and checked as a job starts (lifecycle/checks.py's
+validate, for src/train.py and src/evaluate.py alike): a value out of range fails in a second or two,
 naming the key and what was expected, before any download, tokenizer training or Trainer."""
 
 import os

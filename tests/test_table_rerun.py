@@ -169,3 +169,17 @@ def test_a_slurm_controller_that_stops_answering_stops_the_table_naming_what_is_
                                          r"pretrain/none/default, finetune/bert_base/mrpc/optim.lr-0.001, "):
         runner.run_table(tiny(tmp_path), {"common": {"hydra/launcher": "submitit_slurm"}})
     assert time.monotonic() - start < 60
+
+
+def test_collect_holds_each_cell_to_the_specs_science_as_run_does(tmp_path, monkeypatch):
+    """A spec edited after its runs (1 epoch ran, the spec now says 2): collect shows no number of the old
+    setting as the new one's; the cell is not run, naming the key that differs, as `run` would rerun it."""
+    first = tiny(tmp_path)
+    stand_in(first, monkeypatch, [])
+    runner.run_table(first)
+    assert collect(first, load_reference())["main"][0].cells["mrpc_acc"].status == "ok"
+    edited = tiny(tmp_path, "finetune_overrides.optim.epochs=2")
+    cells = collect(edited, load_reference())["main"][0].cells
+    assert cells["mrpc_acc"].status == "missing" and cells["mrpc_acc"].value is None
+    assert cells["mrpc_acc"].reason == ("2 of 2 jobs of finetune/bert_base/mrpc ran with other settings than "
+                                        "the spec's (optim.epochs: was 1, now 2); `run` reruns them")

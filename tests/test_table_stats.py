@@ -10,7 +10,7 @@ from pathlib import Path
 
 import pytest
 
-from bert_repro.tables import stats
+from bert_repro.tables import runner, stats
 from bert_repro.tables.collect import collect, comparisons, load_reference
 from bert_repro.tables.render import write_all
 from bert_repro.tables.spec import TableError, build
@@ -42,10 +42,9 @@ def test_paired_difference_uses_only_seeds_both_rows_ran():
     assert found["seeds"] == [2, 3] and found["ours_diff"] == pytest.approx(0.25) and found["n"] == 2
 
 
-def write_results(folder: Path, task: str, metrics: dict, monitor: str, seed: int) -> None:
+def write_results(folder: Path, task: str, metrics: dict, monitor: str, seed: int, config: dict) -> None:
+    """A results.json with the job's ``config`` as composed (what collect holds a result to)."""
     folder.mkdir(parents=True, exist_ok=True)
-    config = {"task": {"name": task, "monitor_mode": "min" if task == "pretrain" else "max"},
-              "optim": {"lr": 1e-3, "epochs": 1}, "data": {"batch_size": 16}, "seed": seed}
     (folder / "results.json").write_text(json.dumps({
         "status": "complete", "task": task, "model": "tiny", "ablation": "none", "scale": "smoke",
         "seed": seed, "init": None, "monitor": monitor, "predict_majority": False,
@@ -66,14 +65,16 @@ def accuracy(row: str, task: str, seed: int) -> float:
 def fill(table, finetuned) -> None:
     """Every job of the table gets a results.json: pre-training a fixed loss, fine-tuning
     ``finetuned(row, task, seed) -> (metrics, monitor)``."""
+    configs = runner.job_configs(table)
     for sweep in table.sweeps.values():
         task = sweep.overrides["task"]
         for swept, folder in sweep.jobs():
             seed = int(dict(s.split("=", 1) for s in swept).get("seed", 1))
             if task == "pretrain":
-                write_results(folder, task, {"val/mlm_loss": 5.0}, "val/mlm_loss", seed)
+                write_results(folder, task, {"val/mlm_loss": 5.0}, "val/mlm_loss", seed, configs[folder])
             else:
-                write_results(folder, task, *finetuned(sweep.name.split("/")[1], task, seed), seed=seed)
+                write_results(folder, task, *finetuned(sweep.name.split("/")[1], task, seed), seed=seed,
+                              config=configs[folder])
 
 
 @pytest.fixture
@@ -145,10 +146,21 @@ def test_a_comparison_naming_an_unknown_row_is_an_error_that_names_it(tmp_path):
 
 
 @pytest.mark.slow
-def test_comparisons_of_rows_removed_with_set_are_left_out(tmp_path):
+def test_comparisons_of_rows_removed_with_set_are_listed_as_skipped_saying_why(tmp_path):
     table = build("table5", "smoke", tmp_path / "runs", sets=["rows.no_nsp=null", "columns.squad_v1_f1=null"])
-    found = comparisons(table, collect(table, REFERENCE), REFERENCE)["main"]
-    assert len(found) == 2 * 4 and "no_nsp" not in {c["a"] for c in found} | {c["b"] for c in found}
+    collected = collect(table, REFERENCE)
+    found = comparisons(table, collected, REFERENCE)["main"]
+    kept = [c for c in found if c["verdict"] != "skipped"]
+    assert len(kept) == 2 * 4 and "no_nsp" not in {c["a"] for c in kept} | {c["b"] for c in kept}
+    skipped = {c["label"]: c["why"] for c in found if c["verdict"] == "skipped"}
+    why = "not compared: this table's spec removes it"
+    assert skipped["bert_base vs no_nsp, mrpc_acc"] == f"{why} (rows.no_nsp=null)"
+    both = "rows.no_nsp=null, columns.squad_v1_f1=null"
+    assert skipped["bert_base vs no_nsp, squad_v1_f1"] == f"{why} ({both})"
+    assert len(skipped) == len(found) - len(kept) == 5 + 2
+    md = write_all(table, collected, REFERENCE, tmp_path / "results")[0].read_text()
+    assert f"- bert_base vs no_nsp, mrpc_acc: paper —, ours — no interval (n=0): **skipped** — {why}" in md
+    assert "8 not run, 7 skipped." in md  # no run of this table has finished
 
 
 @pytest.mark.slow
@@ -171,4 +183,5 @@ def test_demo_comparisons_take_the_papers_difference_from_the_column_they_stand_
     pair = found["bert_base", "ltr_no_nsp", "pydoc_next_acc"]  # the config's reason is shown
     assert pair["verdict"] == "inconclusive" and "last token, which sees both sentences" in pair["why"]
     md = write_all(table, collected, REFERENCE, tmp_path / "results")[0].read_text()
-    assert "Verdicts: 2 agrees, 0 disagrees, 4 inconclusive, 0 not run." in md and "sees both sentences" in md
+    assert "Verdicts: 2 agrees, 0 disagrees, 4 inconclusive." in md
+    assert "sees both sentences" in md

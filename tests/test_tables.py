@@ -5,6 +5,7 @@ errors; how a table spec lies over its scale's defaults."""
 import csv
 import json
 import re
+import shlex
 import statistics
 import subprocess
 import threading
@@ -46,7 +47,9 @@ def job_dirs(table, sweep_name):
 
 
 def fill(table, values) -> None:
-    """Complete runs for every sweep: ``values(sweep, swept) -> metrics``."""
+    """Complete runs for every sweep: ``values(sweep, swept) -> metrics``, each with its job's config as
+    composed (what collect holds a result to)."""
+    configs = runner.job_configs(table)
     for sweep in table.sweeps.values():
         task = sweep.overrides["task"]
         for swept, folder in sweep.jobs():
@@ -56,7 +59,7 @@ def fill(table, values) -> None:
                 write_results(folder, task, metrics, seed=int(args.get("seed", 1)),
                               lr=float(args.get("optim.lr", 1e-3)),
                               monitor="val/mlm_loss" if task == "pretrain" else next(iter(metrics)),
-                              config={"data": {"batch_size": 16, "mask_shares": [0.8, 0.1, 0.1]}})
+                              config=configs[folder])
 
 
 def glue_metrics(sweep, args):
@@ -554,3 +557,20 @@ def test_launcher_choice_reaches_every_multirun(capsys, tmp_path):
     assert all("hydra.launcher.nodes=1" in line and "trainer.num_nodes=1" in line for line in pretrain)
     assert all("hydra.launcher.nodes=1" in line and "hydra.launcher.partition=gpu" in line
                for line in lines if line not in pretrain)
+
+
+@pytest.mark.slow
+def test_make_passes_set_to_the_runner_one_override_each(capsys, tmp_path):
+    """`make table5 SET='...'`: each override reaches the runner as --set, and the runner applies them."""
+    proc = subprocess.run(["make", "-n", "table5", "ACTION=run", "SET=rows.no_nsp=null grid.seed=1,2"],
+                          cwd=REPO, capture_output=True, text=True, timeout=60)
+    recipe = proc.stdout.replace("\\\n", " ").splitlines()  # make -n keeps the recipe's continued lines
+    line = next(line for line in recipe if "-m bert_repro.tables" in line)
+    args = shlex.split(line)
+    args = args[args.index("bert_repro.tables") + 1:]
+    assert args[args.index("--set"):] == ["--set", "rows.no_nsp=null", "--set", "grid.seed=1,2"]
+    assert cli.main([*args, "--dry-run", "--runs-dir", str(tmp_path)]) == 0
+    lines = [line for line in capsys.readouterr().out.splitlines() if "--multirun" in line]
+    finetune = [line for line in lines if "task=pretrain" not in line]
+    assert finetune and not any("ablation=no_nsp " in line for line in finetune)
+    assert all("seed=1,2" in line for line in finetune if "task=squad_v1" not in line)  # SQuAD: its own grid

@@ -134,6 +134,24 @@ def test_tables_notebook_runs_top_to_bottom_on_the_smoke_results(table5_run, mon
 
 
 @pytest.mark.slow
+def test_the_table_on_a_ray_instance_gives_the_local_launchers_cells(table5_run, tmp_path):
+    """LAUNCHER=ray on this CPU, two GPUs declared: the same table, each job a Ray task, the same numbers."""
+    pytest.importorskip("ray", reason="LAUNCHER=ray needs Ray: pip install -e '.[ray]'")
+    on_ray = ["--launcher", "ray", "--set=launchers.ray.ray.init.num_gpus=2",
+              "--set=launchers.ray.ray.init.num_cpus=2",
+              "--set=launchers.ray.pretrain.ray={num_gpus: 1, num_cpus: 1}",
+              "--set=launchers.ray.finetune.ray={num_gpus: 1, num_cpus: 1}"]
+    proc = tables(tmp_path, "run", "table5", "--scale", "smoke", *on_ray)
+    if "Ray did not start" in proc.stderr:
+        pytest.skip(proc.stderr.strip().splitlines()[-1])
+    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    assert "finetune/bert_base/mrpc: 2 jobs to Ray" in proc.stderr
+    keys = ("ours", "spread", "n_runs", "status")
+    local, ray = csv_cells(table5_run), csv_cells(tmp_path)
+    assert {c: [ray[c][k] for k in keys] for c in ray} == {c: [local[c][k] for k in keys] for c in local}
+
+
+@pytest.mark.slow
 def test_a_moved_table_reruns_nothing_and_a_checkpoint_replaced_in_place_is_a_new_run(table5_run, tmp_path):
     """The finished table at another path (the first moved away meanwhile) launches nothing: a fine-tuning is
     known by its pre-training checkpoint's identity and step, not its path. Another checkpoint written over

@@ -7,14 +7,16 @@ import io
 import json
 import re
 import time
+from types import SimpleNamespace
 
 import pytest
 
 from bert_repro.benchmarks.lengths import measure_lengths
 from bert_repro.data.batching import PadCollator
-from bert_repro.tables import SCALES, TABLES
+from bert_repro.tables import SCALES, TABLES, runner
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import plan as planning
+from bert_repro.tables import progress as progress_module
 from bert_repro.tables.collect import checkpoint_of
 from bert_repro.tables.compose import composing_jobs
 from bert_repro.tables.plan import make_plan
@@ -297,6 +299,51 @@ def test_progress_eta_times_each_kind_of_job_by_its_own_finished_jobs(tmp_path):
     progress._walls.clear()
     progress.start = time.time() - 200  # 200 s for 90.9 s of work at the pre-training's rate, 0.9 s left
     assert progress.line() == (2, 3, "0m01s")  # (1.98 s): the pre-training's rate for a kind that has none
+
+
+def _seconds(eta: str) -> float:
+    """A progress line's ETA (1h02m, 12m05s) in seconds."""
+    hours, minutes, seconds = re.fullmatch(r"(?:(\d+)h)?(\d+)m(?:(\d+)s)?", eta).groups()
+    return 3600 * int(hours or 0) + 60 * int(minutes) + int(seconds or 0)
+
+
+def test_the_smoke_tables_eta_is_within_1_5x_once_each_kind_of_job_has_run(tmp_path, monkeypatch, capsys):
+    """`make table5 SCALE=smoke` through the runner on a fake clock, with no plan (the smoke table makes
+    none): each sweep starts in 20 s, a pre-training runs 240 s, a fine-tuning its task's time (the LTR rows
+    longer). Once a job of each kind (pre-training, fine-tuning each task) is done, every ETA is within 1.5x
+    of what is really left."""
+    table = build("table5", "smoke", tmp_path / "runs")
+    task_s = {"mnli": 70, "qnli": 60, "mrpc": 35, "sst2": 45, "squad_v1": 100}
+    row_x = {"bert_base": 1.0, "no_nsp": 1.0, "ltr_no_nsp": 1.1, "ltr_no_nsp_bilstm": 1.25}
+    walls = {name: 240.0 if s.stage == "pretrain" else task_s[s.overrides["task"]] * row_x[name.split("/")[1]]
+             for name, s in table.sweeps.items()}
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module, "time", SimpleNamespace(time=lambda: clock[0]))
+    monkeypatch.setattr(runner.warm, "prestart", lambda: None)
+
+    def run_sweep(sweep, launcher, todo):
+        clock[0] += 20 + walls[sweep.name]
+        write_results(todo[0][1], sweep.overrides["task"], {"val/acc": 0.5})
+        record = json.loads((todo[0][1] / "results.json").read_text())
+        (todo[0][1] / "results.json").write_text(json.dumps({**record, "wall_time_s": walls[sweep.name]}))
+        return {"skipped": 0, "complete": 1, "failed": 0}
+
+    monkeypatch.setattr(runner, "run_sweep", run_sweep)
+    runner._sweeps(table, None, {name: s.jobs() for name, s in table.sweeps.items()}, [None], None)
+    order, seen = list(table.sweeps), set()
+    etas = {}
+    for line in capsys.readouterr().err.splitlines():
+        if (m := re.match(r"\[(\d+)/23 jobs\] running (.+); ETA (\S+)$", line)) and m[2] != "-":
+            etas.setdefault(int(m[1]), m[3])
+    checked = 0
+    for done in range(1, len(order)):
+        seen.add(table.sweeps[order[done - 1]].kind)
+        if len(seen) < len({s.kind for s in table.sweeps.values()}):
+            continue
+        left = sum(20 + walls[name] for name in order[done:])
+        assert left / 1.5 <= _seconds(etas[done]) <= left * 1.5, (done, etas[done], left)
+        checked += 1
+    assert checked == 15  # from the first SQuAD fine-tuning (the last kind to run) on
 
 
 def test_a_table_spec_is_not_a_runnable_experiment():

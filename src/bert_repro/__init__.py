@@ -3,5 +3,5 @@
 from bert_repro.config import register as _register_schemas
 
 __version__ = "0.1.0"
-# conf/ composes the typed configs (schema.py): wherever conf/ is composed, they are there
+# conf/ composes the typed configs (config.py): wherever conf/ is composed, they are there
 _register_schemas()

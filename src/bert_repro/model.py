@@ -68,7 +68,7 @@ class Dropout(nn.Dropout):
         self.cpu_kernel = cpu_kernel
 
     def forward(self, x: Tensor) -> Tensor:
-        if self.cpu_kernel and self.training and 0.0 < self.p < 1.0 and x.device.type == "cpu":
+        if self.cpu_kernel and self.training and 0.0 < self.p < 1.0 and kernels.eager_cpu(x):
             return kernels.dropout(x, self.p)
         return super().forward(x)
 

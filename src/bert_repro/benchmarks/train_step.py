@@ -143,6 +143,35 @@ def timed(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer, de
     return time.perf_counter() - start
 
 
+def profile(step: Callable[[], torch.Tensor], optimizer: torch.optim.Optimizer, device: str, precision: str,
+            steps: int = 3, top: int = 15) -> dict:
+    """torch.profiler over ``steps`` training steps: per step, the ATen operators the host dispatches (all,
+    and those called from Python rather than from another operator), the kernels launched and the device
+    time; and the ``top`` operators or kernels by device time (on CPU, by CPU time)."""
+    from torch.profiler import ProfilerActivity
+    from torch.profiler import profile as profiler
+
+    cuda = device.startswith("cuda")
+    activities = [ProfilerActivity.CPU] + ([ProfilerActivity.CUDA] if cuda else [])
+    with profiler(activities=activities) as prof:
+        for _ in range(steps):
+            timed(step, optimizer, device, precision)
+    events = prof.events()
+    aten = [e for e in events if e.name.startswith("aten::")]
+    outer = [e for e in aten if e.cpu_parent is None or not e.cpu_parent.name.startswith("aten::")]
+    kernels = [e for e in events if e.device_type == torch.autograd.DeviceType.CUDA]
+    key = "device_time_total" if cuda else "cpu_time_total"
+    table = sorted(prof.key_averages(), key=lambda e: getattr(e, key), reverse=True)
+    return {
+        "profile_steps": steps,
+        "aten_ops_per_step": round(len(aten) / steps), "outer_aten_ops_per_step": round(len(outer) / steps),
+        "kernels_per_step": round(len(kernels) / steps),
+        "device_ms_per_step": round(sum(e.device_time for e in kernels) / 1e3 / steps, 2),
+        "top": [{"name": e.key[:80], "ms_per_step": round(getattr(e, key) / 1e3 / steps, 3),
+                 "calls_per_step": round(e.count / steps, 1)} for e in table[:top]],
+    }
+
+
 def default_predictions(seq: int) -> int:
     """The released recipe's max_predictions_per_seq: 20 at 128 tokens, 80 at 512 (v2 A.2)."""
     return max(1, round(seq * 20 / 128))
@@ -194,7 +223,7 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
           fused: bool, objective: str = "mlm_nsp", precision: str = "fp32", peak_tflops: float | None = None,
           unpad: bool = False, checkpointing: bool = False, compile: bool = False, readable: bool = False,
           attention: str = "auto", conf_dir: Path = CONF_DIR, lengths: list[int] | None = None,
-          lengths_from: str = "synthetic") -> dict:
+          lengths_from: str = "synthetic", profile_steps: int = 0) -> dict:
     import transformers
 
     transformers.logging.set_verbosity_error()
@@ -230,6 +259,7 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
             times[side].append(timed(*runs[side], device, precision))
         probes.append(probe())
     ours_s, ref_s = statistics.median(times["ours"]), statistics.median(times["ref"])
+    profiled = profile(*runs["ours"], device, precision, profile_steps) if profile_steps else {}
     paired = statistics.median(r / o for o, r in zip(times["ours"], times["ref"]))  # robust to load drifting
     tokens = batch * seq
     real = int(b["attention_mask"].sum())
@@ -259,6 +289,7 @@ def bench(name: str, batch: int, seq: int, masked: int | None, steps: int, warmu
         "peak_tflops": round(peak / 1e12, 4), "peak_source": peak_source,
         "matmul_tflops": round(max(probes) / 1e12, 4),
         "ours_mfu": round(model_flops / ours_s / peak, 3), "ref_mfu": round(model_flops / ref_s / peak, 3),
+        **profiled,
     }
 
 
@@ -319,7 +350,7 @@ def largest_batch(name: str, seq: int, device: str, precision: str, checkpointin
     return low
 
 
-def main(argv: list[str] | None = None) -> None:
+def arguments() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.benchmarks.train_step",
                                      description=__doc__.split("\n")[0])
     parser.add_argument("--model", action="append",
@@ -361,7 +392,13 @@ def main(argv: list[str] | None = None) -> None:
                         help="torch's default (foreach) AdamW for both sides instead of the fused one "
                              "training uses")
     parser.add_argument("--threads", type=int, help="torch threads for both sides (default: torch's choice)")
-    args = parser.parse_args(argv)
+    parser.add_argument("--profile", type=int, default=0, metavar="STEPS",
+                        help="after timing, profile STEPS of ours: operators and kernels a step, top ones")
+    return parser
+
+
+def main(argv: list[str] | None = None) -> None:
+    args = arguments().parse_args(argv)
     if args.threads:
         torch.set_num_threads(args.threads)
     for seq in args.seq or [128]:
@@ -381,7 +418,8 @@ def main(argv: list[str] | None = None) -> None:
                 print(json.dumps(bench(name, batch, seq, args.masked, args.steps, args.warmup,
                                        args.device, args.fused, objective, args.precision, args.peak_tflops,
                                        unpad, args.checkpointing, args.compile, args.readable,
-                                       args.attention, args.conf, lengths, args.lengths or "synthetic")),
+                                       args.attention, args.conf, lengths, args.lengths or "synthetic",
+                                       args.profile)),
                       flush=True)
 
 

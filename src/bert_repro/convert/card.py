@@ -82,19 +82,31 @@ def _pair_tasks() -> set[str]:
     return {name for name, spec in GLUE_TASKS.items() if spec.text_b}
 
 
+def exported_metrics(results: dict[str, Any], step: int | None) -> dict[str, float]:
+    """The Dev metrics of the weights exported, a checkpoint at global step ``step``: its run's validation
+    at that step (the per-epoch record), else the final one when ``step`` is the run's last (or unknown);
+    {} when the run recorded none at that step (a best.ckpt of a task without a per-epoch record)."""
+    metrics = results.get("metrics") or {}
+    rows = [row for row in metrics.get("per_epoch") or [] if row.get("step") == step]
+    chosen = rows[-1] if rows else metrics.get("final") or {} \
+        if step is None or step == results.get("global_step") else {}
+    return {k: v for k, v in chosen.items() if k.startswith("val/") and v is not None}
+
+
 def write_card(out_dir: Path, architecture: str, identity: dict[str, Any] | None,
-               results: dict[str, Any] | None, model_ref: str | Path | None = None) -> Path:
+               results: dict[str, Any] | None, model_ref: str | Path | None = None,
+               checkpoint: dict[str, Any] | None = None) -> Path:
     """README.md in ``out_dir``: metadata the Hub indexes (base model, datasets, language, license, metrics)
     and what the run was, with a usage snippet on ``model_ref`` (its Hub id once pushed; ``out_dir``
-    by default). A run that collapsed onto one class says so above its numbers."""
+    by default). ``checkpoint``: the exported file's ``name``, ``epoch`` and ``step``, whose own Dev metrics
+    the card gives (exported_metrics). A run that collapsed onto one class says so above its numbers."""
     from huggingface_hub import EvalResult, ModelCard, ModelCardData
 
     from bert_repro.scores import degenerate_reason
 
-    results = results or {}
+    results, checkpoint = results or {}, checkpoint or {}
     task = (identity or {}).get("task") or results.get("task")
-    final = {k: v for k, v in (results.get("metrics", {}).get("final") or {}).items()
-             if k.startswith("val/") and v is not None}
+    final = exported_metrics(results, checkpoint.get("step"))
     hub_id, base = base_model(results.get("init"))
     config = results.get("config") or {}
     written = out_dir / "config.json"
@@ -103,7 +115,8 @@ def write_card(out_dir: Path, architecture: str, identity: dict[str, Any] | None
     labels = [str(v) for v in (exported.get("id2label") or {}).values()] or \
         [str(v) for v in (identity or {}).get("labels") or []]
     dataset = ((config.get("task") or {}).get("hub") or {}).get("path")
-    collapsed = results.get("degenerate") or (degenerate_reason(final) if final else None)
+    last = checkpoint.get("step") in (None, results.get("global_step"))  # the weights results.json describes
+    collapsed = (degenerate_reason(final) if final else None) or (results.get("degenerate") if last else None)
     data = ModelCardData(
         library_name="transformers", pipeline_tag=_pipeline(architecture), tags=["bert", "bert-repro"],
         base_model=hub_id, datasets=[dataset] if dataset else None, language=["en"] if task else None,
@@ -117,6 +130,12 @@ def write_card(out_dir: Path, architecture: str, identity: dict[str, Any] | None
         trained["init"] = base  # the name, never a local path
     metrics = "\n".join(["| metric | value |", "|---|---|",
                          *(f"| {name} | {value:.4f} |" for name, value in sorted(final.items()))])
+    step = checkpoint.get("step", "?")
+    exported = (f"`{checkpoint['name']}`, epoch {checkpoint.get('epoch', '?')}, step {step}"
+                if checkpoint.get("name") else "the run's final weights")
+    unscored = (f"The run's results.json records no Dev evaluation at this checkpoint's step; `python "
+                f"src/evaluate.py init=<{checkpoint.get('name')}>` scores it." if results else
+                "No results.json beside the checkpoint.")
     warning = (f"\n> **Warning: this run collapsed** ({collapsed}). Its Dev numbers are a one-class "
                "predictor's, not a trained model's.\n" if collapsed else "")
     body = f"""
@@ -129,6 +148,7 @@ al. (2019).
 - Labels: {", ".join(labels) or "none"}
 - Run: status {results.get("status", "unknown")}, {results.get("global_step", "?")} steps,
   scale={results.get("scale", "?")}, seed={results.get("seed", "?")}
+- Weights: {exported}
 
 ## Usage
 
@@ -136,9 +156,9 @@ al. (2019).
 {usage(architecture, str(model_ref or out_dir), task, labels)}
 ```
 
-## Dev metrics
+## Dev metrics (of the weights exported)
 {warning}
-{metrics if final else "No results.json beside the checkpoint."}
+{metrics if final else unscored}
 
 ## Training config
 

@@ -107,6 +107,14 @@ def _not_destroying(src: str, out: str) -> None:
                               "output folder of its own")
 
 
+def exported_checkpoint(src: str) -> dict | None:
+    """Our ``.ckpt``'s file name, epoch and global step (the model card's); None for another source."""
+    if Path(src).suffix != ".ckpt":
+        return None
+    saved = safe_torch_load(src, what="a readable bert_repro Lightning checkpoint", mmap=True)
+    return {"name": Path(src).name, "epoch": saved.get("epoch"), "step": saved.get("global_step")}
+
+
 def _to_hf(src: str, out: str, encoder_only: bool, force: bool) -> int:
     if force:
         _not_destroying(src, out)
@@ -127,7 +135,7 @@ def _to_hf(src: str, out: str, encoder_only: bool, force: bool) -> int:
                       loaded.identity)
             architecture = ARCHITECTURES[tuple(head not in loaded.missing_heads for head in HEADS)]
             identity = loaded.identity
-        write_card(new, architecture, identity, run_results(src))
+        write_card(new, architecture, identity, run_results(src), checkpoint=exported_checkpoint(src))
     if replaced:
         print(f"--force: deleted the earlier contents of {out}: {', '.join(replaced)}")
     print(f"wrote {out} ({architecture})")

@@ -84,7 +84,7 @@ def resolve_ckpt_path(ckpt_path: str | None, output_dir: Path) -> tuple[str | No
 
 
 def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
-    """Ranges and relations between keys, which the typed configs (schema.py) cannot say, and places."""
+    """Ranges and relations between keys, which the typed configs (config.py) cannot say, and places."""
     optim = cfg.optim
     seed = cfg.get("seed")
     if not isinstance(seed, int) or isinstance(seed, bool) or not 0 <= seed < 2**32:  # numpy's seed range
@@ -121,7 +121,7 @@ def check_inputs(cfg: DictConfig, output_dir: Path) -> None:
 
 def validate(cfg: DictConfig, output_dir: Path | None = None) -> None:
     """Every value of ``cfg`` checked once, before torch and Lightning load: each key's declared range and the
-    shape's relations (schema.py, beside the keys), then the relations between nodes and the places
+    shape's relations (config.py, beside the keys), then the relations between nodes and the places
     (``check_inputs``; ``output_dir`` where the run's folder is not there yet, e.g. a table's job). A
     UsageError naming the first key that is wrong."""
     from bert_repro.config import check

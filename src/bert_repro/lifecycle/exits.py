@@ -27,6 +27,7 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, SweepUsageError, UsageError
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, is_launcher
+from bert_repro.lifecycle.signals import Stopped, stop_message
 from bert_repro.network import Unreachable
 
 log = logging.getLogger(__name__)
@@ -99,68 +100,6 @@ class Preempted(Exception):
         name = signal.Signals(signum).name
         super().__init__(f"{name} received: saved {checkpoint} at step {step} and stopped; run the same "
                          "command again to resume from it")
-
-
-class Stopped(BaseException):
-    """SIGINT or SIGTERM outside the training loop (start-up, composing, set-up, evaluation): a BaseException
-    as KeyboardInterrupt is, so no ``except Exception`` swallows it, but not one, so Lightning does not turn
-    it into exit 1."""
-
-    def __init__(self, signum: int):
-        self.signum = signum
-        super().__init__(f"{signal.Signals(signum).name} received")
-
-
-_OWNER: list[int] = []  # the processes that installed the handlers: forked workers inherit them
-
-
-def _stop(signum: int, frame: object) -> None:
-    if os.getpid() not in _OWNER:  # a DataLoader or datasets worker: as Python would, its parent reports
-        if signum == signal.SIGINT:
-            raise KeyboardInterrupt
-        signal.signal(signum, signal.SIG_DFL)
-        os.kill(os.getpid(), signum)
-        return
-    raise Stopped(signum)
-
-
-@contextmanager
-def stop_on_signals() -> Iterator[None]:
-    """SIGINT and SIGTERM raise ``Stopped`` in the block (src/train.py's, src/evaluate.py's and the table
-    runner's whole command); the training loop (reliability.Preemption) and the table runner's children
-    (tables.runner) put their own handlers over it while they run."""
-    _OWNER.append(os.getpid())
-    previous = {s: signal.signal(s, _stop) for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        _OWNER.remove(os.getpid())
-
-
-def stop_message(err: Stopped, where: str, checkpoint: Path | None = None) -> str:
-    """The one line a stop says: where, what was kept, how to go on."""
-    if checkpoint is not None and checkpoint.is_file():
-        return (f"{err} {where}: stopped; its last checkpoint {checkpoint} is kept, run the same command "
-                "again to resume from it")
-    return f"{err} {where}: stopped before its first checkpoint; run the same command again to start it"
-
-
-@contextmanager
-def signals_held() -> Iterator[None]:
-    """SIGINT and SIGTERM wait until the block's files are whole, then stop the process as they would have
-    (main thread only, as every handler)."""
-    got: list[int] = []
-    previous = {s: signal.signal(s, lambda signum, frame: got.append(signum))
-                for s in (signal.SIGINT, signal.SIGTERM)}
-    try:
-        yield
-    finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
-        if got:
-            os.kill(os.getpid(), got[0])  # delivered now, to the handler that was there before
 
 
 # what Hydra prints around a failed job's error, never the error itself

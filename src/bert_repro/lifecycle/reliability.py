@@ -32,8 +32,9 @@ from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
 from bert_repro.keys import comparable, flatten
-from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted, Stopped
+from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted
 from bert_repro.lifecycle.results import plain_file_mode
+from bert_repro.lifecycle.signals import Stopped
 
 log = logging.getLogger(__name__)
 

@@ -16,6 +16,15 @@ from torch import Tensor
 
 from bert_repro.config import ATTENTION_BACKENDS
 
+
+def eager_cpu(x: Tensor) -> bool:
+    """An eager step on the CPU: where the CPU kernels here run, and where a tensor's values may be read on
+    the host. A compiled step keeps the native ops, which Inductor fuses, and whose graph the kernels'
+    in-place random draws or a read would break; on an accelerator a read is a host sync that stalls the
+    launches."""
+    return x.device.type == "cpu" and not torch.compiler.is_compiling()
+
+
 DROPOUT_LEVELS = 1 << 16  # the resolution of p in dropout_mask: a 16-bit uniform integer per element
 
 
@@ -52,7 +61,7 @@ def attention(
     """``F.scaled_dot_product_attention``. With dropout on CPU, where SDPA's fused kernels take none and it
     falls back to its math path, the same math runs here with ``dropout``'s cheaper mask.
     ``mask``: boolean, True = may attend."""
-    if dropout_p == 0.0 or q.device.type != "cpu" or not cpu_dropout:
+    if dropout_p == 0.0 or not eager_cpu(q) or not cpu_dropout:
         return F.scaled_dot_product_attention(
             q, k, v, attn_mask=mask, dropout_p=dropout_p, is_causal=is_causal
         )
@@ -92,7 +101,8 @@ class Packed:
         sequence = starts.cumsum(0) - 1  # (N,) which sequence each token is in
         lengths = torch.bincount(sequence)  # (S,)
         cu_seqlens = F.pad(lengths.cumsum(0), (1, 0)).to(torch.int32)
-        max_len = int(lengths.max()) if lengths.numel() else 0
+        # off the eager CPU the row length bounds the longest, whose value would be a host sync (eager_cpu)
+        max_len = (int(lengths.max()) if lengths.numel() else 0) if eager_cpu(flat) else sequence_ids.shape[1]
         offset = torch.arange(index.numel(), device=index.device) - cu_seqlens[sequence].long()
         return cls(tuple(sequence_ids.shape), index, cu_seqlens, max_len, sequence * max_len + offset)
 

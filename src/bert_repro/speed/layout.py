@@ -75,7 +75,8 @@ def context(speed: SpeedOptions, causal: bool, attention_mask: Tensor | None, se
     ctx = AttentionContext(speed, causal, attention_mask, positions=positions)
     if speed.unpad and sequence_ids is not None:
         return replace(ctx, packed=Packed.from_sequence_ids(sequence_ids))
-    if speed.unpad and attention_mask is not None and not bool(attention_mask.all()):
+    if speed.unpad and attention_mask is not None and (not kernels.eager_cpu(attention_mask)
+                                                       or not bool(attention_mask.all())):
         return replace(ctx, packed=Packed.from_mask(attention_mask))
     if sequence_ids is not None:
         return replace(ctx, mask=block_diagonal_mask(sequence_ids, causal))
@@ -89,7 +90,9 @@ def attention_mask_for_sdpa(attention_mask: Tensor | None, causal: bool, seq_len
 
     None when nothing needs masking, so SDPA can take its fastest kernel (and apply the causal mask of
     the left-to-right ablation itself, through ``is_causal``, when every position is a query)."""
-    padded = attention_mask is not None and not bool(attention_mask.all())
+    # off the eager CPU the mask is built whatever it holds: a look at its values is a sync (eager_cpu)
+    padded = attention_mask is not None and (not kernels.eager_cpu(attention_mask)
+                                             or not bool(attention_mask.all()))
     if not padded and (not causal or positions is None):
         return None
     mask = attention_mask.bool()[:, None, None, :] if padded else None  # (B, 1, 1, T)

@@ -13,6 +13,8 @@ import torch
 import torch.nn.functional as F
 from torch import Tensor
 
+from bert_repro.speed.kernels import eager_cpu
+
 CHUNK_ELEMENTS = 1 << 19  # logits a chunk holds: 2 MB in fp32, a core's share of L3 beside a second run
 
 
@@ -71,9 +73,10 @@ def linear_cross_entropy(hidden: Tensor, weight: Tensor, bias: Tensor,
 
 
 def fusable(hidden: Tensor) -> bool:
-    """A training step on the CPU, under autocast or not. Evaluation keeps the readable path, and so do GPUs:
-    chunks sized for a CPU's cache would be a few rows of a 30,522-token vocabulary, a kernel launch each."""
-    return torch.is_grad_enabled() and hidden.device.type == "cpu"
+    """An eager training step on the CPU, under autocast or not. Evaluation keeps the readable path, and so
+    do GPUs (chunks sized for a CPU's cache would be a few rows of a 30,522-token vocabulary, a kernel launch
+    each) and compiled steps (Inductor fuses the logits path)."""
+    return torch.is_grad_enabled() and eager_cpu(hidden)
 
 
 def decode(hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:

@@ -16,11 +16,11 @@ import sys
 import time
 from pathlib import Path
 
-from bert_repro.lifecycle.exits import Stopped, signals_held, stop_on_signals
+from bert_repro.lifecycle.signals import Stopped, signals_held, stop_on_signals
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
 from bert_repro.tables.runner import Interrupted, failed_jobs, run_table
-from bert_repro.tables.spec import build
+from bert_repro.tables.spec import build, flatten
 
 
 def parse_inits(values: list[str]) -> dict[str, str]:
@@ -33,10 +33,13 @@ def parse_inits(values: list[str]) -> dict[str, str]:
 
 
 def gpu_list(value: str) -> list[int]:
+    """``GPUS=4``: the first four devices; ``GPUS=2,3``: those two."""
     try:
-        return [int(g) for g in value.split(",")]
+        devices = [int(g) for g in value.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected CUDA device numbers, e.g. 0,1,2,3") from None
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of GPUs (4) or CUDA device numbers "
+                                         "(0,1,2,3)") from None
+    return list(range(devices[0])) if "," not in value else devices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -59,10 +62,11 @@ def commands(argv: list[str] | None) -> int:
                         help="re-run complete runs too, setting their earlier results aside first")
     parser.add_argument("--init", action="append", default=[],
                         help="external checkpoint(s): PATH or KEY=PATH,...")
-    parser.add_argument("--launcher", default="local", choices=("local", "joblib", "slurm"),
+    parser.add_argument("--launcher", default="local", choices=("local", "joblib", "slurm", "ray"),
                         help="where the runs execute")
-    parser.add_argument("--gpus", type=gpu_list, help="the local launcher's devices, e.g. 0,1,2,3: each of "
-                        "its sweeps_at_once (default: one a GPU) runs on its own")
+    parser.add_argument("--gpus", type=gpu_list, help="run: the local launcher's devices, 4 (the first "
+                        "four) or 0,1,2,3, each of its sweeps_at_once (default: one a GPU) on its own; plan: "
+                        "the wall time on that many")
     parser.add_argument("--logger", choices=("csv", "wandb", "none"), help="default: the table's, per scale")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
                         help="a Hydra override of the table spec's `table:` node, e.g. grid.seed=1,2")
@@ -95,7 +99,10 @@ def table(args: argparse.Namespace, name: str):
 
 
 def plan_all(args: argparse.Namespace) -> int:
-    plan = make_plan([table(args, name) for name in args.table], args.accelerator, args.yes)
+    tables = [table(args, name) for name in args.table]
+    launcher = tables[0].spec.get("launchers", {}).get(args.launcher) or {}
+    share = float(flatten(launcher.get("finetune")).get("ray.num_gpus") or 1)  # Ray's fractional GPUs
+    plan = make_plan(tables, args.accelerator, args.yes, len(args.gpus or []) or None, share)
     print_plan(plan)
     with signals_held():
         written = write_plan(plan, args.runs_dir)

@@ -12,11 +12,12 @@ from omegaconf import OmegaConf
 from bert_repro import selection
 from bert_repro.lifecycle.folder import LAST, RunFolder
 from bert_repro.tables import stats
-from bert_repro.tables.runner import job_state
+from bert_repro.tables.runner import job_configs, job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
 REFERENCE = REPO / "experiments" / "reference.yaml"
-NOT_RUN = "not run"  # a comparison's verdict while a cell of it has no finished run
+NOT_RUN = "not run"  # a comparison's verdict while a cell of it has no number
+SKIPPED = "skipped"  # a comparison of a row or column the table's spec removes
 
 
 @dataclass
@@ -59,14 +60,23 @@ def paper_value(reference: dict, reference_name: str | None, row: str, column: s
     return dict(zip(block.get("columns") or [], (block.get("rows") or {}).get(row) or [])).get(column)
 
 
-def finetune_cell(sweep: Sweep, metric: str, scale: float) -> Cell:
-    states = {folder: job_state(folder) for _, folder in sweep.jobs()}  # reads and checks each result
+def other_settings(sweep: Sweep, states: dict) -> str:
+    """What a sweep's results of other science than the spec's (job_state ``other``) ran with instead."""
+    other = [why for state, why in states.values() if state == "other"]
+    return (f"{len(other)} of {len(states)} jobs of {sweep.name} ran with other settings than the spec's "
+            f"({other[0]}); `run` reruns them") if other else ""
+
+
+def finetune_cell(sweep: Sweep, metric: str, scale: float, configs: dict) -> Cell:
+    # reads and checks each result, held to the job's science as composed now, as `run` holds it
+    states = {folder: job_state(folder, configs.get(folder)) for _, folder in sweep.jobs()}
     runs, skipped = selection.load_runs([f for f, (state, _) in states.items() if state == "complete"])
     failed = [why or "failed" for state, why in states.values() if state == "failed"] + skipped
     if not runs:
-        missing = sum(state == "missing" for state, _ in states.values())
+        missing = sum(state in ("missing", "other") for state, _ in states.values())
         return (Cell(status="failed", reason="; ".join(sorted(set(failed)))) if failed else
-                Cell(status="missing", reason=f"not run yet ({sweep.name}: {missing} of {len(states)} jobs)"))
+                Cell(status="missing", reason=other_settings(sweep, states)
+                     or f"not run yet ({sweep.name}: {missing} of {len(states)} jobs)"))
     restarts = sweep.selection == "mean_over_restarts"
     entries = selection.select(runs, restarts=restarts, metric=metric)  # selected on what it reports
     if len(entries) != 1:
@@ -79,18 +89,21 @@ def finetune_cell(sweep: Sweep, metric: str, scale: float) -> Cell:
     seeds = {int(r["seed"]): scale * r["final"][metric] for r in group}  # the restarts of the chosen setting
     spread = stats.spread(list(seeds.values()))
     notes = [f"collapsed: {entry['collapsed']}" if entry["collapsed"] else None,
-             f"{len(failed)} of {len(states)} runs failed" if failed else None]
+             f"{len(failed)} of {len(states)} runs failed" if failed else None,
+             other_settings(sweep, states) or None]
     return Cell(value=scale * entry["metrics"][metric], run=entry["selected"], spread=spread.std,
                 n=spread.n if restarts else len(runs), note="; ".join(filter(None, notes)) or None,
                 seeds=seeds, restarts=spread, collapsed=sum(bool(r["degenerate"]) for r in group),
                 degenerate=entry["collapsed"])
 
 
-def pretrain_cell(sweep: Sweep | None, column: dict) -> Cell:
+def pretrain_cell(sweep: Sweep | None, column: dict, configs: dict) -> Cell:
     if sweep is None:
         return Cell(status="skipped", reason="this row has no pre-training run of ours")
     folder = sweep.jobs()[0][1]
-    state, reason = job_state(folder)
+    state, reason = job_state(folder, configs.get(folder))
+    if state == "other":
+        return Cell(status="missing", reason=other_settings(sweep, {folder: (state, reason)}))
     if state != "complete":
         return Cell(status=state, reason=reason or f"not run yet ({sweep.name})")
     results = RunFolder(folder).read()  # checked by job_state
@@ -129,7 +142,9 @@ def checkpoint_of(table: Table, part: Part, key: str) -> str:
 
 
 def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
-    """Every part's rows with their cells; our rows first, then the paper's other systems."""
+    """Every part's rows with their cells; our rows first, then the paper's other systems. A cell is held to
+    the spec's science as composed now, as `run` is: a result of other settings is not this cell's."""
+    configs = job_configs(table)
     tables: dict[str, list[Row]] = {}
     for part in table.parts:
         rows = []
@@ -142,10 +157,10 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
                 elif column.get("source") == "average":
                     cell = average_cell(cells, column["of"])
                 elif found is None:
-                    cell = pretrain_cell(table.pretrain_sweep(key, part), column)
+                    cell = pretrain_cell(table.pretrain_sweep(key, part), column, configs)
                 else:
                     cell = finetune_cell(table.finetune_sweep(key, found[0]), column["metric"],
-                                         float(column.get("scale", 100)))
+                                         float(column.get("scale", 100)), configs)
                 cell.paper = paper_value(reference, part.reference, row.get("paper", key), name)
                 cells[name] = cell
             rows.append(Row(key, row.get("label", key), cells, checkpoint_of(table, part, key)))
@@ -161,12 +176,12 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
 def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> dict[str, list[dict]]:
     """Each part's ``comparisons:`` on paired seeds: rows ``a`` - ``b`` on each of ``columns``, or (with
     ``rows:``) columns ``a`` - ``b`` within each row. The paper's difference is ``paper_diff``, else read at
-    ``paper_column`` (default: the column). A row or column removed with ``--set`` drops its comparisons; an
-    unknown name is an error."""
+    ``paper_column`` (default: the column). A comparison of a row or column removed (``--set rows.x=null``)
+    is listed as skipped, saying so; an unknown name is an error."""
     checked: dict[str, list[dict]] = {}
     for part in table.parts:
         own = (table.spec.get("parts") or {}).get(part.name) or {}
-        removed = {k for node in (table.spec, own) for group in ("rows", "columns")
+        removed = {k: f"{group}.{k}=null" for node in (table.spec, own) for group in ("rows", "columns")
                    for k, v in (node.get(group) or {}).items() if v is None}
         rows = {row.key: row for row in tables[part.name]}
         found = []
@@ -174,7 +189,14 @@ def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> 
             a, b, along = spec.get("a"), spec.get("b"), spec.get("rows")
             pairs = [((r, a), (r, b)) for r in along] if along else \
                 [((a, c), (b, c)) for c in spec.get("columns") or [spec.get("column")]]
-            pairs = [p for p in pairs if not {*p[0], *p[1]} & removed]
+            for (ra, ca), (rb, cb) in (p for p in pairs if {*p[0], *p[1]} & removed.keys()):
+                gone = ", ".join(removed[k] for k in sorted({ra, ca, rb, cb} & removed.keys()))
+                address, label = (({"a": ca, "b": cb, "column": None, "row": ra}, f"{ra}: {ca} vs {cb}")
+                                  if along else ({"a": ra, "b": rb, "column": ca}, f"{ra} vs {rb}, {ca}"))
+                why = f"not compared: this table's spec removes it ({gone})"
+                found.append({"part": part.name, **address, "label": label, **stats.compare({}, {}, None),
+                              "verdict": SKIPPED, "why": why})
+            pairs = [p for p in pairs if not {*p[0], *p[1]} & removed.keys()]
             unknown = {str(k) for pair in pairs for r, c in pair
                        for k, ok in ((r, r in part.rows), (c, c in part.columns)) if not ok}
             if unknown:

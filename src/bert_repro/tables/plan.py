@@ -5,6 +5,9 @@ and eval; beside them CPU-core-hours of data preparation and disk (docs/tables.m
 
 from __future__ import annotations
 
+import bisect
+import functools
+import heapq
 import json
 import math
 from dataclasses import dataclass, replace
@@ -49,6 +52,7 @@ class Run:
     folder: str  # the run folder: the same pre-training in two tables is one folder
     data: dict  # pre-training data caches: key -> (CPU-core-hours, bytes)
     prep_hours: float = 0.0  # CPU-core-hours, of the data caches it builds first
+    after: str | None = None  # the folder of the pre-training run it starts from
 
 
 def cpu_rates() -> dict:
@@ -67,21 +71,25 @@ def mfu_for(hidden: int, seq: int, measured: dict, assumed: dict) -> tuple[float
     return assumed[size], f"assumed {assumed[size]:.0%} for H<={size}"
 
 
-def row(run: Run, accelerator: str, mfu: dict) -> dict:
-    """``run`` as plan.json lists it, with its hours on ``accelerator``; ``mfu``: measured, assumed, lstm."""
+def row(run: Run, accelerator: str, mfu: dict, share: float = 1.0) -> dict:
+    """``run`` as plan.json lists it, with its hours on ``accelerator``; ``mfu``: measured, assumed, lstm.
+    ``share``: the part of a GPU a one-device fine-tuning holds (Ray's fractional num_gpus); it runs as fast
+    as alone (a small run leaves most of the GPU idle) and is charged its share of the GPU-hours."""
     peak_name, nvlink, infiniband = ACCELERATORS[accelerator]
     peak = PEAK_TFLOPS[peak_name] * 1e12
-    share = mfu_for(run.hidden, run.seq_length, mfu["measured"], mfu["assumed"])[0]
     n = run.devices * run.nodes
     link, gbs = ("none", math.inf) if n == 1 else ("infiniband", infiniband) if run.nodes > 1 \
         else ("nvlink", nvlink)
-    hours = {"compute_hours": (run.flops / share + run.lstm_flops / mfu["lstm"]) / peak / 3600,
+    util = mfu_for(run.hidden, run.seq_length, mfu["measured"], mfu["assumed"])[0]
+    hours = {"compute_hours": (run.flops / util + run.lstm_flops / mfu["lstm"]) / peak / 3600,
              "comm_hours": run.allreduce_bytes / (gbs * 1e9) * n / 3600,
-             "eval_hours": run.eval_flops / (peak * share) / 3600}
+             "eval_hours": run.eval_flops / (peak * util) / 3600}
+    gpus = share if run.kind == "finetune" and n == 1 else n
     return {"name": run.name, "kind": run.kind, "phase": run.phase, "steps": run.steps,
             "seq_length": run.seq_length, "tokens": run.tokens, "flops": run.flops + run.lstm_flops,
-            "gpu_hours": sum(hours.values()), **hours, "prep_hours": run.prep_hours, "disk_gb": run.disk_gb,
-            "devices": n, "interconnect": link, "folder": run.folder}
+            "gpu_hours": sum(hours.values()) * gpus / n, **{k: v * gpus / n for k, v in hours.items()},
+            "wall_hours": sum(hours.values()) / n, "prep_hours": run.prep_hours, "disk_gb": run.disk_gb,
+            "devices": n, "gpus": gpus, "interconnect": link, "folder": run.folder, "after": run.after}
 
 
 def _val_sequences(limit, batch: int, available: int) -> int:
@@ -139,11 +147,12 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     eval_flops = training_flops(model, round(val * length), length, val * work.per_seq) / 3
     grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
     disk_gb = kept_bytes_per_parameter(cfg.checkpoint, list(work.written)) * params / 1e9
+    after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
     steps = work.steps
     return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps,
                int(data.max_seq_length), work.tokens, work.flops, work.lstm_flops, eval_flops,
                steps * 2 * (n - 1) / n * grad_bytes, devices, nodes, model.hidden_size, disk_gb, str(folder),
-               work.caches or {})
+               work.caches or {}, after=after)
 
 
 def pretraining_work(cfg, sweep: Sweep, model, facts: dict) -> Work:
@@ -257,9 +266,45 @@ def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[R
     return unique, asked
 
 
-def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False) -> dict:
+def wall_time(runs: list[dict], gpus: int) -> dict:
+    """The plan's ``runs`` on ``gpus`` GPUs as the table runner hands them out: a run starts once the
+    pre-training it starts from ended and its GPUs (or its share of one) are free, the ready run with the
+    longest chain of work behind it first, a smaller one filling a gap meanwhile. A run of more GPUs than
+    there are takes them all, its GPU-hours spread over them (accumulation keeps its global batch)."""
+    need = {r["folder"]: min(r["gpus"], gpus) for r in runs}
+    hours = {r["folder"]: r["gpu_hours"] / need[r["folder"]] for r in runs}
+    waits_on: dict[str | None, list[str]] = {}
+    for r in runs:
+        waits_on.setdefault(r["after"] if r["after"] in hours else None, []).append(r["folder"])
+
+    @functools.cache
+    def chain(folder: str) -> float:
+        return hours[folder] + max(map(chain, waits_on.get(folder, [])), default=0.0)
+
+    ready, smallest = sorted(waits_on.get(None, []), key=lambda f: -chain(f)), min(need.values(), default=0)
+    free, now, running = float(gpus), 0.0, []
+    while ready or running:
+        for folder in list(ready):
+            if free < smallest - 1e-9:
+                break
+            if need[folder] <= free + 1e-9:  # shares of a GPU add up in floats
+                ready.remove(folder)
+                free -= need[folder]
+                heapq.heappush(running, (now + hours[folder], folder))
+        now, folder = heapq.heappop(running)
+        free += need[folder]
+        for after in waits_on.get(folder, []):
+            bisect.insort(ready, after, key=lambda f: -chain(f))
+    busy = sum(r["gpu_hours"] for r in runs)
+    return {"gpus": gpus, "wall_hours": now, "critical_path_hours": max(map(chain, hours), default=0.0),
+            "busy": busy / (gpus * now) if now else 0.0}
+
+
+def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False,
+              gpus: int | None = None, share: float = 1.0) -> dict:
     """One table's plan, or several tables' together: a run folder two tables share (the pre-training store)
-    is counted once, and ``shared`` says what that saved."""
+    is counted once, and ``shared`` says what that saved. ``gpus``: the wall time on that many (wall_time);
+    ``share``: the part of a GPU each fine-tuning holds (row)."""
     from bert_repro.benchmarks import gpu_check  # torch: not for `collect`, whose CLI imports this module
 
     tables = table if isinstance(table, list) else [table]
@@ -271,11 +316,11 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
     mfu = {"measured": measured, "lstm": float(spec["lstm_mfu"]),
            "assumed": {int(k): float(v) for k, v in spec["assumed_mfu"].items()}}
     unique, asked = plan_work(tables, yes)
-    rows = {acc: [row(run, acc, mfu) for run in unique] for acc in ACCELERATORS}
+    rows = {acc: [row(run, acc, mfu, share) for run in unique] for acc in ACCELERATORS}
     totals = {acc: {k: sum(r[k] for r in runs) for k in ("gpu_hours", "compute_hours", "comm_hours",
                                                           "eval_hours")} for acc, runs in rows.items()}
     runs, total = rows[accelerator], totals[accelerator]["gpu_hours"]
-    saved = sum(row(run, accelerator, mfu)["gpu_hours"] for run in asked) - total
+    saved = sum(row(run, accelerator, mfu, share)["gpu_hours"] for run in asked) - total
     return {"table": "+".join(t.name for t in tables), "tables": [t.name for t in tables],
             "scale": tables[0].scale, "accelerator": accelerator,
             "peak_tflops": PEAK_TFLOPS[ACCELERATORS[accelerator][0]],
@@ -284,7 +329,8 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
             "runs": runs, "totals": totals, "total_gpu_hours": total,
             "shared": {"runs_asked": len(asked), "runs_unique": len(unique), "gpu_hours_saved": saved},
             "total_flops": sum(r["flops"] for r in runs), "total_disk_gb": sum(r["disk_gb"] for r in runs),
-            "total_prep_hours": sum(r["prep_hours"] for r in runs)}
+            "total_prep_hours": sum(r["prep_hours"] for r in runs), "finetune_share": share,
+            "wall": wall_time(runs, gpus) if gpus else None}
 
 
 def print_plan(plan: dict) -> None:
@@ -304,6 +350,11 @@ def print_plan(plan: dict) -> None:
     shared = plan["shared"]
     print(f"total: {plan['total_flops']:.3e} FLOPs, {plan['total_disk_gb']:,.1f} GB of data caches and "
           f"checkpoints, {plan['total_prep_hours']:,.1f} CPU-core-hours of data preparation")
+    if plan["finetune_share"] != 1:
+        print(f"fine-tunings on {plan['finetune_share']:g} of a GPU each: as fast as alone, charged that")
+    if wall := plan["wall"]:
+        print(f"wall time on {wall['gpus']} {plan['accelerator']}: {wall['wall_hours']:,.2f} hours (critical "
+              f"path {wall['critical_path_hours']:,.2f} hours; GPUs busy {wall['busy']:.0%} of it)")
     if shared["runs_asked"] > shared["runs_unique"]:
         print(f"sharing: {shared['runs_asked']} runs asked for, {shared['runs_unique']} unique; the shared "
               f"pre-training store saves {shared['gpu_hours_saved']:,.1f} GPU-hours on {plan['accelerator']}")
@@ -313,6 +364,6 @@ def write_plan(plan: dict, runs_dir: Path) -> Path:
     """plan.json; several tables' at <runs>/tables/<scale>."""
     path = runs_dir / ("tables" if len(plan["tables"]) > 1 else plan["table"]) / plan["scale"] / "plan.json"
     path.parent.mkdir(parents=True, exist_ok=True)
-    keys = ("runs", "total_gpu_hours", "accelerator", "totals", "shared", "tables")
+    keys = ("runs", "total_gpu_hours", "accelerator", "totals", "shared", "tables", "finetune_share", "wall")
     path.write_text(json.dumps({k: plan[k] for k in keys}, indent=2) + "\n")
     return path

@@ -100,15 +100,10 @@ def compute_seconds(small: Table, flops_per_s: float) -> dict[str, float]:
     return {run.name: (run.flops + run.lstm_flops + run.eval_flops) / flops_per_s for run in runs}
 
 
-def _kind(sweep: Sweep) -> str:
-    """A kind of run shares its fixed costs: pre-training, or fine-tuning one task (SQuAD's set-up: 2x)."""
-    return sweep.stage if sweep.stage == "pretrain" else f"{sweep.stage}: {sweep.overrides.get('task')}"
-
-
 def planned_s(sweep: Sweep, compute: dict[str, float], fixed: dict) -> dict[str, float]:
     """Each job's seconds: its compute and set-up, and its share of its sweep's process start-up (``fixed``'s:
     none for a kind not measured yet)."""
-    cost, names = fixed.get(_kind(sweep), {}), [f"{sweep.name}/{f.name}" for _, f in sweep.jobs()]
+    cost, names = fixed.get(sweep.kind, {}), [f"{sweep.name}/{f.name}" for _, f in sweep.jobs()]
     return {n: compute[n] + cost.get("setup_s", 0.0) + cost.get("startup_s", 0.0) / len(names) for n in names}
 
 
@@ -134,12 +129,12 @@ def calibrate(small: Table, summary: list[dict], compute: dict[str, float]) -> d
             jobs = {f"{sweep.name}/{f.name}": RunFolder(f).read()["wall_time_s"] for _, f in sweep.jobs()}
             ran.append((sweep, max(0.0, line["wall_s"] - sum(jobs.values())), jobs))
     fixed = {}
-    for kind in dict.fromkeys(_kind(sweep) for sweep, _, _ in ran):
-        same = [one for one in ran if _kind(one[0]) == kind]
+    for kind in dict.fromkeys(sweep.kind for sweep, _, _ in ran):
+        same = [one for one in ran if one[0].kind == kind]
         sweep, startup, jobs = same[min(1, len(same) - 1)]
         fixed[kind] = {"sweep": sweep.name, "startup_s": startup,
                        "setup_s": max(0.0, sum(wall - compute[j] for j, wall in jobs.items()) / len(jobs))}
-    runs = [{"name": job, "calibration": sweep.name == fixed[_kind(sweep)]["sweep"],
+    runs = [{"name": job, "calibration": sweep.name == fixed[sweep.kind]["sweep"],
              "planned_s": round(planned, 2), "measured_s": round(jobs[job] + startup / len(jobs), 2)}
             for sweep, startup, jobs in ran for job, planned in planned_s(sweep, compute, fixed).items()]
 

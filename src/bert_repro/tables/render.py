@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bert_repro.tables.collect import NOT_RUN, Cell, Row, comparisons
+from bert_repro.tables.collect import NOT_RUN, SKIPPED, Cell, Row, comparisons
 from bert_repro.tables.spec import SELECTIONS, Part, Table
 
 log = logging.getLogger(__name__)
@@ -68,8 +68,10 @@ def comparison_lines(found: list[dict]) -> list[str]:
         lines.append(f"- {c['label']}: paper {_num(c['paper_diff'], signed=True)}, ours "
                      f"{_num(c['ours_diff'], signed=True)} {ci} (n={c['n']}): **{c['verdict']}**"
                      + (f" — {c['why']}" if c["why"] else ""))
-    counts = ", ".join(f"{sum(c['verdict'] == v for c in found)} {v}"
-                       for v in ("agrees", "disagrees", "inconclusive", NOT_RUN))
+    tally = {v: sum(c["verdict"] == v for c in found)
+             for v in ("agrees", "disagrees", "inconclusive", NOT_RUN, SKIPPED)}
+    # the three verdicts always, so a reader sees what was weighed; a mark only where a comparison has one
+    counts = ", ".join(f"{n} {v}" for v, n in tally.items() if n or v not in (NOT_RUN, SKIPPED))
     return [*lines, "", f"Verdicts: {counts}.", ""]
 
 

@@ -19,7 +19,7 @@ import threading
 import time
 from collections import Counter
 from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
-from contextlib import ExitStack, contextmanager, suppress
+from contextlib import ExitStack, contextmanager, nullcontext, suppress
 from pathlib import Path
 
 from hydra.errors import HydraException
@@ -33,7 +33,7 @@ from bert_repro.lifecycle.checks import UsageError, validate
 from bert_repro.lifecycle.exits import launch_error
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
-from bert_repro.tables import REPO, TableError, warm
+from bert_repro.tables import REPO, TableError, ray_jobs, warm
 from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
 from bert_repro.tables.machine import refusal
 from bert_repro.tables.progress import TableProgress
@@ -121,39 +121,57 @@ class Children:
 CHILDREN = Children()
 
 
-def job_state(folder: Path) -> tuple[str, str | None]:
-    """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it."""
+def job_state(folder: Path, config: dict | None = None) -> tuple[str, str | None]:
+    """RunFolder.state: (complete | failed | missing, why); a damaged result stops the table, naming it. With
+    ``config`` (the job's science as composed now, job_configs), a complete result of other science is
+    ``other``, naming the keys that differ: run would run it again, so no table shows it as this job's."""
     try:
-        return RunFolder(folder).state()
+        state, why = RunFolder(folder).state()
+        if state == "complete" and config is not None and RunFolder(folder).result_for(config) is None:
+            return "other", RunFolder(folder).in_the_way(config)
+        return state, why
     except ValueError as err:
         raise TableError(str(err)) from None
 
 
-def job_config(sweep: Sweep, swept: list[str], root: Path) -> dict:
+def job_configs(table: Table, root: Path | None = None) -> dict[Path, dict]:
+    """Every job's science as composed now, by folder (job_config; checked as the run will be, when
+    ``root``)."""
+    with composing_jobs():
+        return {f: job_config(s, swept, root) for s in table.sweeps.values() if s.skip is None
+                for swept, f in s.jobs()}
+
+
+def job_config(sweep: Sweep, swept: list[str], root: Path | None) -> dict:
     """The job's science as src/train.py composes it now (within ``composing_jobs``), checked as its run
-    will check it, writing nothing; what fails is a TableError naming the job."""
+    will check it when ``root`` (the folder it writes under) is given, writing nothing; what fails is a
+    TableError naming the job."""
     where = " ".join([sweep.name, *swept])
     try:
         cfg = compose_run([*sweep.compose_args(), *swept])
-        validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))
+        if root is not None:
+            validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
                  for k in cfg if is_science(k)}
     except (HydraException, OmegaConfBaseException, UsageError, ValueError) as err:
         raise TableError(f"job {where}: {str(err).split(chr(10) * 2)[0]}") from None  # less Hydra's paths
     ours = str(sweep.needs.folder) if sweep.needs is not None else None  # what the table writes first
-    for key, value in flat_keys(plain).items():  # a local path the run reads
+    for key, value in flat_keys(plain).items() if root is not None else ():  # a local path the run reads
         if is_path(key) and isinstance(value, str) and value.startswith("/") and not Path(value).exists() \
                 and not (ours and value.startswith(ours)):
             raise TableError(f"job {where}: {key}={value} does not exist")
     return plain
 
 
-def command(sweep: Sweep, swept: list[str], launcher: dict) -> list[str]:
-    """The multirun of ``sweep``: each job's folder is ``sweep.folder/<run name of the swept keys>``."""
+def command(sweep: Sweep, swept: list[str], launcher: dict, folder: Path | None = None) -> list[str]:
+    """The multirun of ``sweep``: each job's folder is ``sweep.folder/<run name of the swept keys>``. With
+    ``folder``: the one job, run there (a Ray task: a run, whose command Lightning's DDP may start again)."""
+    keys = [*sweep.fixed_args(), *swept, *(f"{k}={hydra_value(v)}" for k, v in flatten(launcher).items())]
+    if folder is not None:
+        return [sys.executable, str(TRAIN), *keys, f"hydra.run.dir={folder}"]
     excluded = ",".join(k.lstrip("+") for k in sweep.overrides)  # the sweep's folder says them
-    return [sys.executable, str(TRAIN), "--multirun", *sweep.fixed_args(), *swept,
-            *(f"{k}={hydra_value(v)}" for k, v in flatten(launcher).items()),
-            f"hydra.sweep.dir={sweep.folder}", f"hydra.job.config.override_dirname.exclude_keys=[{excluded}]"]
+    return [sys.executable, str(TRAIN), "--multirun", *keys, f"hydra.sweep.dir={sweep.folder}",
+            f"hydra.job.config.override_dirname.exclude_keys=[{excluded}]"]
 
 
 def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = False) -> tuple[int, str]:
@@ -178,6 +196,23 @@ def _launch(sweep: Sweep, swept: list[str], launcher: dict, dry_run: bool = Fals
         return code, out.read()
 
 
+def _ray_launch(sweep: Sweep, batch: list, launcher: dict) -> list[tuple[int, str]]:
+    """Each job of ``batch`` a Ray task at once (ray_jobs); a job whose worker died is marked failed, why."""
+    ours = (*ENV.values(), *(f"{ray_jobs.KEY}.{k}" for k in ray_jobs.resources(launcher)))
+    keys = {k: v for k, v in launcher.items() if k not in ours}
+    commands = [(command(sweep, swept, keys, folder), folder) for swept, [(_, folder)] in batch]
+    log.info("%s: %d jobs to Ray", sweep.name, len(commands))
+    sweep.folder.mkdir(parents=True, exist_ok=True)
+    outcomes = ray_jobs.run_jobs(commands, launcher, {**os.environ, "HYDRA_FULL_ERROR": "0"}, GRACE_S,
+                                 lambda: CHILDREN.signum)
+    if CHILDREN.signum is not None:  # stopped by the runner: not failed, a relaunch resumes them
+        raise Interrupted(CHILDREN.signum)
+    for (_, folder), (_, output, died) in zip(commands, outcomes):
+        if died is not None:
+            RunFolder(folder).fail(died, output)
+    return [(code, output) for code, output, _ in outcomes]
+
+
 def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] | None = None
               ) -> dict[str, int]:
     """Launch ``todo`` (default: the jobs without a complete result); counts of skipped, complete, failed."""
@@ -199,23 +234,31 @@ def run_sweep(sweep: Sweep, launcher: dict, todo: list[tuple[list[str], Path]] |
             RunFolder(folder).fail(reason)
     if reason is not None:
         return {**counts, "failed": len(todo)}
-    whole = len(todo) == len(jobs)  # the whole grid in one multirun (the launcher may spread it)
+    on_ray = bool(ray_jobs.resources(launcher))  # every job a Ray task of its own, all at once
+    whole = len(todo) == len(jobs) and not on_ray  # the whole grid in one multirun (a launcher may spread it)
     launches = [(sweep.params_args(), todo)] if whole else [(s, [(s, f)]) for s, f in todo]
     while launches:
-        swept, members = launches.pop(0)
-        code, output = _launch(sweep, swept, launcher)
-        unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
-        if code != 0 and 0 < len(unreached) < len(members):  # stopped at a failed job: the rest one by one
-            launches += [(s, [(s, f)]) for s, f in unreached]
-            members = [m for m in members if m not in unreached]
-        for _, folder in members:  # src/train.py recorded every job it ran; the launch says why one is not
-            run = RunFolder(folder)
-            if not run.results.is_file() and not run.failed.is_file():
-                why = launch_error(output) if code > 0 else "the launcher ran no job here" if not code else \
-                    f"the run was killed by {signal.Signals(-code).name} before writing its result"
-                run.fail(why, output)
-            counts["complete" if job_state(folder)[0] == "complete" else "failed"] += 1
+        batch = launches[:] if on_ray else launches[:1]
+        outcomes = _ray_launch(sweep, batch, launcher) if on_ray else [_launch(sweep, batch[0][0], launcher)]
+        del launches[:len(batch)]
+        for (_, members), (code, output) in zip(batch, outcomes):
+            _record(members, code, output, launches, counts)
     return counts
+
+
+def _record(members: list, code: int, output: str, launches: list, counts: dict) -> None:
+    """After a launch of ``members``: why each job without a result has none, or its relaunch queued."""
+    unreached = [(s, f) for s, f in members if job_state(f)[0] == "missing"]
+    if code != 0 and 0 < len(unreached) < len(members):  # stopped at a failed job: the rest one by one
+        launches.extend((s, [(s, f)]) for s, f in unreached)
+        members = [m for m in members if m not in unreached]
+    for _, folder in members:  # src/train.py recorded every job it ran; the launch says why one is not
+        run = RunFolder(folder)
+        if not run.results.is_file() and not run.failed.is_file():
+            why = launch_error(output) if code > 0 else "the launcher ran no job here" if not code else \
+                f"the run was killed by {signal.Signals(-code).name} before writing its result"
+            run.fail(why, output)
+        counts["complete" if job_state(folder)[0] == "complete" else "failed"] += 1
 
 
 def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[tuple[Path, str]]]:
@@ -224,9 +267,7 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
     rerun: set[str] = set()  # pre-training sweeps that run again in this launch
     todo: dict[str, list] = {}
     moves: list[tuple[Path, str]] = []
-    with composing_jobs():
-        configs = {f: job_config(s, swept, table.root) for s in table.sweeps.values() if s.skip is None
-                   for swept, f in s.jobs()}
+    configs = job_configs(table, table.root)
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
         why = "--force" if force else "its pre-training runs again" if upstream else None
@@ -247,15 +288,18 @@ def stage_launcher(launcher: dict | None, stage: str) -> dict:
     return keys if launcher.get(THREADS) is None else {**keys, THREADS: launcher[THREADS]}
 
 
-def slots(launcher: dict | None) -> tuple[dict, list[str | None]]:
+def slots(launcher: dict | None, sweeps: int = 1) -> tuple[dict, list[str | None]]:
     """The launcher block with its ``sweeps_at_once`` and ``threads`` filled, and each slot's devices. A local
     block (no Hydra launcher of its own) fills what it leaves unset from the cores this process may use and
     its ``gpus``: a slot a GPU (or a share of them), else a slot a core (small models use cores better as
-    processes than as threads), the cores shared out among the slots."""
+    processes than as threads), the cores shared out among the slots. A Ray block hands Ray every one of the
+    table's ``sweeps`` as it is ready: Ray queues and places their jobs."""
     given, launcher = launcher is not None, dict(launcher or {})
     gpus = [str(g) for g in launcher.get(GPUS) or []]
     local = not any("hydra/launcher" in flatten(launcher.get(part)) for part in ("common", *STAGES))
-    if local and given:  # no block at all (a rehearsal, a test): one sweep at a time, torch's threads
+    if ray_jobs.KEY in launcher:
+        launcher["sweeps_at_once"] = launcher.get("sweeps_at_once") or sweeps
+    elif local and given:  # no block at all (a rehearsal, a test): one sweep at a time, torch's threads
         cores = len(os.sched_getaffinity(0))
         launcher["sweeps_at_once"] = launcher.get("sweeps_at_once") or len(gpus) or \
             max(1, cores // int(launcher.get(THREADS) or 1))
@@ -338,7 +382,7 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
               dry_run: bool = False, plan: dict | None = None) -> list[dict]:
     """Every sweep of ``table``, ``sweeps_at_once`` side by side (ordered by ``plan``'s costs, made here if
     not given); one line of counts per sweep, in table order."""
-    launcher, devices = slots(launcher)
+    launcher, devices = slots(launcher, len(table.sweeps))
     todo, moves = plan_jobs(table, force)
     if dry_run:  # each sweep's multirun, or the first of its jobs left
         for name, sweep in ((n, s) for n, s in table.sweeps.items() if todo[n]):
@@ -357,7 +401,9 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
         if any("submitit_slurm" in str(v) for v in flatten(launcher).values()):
             threading.Thread(target=_watch_slurm, args=(said, done), daemon=True).start()
         try:
-            return _sweeps(table, launcher, todo, devices, plan)
+            with ray_jobs.cluster(launcher[ray_jobs.KEY], {s: stage_launcher(launcher, s) for s in STAGES}) \
+                    if ray_jobs.KEY in launcher else nullcontext():
+                return _sweeps(table, launcher, todo, devices, plan)
         except Interrupted:
             if not said:
                 raise
@@ -384,7 +430,7 @@ def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict 
     jobs = table.jobs()
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
     progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
-                             kinds={jobs[r["name"]]: r["kind"] for r in planned})
+                             kinds={f: s.kind for s in table.sweeps.values() for _, f in s.jobs()})
     lines: dict[str, dict] = {}  # by sweep, once it ended
 
     def one(sweep: Sweep) -> dict:

@@ -116,6 +116,11 @@ class Sweep:
     phase: int | None = None  # pre-training: its phase; fine-tuning: its checkpoint's
     schedule: Schedule | None = None  # pre-training: the steps and lengths its composed config runs
 
+    @property
+    def kind(self) -> str:
+        """Jobs of a kind share their fixed costs: pre-training, or fine-tuning one task (``stage: task``)."""
+        return self.stage if self.stage == "pretrain" else f"{self.stage}: {self.overrides.get('task')}"
+
     def fixed_args(self) -> list[str]:
         return [f"{k}={hydra_value(v)}" for k, v in self.overrides.items()]
 

@@ -1,0 +1,111 @@
+"""LAUNCHER=ray on a real Ray instance on this CPU, started with GPUs declared (``num_gpus=4``): Ray places
+each job and gives it its own CUDA_VISIBLE_DEVICES; a pre-training's fine-tunings start only after it ended; a
+job whose Ray worker is killed is named with its folder and marked failed, and the table's other jobs finish.
+The jobs are stand-ins that record what they were given (tests/test_tables_e2e.py runs a real table)."""
+
+import json
+import os
+import signal
+import sys
+import threading
+import time
+
+import pytest
+
+from bert_repro.tables import TableError, runner
+from bert_repro.tables.spec import build
+
+from .test_launchers import ONE_TASK
+from .test_tables import write_results
+
+pytest.importorskip("ray", reason="LAUNCHER=ray needs Ray: pip install -e '.[ray]'")
+
+# a job's stand-in: what it was given (its Ray worker is its parent) when it started, and when it ended
+JOB = ("import json, os, sys, time; out, sleep = sys.argv[1], float(sys.argv[2]); seen = {'worker': "
+       "os.getppid(), 'devices': os.environ.get('CUDA_VISIBLE_DEVICES'), 'start': time.time()}; "
+       "json.dump(seen, open(out + '.start', 'w')); time.sleep(sleep); "
+       "json.dump({**seen, 'end': time.time()}, open(out, 'w'))")
+A_GPU = {"ray": {"num_gpus": 1, "num_cpus": 0}}
+ON_RAY = {"ray": {"init": {"num_cpus": 8, "num_gpus": 4, "log_to_driver": False}}, "pretrain": A_GPU,
+          "finetune": A_GPU}
+
+
+def stand_ins(table, monkeypatch, sleep: dict[str, float]):
+    """Each job runs JOB for ``sleep[its sweep]`` seconds (0.3 s by default); one that ended gets a result."""
+    def command(sweep, swept, launcher, folder=None):
+        assert folder is not None, "under Ray each job is a task of its own"
+        return [sys.executable, "-c", JOB, f"{folder}.json", str(sleep.get(sweep.name, 0.3))]
+
+    real = runner._ray_launch
+
+    def launch(sweep, batch, launcher):
+        outcomes = real(sweep, batch, launcher)
+        for _, [(_, folder)] in batch:
+            if folder.with_name(folder.name + ".json").is_file():
+                write_results(folder, sweep.overrides["task"], {"val/acc": 0.7})
+                if sweep.stage == "pretrain":
+                    (folder / "checkpoints").mkdir()
+                    (folder / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
+        return outcomes
+
+    monkeypatch.setattr(runner, "command", command)
+    monkeypatch.setattr(runner, "_ray_launch", launch)
+    monkeypatch.setattr(runner, "sweep_costs", lambda plan: {})
+
+
+def run(table, launcher=ON_RAY):
+    try:
+        return runner.run_table(table, launcher, plan={"runs": []})
+    except TableError as err:
+        if "Ray did not start" in str(err):
+            pytest.skip(str(err))
+        raise
+
+
+def seen(table) -> dict[str, dict]:
+    return {name: json.loads(f.with_name(f.name + ".json").read_text()) for name, f in table.jobs().items()
+            if f.with_name(f.name + ".json").is_file()}
+
+
+@pytest.mark.slow
+def test_four_fine_tunings_at_once_each_on_its_own_gpu_each_after_its_pre_training(tmp_path, monkeypatch):
+    table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
+    stand_ins(table, monkeypatch, {n: 3.0 for n in table.sweeps if n.startswith("finetune/")})
+    summary = run(table)
+    assert all(line["complete"] == 1 for line in summary)
+    jobs = seen(table)
+    fine = [v for name, v in jobs.items() if name.startswith("finetune/")]
+    assert len(fine) == 4 and max(v["start"] for v in fine) < min(v["end"] for v in fine)  # all four at once
+    assert sorted(v["devices"] for v in fine) == ["0", "1", "2", "3"]
+    for name, sweep in table.sweeps.items():
+        if sweep.needs is not None:
+            before = jobs[f"{sweep.needs.name}/default"]
+            assert jobs[f"{name}/{sweep.jobs()[0][1].name}"]["start"] > before["end"], name
+
+
+@pytest.mark.slow
+def test_a_killed_ray_worker_is_named_with_its_folder_and_the_others_finish(tmp_path, monkeypatch, caplog):
+    table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
+    victim = table.jobs()["finetune/no_nsp/mrpc/optim.lr-0.001"]
+    stand_ins(table, monkeypatch, {"finetune/no_nsp/mrpc": 60.0})
+
+    def kill():  # the victim's Ray worker, once its job started
+        started = victim.with_name(victim.name + ".json.start")
+        deadline = time.monotonic() + 120
+        while not started.is_file() and time.monotonic() < deadline:
+            time.sleep(0.2)
+        time.sleep(0.5)
+        os.kill(json.loads(started.read_text())["worker"], signal.SIGKILL)
+
+    killer = threading.Thread(target=kill, daemon=True)
+    killer.start()
+    start = time.monotonic()
+    summary = run(table)
+    killer.join()
+    assert time.monotonic() - start < 60  # the victim's job did not run on to its end
+    counts = {line["sweep"]: (line["complete"], line["failed"]) for line in summary}
+    assert counts.pop("finetune/no_nsp/mrpc") == (0, 1)
+    assert set(counts.values()) == {(1, 0)}
+    reason = json.loads((victim / "failed.json").read_text())["reason"]
+    assert reason.startswith("its Ray worker died")
+    assert f"{victim}: its Ray worker died" in caplog.text
