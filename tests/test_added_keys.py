@@ -14,8 +14,6 @@ from bert_repro.tables import compose, runner
 
 from .test_table_rerun import stand_in, tiny
 
-pytestmark = pytest.mark.slow  # composes and runs (stand-in launches) a small table three times
-
 
 @pytest.fixture
 def schema():
@@ -40,6 +38,7 @@ def first_job(sweep):
         return dict(cfg.model), finished_results(cfg)
 
 
+@pytest.mark.slow  # composes and runs (stand-in launches) a small table three times
 def test_a_new_key_at_its_declared_value_keeps_every_finished_result_and_another_default_does_not(
         tmp_path, monkeypatch, schema):
     launched = []
@@ -68,3 +67,25 @@ def test_a_new_key_at_its_declared_value_keeps_every_finished_result_and_another
     stand_in(other, monkeypatch, launched)
     runner.run_table(other)
     assert launched == ["pretrain/none", "finetune/bert_base/mrpc"]
+
+
+def test_checkpoints_and_restarts_recorded_before_the_key_are_its_earlier_value(monkeypatch):
+    """Where else a result is compared: a checkpoint given as init= or resumed, and the restarts a table
+    groups, each written before ``model.pre_ln`` existed."""
+    from bert_repro.identity import architecture_differences, science_differences
+    from bert_repro.lifecycle.reliability import ResumeMismatch, SameRun
+    from bert_repro.selection import _science
+
+    monkeypatch.setattr(keys, "ADDED", {"model.pre_ln": False})
+    old = {"hidden_size": 128}
+    now, other = {**old, "pre_ln": False}, {**old, "pre_ln": True}
+    assert architecture_differences(old, now) == []
+    assert architecture_differences(old, other) == ["model.pre_ln: checkpoint has no such key, this run True"]
+    assert science_differences({"model": old}, {"model": now}) == []
+    differ = ["model.pre_ln: checkpoint None, now True"]
+    assert science_differences({"model": old}, {"model": other}) == differ
+    assert _science({"model": old, "seed": 1}) == _science({"model": now, "seed": 2})
+    assert _science({"model": old}) != _science({"model": other})
+    SameRun({"model": now}, strict=True).load_state_dict({"settings": {"model": old}})  # resumes
+    with pytest.raises(ResumeMismatch, match="model.pre_ln: checkpoint None, now True"):
+        SameRun({"model": other}, strict=True).load_state_dict({"settings": {"model": old}})

@@ -81,7 +81,20 @@ CASES = [
     # what `make table5 SCALE=galactic` runs (make would first reinstall the package when pyproject.toml
     # changed)
     ("table-at-unknown-scale", ["run", "table5", "--scale", "galactic", "--runs-dir", "ROOT/tables"],
-     "bert_repro.tables", ["unknown SCALE 'galactic'; expected one of smoke, budget, paper"]),
+     "bert_repro.tables", ["argument --scale: 'galactic': expected one of smoke, budget, paper"]),
+    # every option checked at parse time with its range, as the config keys are
+    ("collapse-share-above-one", ["ROOT/collect", "--collapse", "1.5"], "bert_repro.selection",
+     ["argument --collapse: '1.5': expected a share of the Dev predictions in (0, 1]"]),
+    ("collapse-share-negative", ["ROOT/collect", "--collapse=-0.5"], "bert_repro.selection",
+     ["argument --collapse: '-0.5': expected a share of the Dev predictions in (0, 1]"]),
+    ("table-no-gpus", ["plan", "table5", "--gpus", "0", "--runs-dir", "ROOT/tables"], "bert_repro.tables",
+     ["argument --gpus: '0': expected a positive number of GPUs (4) or distinct CUDA device numbers"]),
+    ("table-set-without-a-value", ["plan", "table5", "--set", "grid.seed", "--runs-dir", "ROOT/tables"],
+     "bert_repro.tables", ["argument --set: 'grid.seed': expected KEY=VALUE"]),
+    ("unknown-table", ["plan", "table55", "--runs-dir", "ROOT/tables"], "bert_repro.tables",
+     ["argument table: 'table55': expected one of table1,"]),
+    ("convert-tolerance-not-positive", ["check", "ROOT/good/checkpoints/last.ckpt", "--tol", "0"],
+     "bert_repro.convert", ["argument --tol: '0': expected a positive tolerance"]),
     # degenerate data: blank texts, files with no rows, a vocabulary that repeats a token
     ("squad-blank-context-and-answer",
      ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_blank"], None,

@@ -62,11 +62,12 @@ def test_the_hub_data_sets_a_run_reads_are_those_with_no_local_copy():
     assert read("task=pretrain", "data.corpus=builtin:pydoc") == []
 
 
-def test_a_table_sent_to_slurm_asks_nothing_of_this_machine(monkeypatch, tmp_path):
+@pytest.mark.parametrize("elsewhere", [{"common": {"hydra/launcher": "submitit_slurm"}},
+                                       {"ray": {"address": "ray://head:10001"}}])
+def test_a_table_sent_to_a_cluster_asks_nothing_of_this_machine(monkeypatch, tmp_path, elsewhere):
     table = build("table5", "budget", tmp_path)  # never composed: the check stops at the launcher
     monkeypatch.setattr(machine, "composing_jobs", None)
-    slurm = {"common": {"hydra/launcher": "submitit_slurm"}}
-    assert machine.refusal(table, {name: [([], None)] for name in table.sweeps}, slurm) is None
+    assert machine.refusal(table, {name: [([], None)] for name in table.sweeps}, elsewhere) is None
 
 
 @pytest.mark.slow

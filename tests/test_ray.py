@@ -1,6 +1,7 @@
 """LAUNCHER=ray on a real Ray instance on this CPU, started with GPUs declared (``num_gpus=4``): Ray places
 each job and gives it its own CUDA_VISIBLE_DEVICES; a pre-training's fine-tunings start only after it ended; a
-job whose Ray worker is killed is named with its folder and marked failed, and the table's other jobs finish.
+job whose Ray worker is killed is named with its folder and marked failed, and the table's other jobs finish;
+Ctrl-C sends each run SIGTERM (it checkpoints), marks nothing failed, and the same command ends them.
 The jobs are stand-ins that record what they were given (tests/test_tables_e2e.py runs a real table)."""
 
 import json
@@ -20,9 +21,12 @@ from .test_tables import write_results
 
 pytest.importorskip("ray", reason="LAUNCHER=ray needs Ray: pip install -e '.[ray]'")
 
-# a job's stand-in: what it was given (its Ray worker is its parent) when it started, and when it ended
-JOB = ("import json, os, sys, time; out, sleep = sys.argv[1], float(sys.argv[2]); seen = {'worker': "
-       "os.getppid(), 'devices': os.environ.get('CUDA_VISIBLE_DEVICES'), 'start': time.time()}; "
+# a job's stand-in: what it was given (its Ray worker is its parent) when it started, and when it ended; a
+# SIGTERM (the run would checkpoint) is recorded beside them
+JOB = ("import json, os, signal, sys, time; out, sleep = sys.argv[1], float(sys.argv[2]); "
+       "signal.signal(signal.SIGTERM, lambda *a: (open(out + '.stopped', 'w').close(), sys.exit(143))); "
+       "seen = {'worker': os.getppid(), 'devices': os.environ.get('CUDA_VISIBLE_DEVICES'), "
+       "'start': time.time()}; "
        "json.dump(seen, open(out + '.start', 'w')); time.sleep(sleep); "
        "json.dump({**seen, 'end': time.time()}, open(out, 'w'))")
 A_GPU = {"ray": {"num_gpus": 1, "num_cpus": 0}}
@@ -44,7 +48,7 @@ def stand_ins(table, monkeypatch, sleep: dict[str, float]):
             if folder.with_name(folder.name + ".json").is_file():
                 write_results(folder, sweep.overrides["task"], {"val/acc": 0.7})
                 if sweep.stage == "pretrain":
-                    (folder / "checkpoints").mkdir()
+                    (folder / "checkpoints").mkdir(exist_ok=True)
                     (folder / "checkpoints" / "last.ckpt").write_bytes(b"ckpt")
         return outcomes
 
@@ -109,3 +113,27 @@ def test_a_killed_ray_worker_is_named_with_its_folder_and_the_others_finish(tmp_
     reason = json.loads((victim / "failed.json").read_text())["reason"]
     assert reason.startswith("its Ray worker died")
     assert f"{victim}: its Ray worker died" in caplog.text
+
+
+@pytest.mark.slow
+def test_ctrl_c_stops_the_ray_jobs_each_run_told_to_checkpoint_and_a_rerun_ends_them(tmp_path, monkeypatch):
+    table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
+    stand_ins(table, monkeypatch, {n: 60.0 for n in table.sweeps if n.startswith("pretrain/")})
+    started = [f.with_name(f.name + ".json.start") for n, f in table.jobs().items() if n.startswith("pre")]
+
+    def interrupt():  # Ctrl-C once the three pre-trainings run
+        deadline = time.monotonic() + 120
+        while not all(s.is_file() for s in started) and time.monotonic() < deadline:
+            time.sleep(0.2)
+        os.kill(os.getpid(), signal.SIGINT)
+
+    threading.Thread(target=interrupt, daemon=True).start()
+    start = time.monotonic()
+    with pytest.raises(runner.Interrupted):
+        run(table)
+    assert time.monotonic() - start < 60  # stopped, not run to their end
+    for s in started:
+        assert s.with_name(s.name.replace(".start", ".stopped")).is_file(), f"{s} got no SIGTERM"
+    assert not any(f.joinpath("failed.json").is_file() for f in table.jobs().values())  # none marked failed
+    stand_ins(table, monkeypatch, {})
+    assert all(line["complete"] == 1 for line in run(table))  # the same command finishes them

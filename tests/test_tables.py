@@ -30,7 +30,7 @@ REFERENCE = load_reference()
 
 def write_results(folder: Path, task: str, metrics: dict, *, seed: int = 1, lr: float = 1e-3,
                   status: str = "complete", monitor: str = "val/acc", model_config: dict | None = None,
-                  config: dict | None = None) -> None:
+                  config: dict | None = None, global_step: int | None = None) -> None:
     """A results.json as run.py writes it, with only the fields the tables read."""
     folder.mkdir(parents=True, exist_ok=True)
     base = {"task": {"name": task, "monitor_mode": "min" if task == "pretrain" else "max"},
@@ -38,7 +38,7 @@ def write_results(folder: Path, task: str, metrics: dict, *, seed: int = 1, lr: 
     results = {"status": status, "task": task, "model": "tiny", "ablation": "none", "scale": "smoke",
                "seed": seed, "init": None, "monitor": monitor, "predict_majority": False,
                "metrics": {"final": metrics}, "model_config": model_config or {"num_layers": 2},
-               "config": {**base, **(config or {})}}
+               "config": {**base, **(config or {})}, **({"global_step": global_step} if global_step else {})}
     (folder / "results.json").write_text(json.dumps(results))
 
 
@@ -59,7 +59,7 @@ def fill(table, values) -> None:
                 write_results(folder, task, metrics, seed=int(args.get("seed", 1)),
                               lr=float(args.get("optim.lr", 1e-3)),
                               monitor="val/mlm_loss" if task == "pretrain" else next(iter(metrics)),
-                              config=configs[folder])
+                              config=configs[folder], global_step=20 if task == "pretrain" else None)
 
 
 def glue_metrics(sweep, args):
@@ -146,7 +146,11 @@ def test_md_csv_tex_state_scale_checkpoint_and_selection(table5, tmp_path):
     md, csv_path, tex = write_all(table5, collect(table5, REFERENCE), REFERENCE, tmp_path / "results")[:3]
     text = md.read_text()
     assert text.startswith("# Table 5: ablation over the pre-training tasks (Dev) — scale=smoke")
-    assert "\nScale: smoke (tiny BERT" in text and "best run on Dev over the grid" in text
+    # the header says what ran, from the spec and the runs: the --set, each pre-training's steps, the seeds
+    assert "\nScale: smoke, changed with --set grid.optim.lr=2e-4,1e-3 grid.seed=1,2\n" in text
+    assert "tiny BERT" not in text and "best run on Dev over the grid" in text
+    assert ("\nRan: scale smoke; pretrain/none 20 steps; pretrain/no_nsp 20 steps; pretrain/ltr_no_nsp 20 "
+            "steps; fine-tuning seeds 1, 2\n") in text
     assert "grid: optim.lr in {2e-4,1e-3}, seed in {1,2}" in text  # the grid the runs swept (--set above)
     assert "- Checkpoint, + BiLSTM: our pre-training run pretrain/ltr_no_nsp (tiny), last.ckpt" in text
     assert "| BERT-base (MLM + NSP) | 72.0 ± 0.71 (84.4; -12.4)" in text
@@ -234,11 +238,14 @@ def test_malformed_results_json_is_an_error_naming_the_file(table5, tmp_path):
 def test_unknown_table_or_scale_is_a_clear_error(capsys, tmp_path):
     with pytest.raises(TableError, match="unknown table 'table9'; expected one of table1, .*figure4"):
         build("table9", "smoke", tmp_path)
-    assert cli.main(["collect", "table5", "--scale", "huge", "--runs-dir", str(tmp_path)]) == 2
-    assert "unknown SCALE 'huge'; expected one of smoke, budget, paper" in capsys.readouterr().err
-    for bad in ("grid.seed=[1,", "no_equals_sign"):  # not Hydra override syntax: the item named, no traceback
-        assert cli.main(["plan", "table5", "--set", bad, "--runs-dir", str(tmp_path)]) == 2
-        assert f"error: --set {bad!r}: " in capsys.readouterr().err
+    for args, said in ((["--scale", "huge"], "argument --scale: 'huge': expected one of smoke, budget"),
+                       (["--set", "no_equals_sign"], "argument --set: 'no_equals_sign': expected KEY=VALUE")):
+        with pytest.raises(SystemExit) as refused:  # argparse's refusal, at parse time
+            cli.main(["collect", "table5", *args, "--runs-dir", str(tmp_path)])
+        assert refused.value.code == 2 and said in capsys.readouterr().err
+    # not Hydra override syntax: the item named, no traceback
+    assert cli.main(["plan", "table5", "--set", "grid.seed=[1,", "--runs-dir", str(tmp_path)]) == 2
+    assert "error: --set 'grid.seed=[1,': " in capsys.readouterr().err
 
 
 def _leaves(node: dict, path: tuple = ()) -> dict:

@@ -132,3 +132,39 @@ def test_mfu_never_exceeds_one_a_peak_the_run_passes_is_no_ceiling(monkeypatch, 
     passed = _steps(_start(Throughput(peak_tflops=1e-12), "32-true", torch.device("cpu")), 1e6)  # 1 FLOP/s
     assert passed.mfu is None and passed.summary()["peak_tflops"] is None
     assert "exceed the peak of 1e-12 (config): MFU is not reported" in caplog.text
+
+
+@pytest.mark.slow
+def test_the_model_summary_shows_no_flops_of_zero(tmp_path):
+    """Lightning's summary counts FLOPs only on an example_input_array, which the task modules do not set: our
+    summary (lifecycle/trainer.py adds it) keeps the parameters and drops the FLOPs that read 0."""
+    import io
+    import logging
+
+    import lightning as L
+    from lightning.pytorch.callbacks import model_summary
+
+    from bert_repro.lifecycle.callbacks import ModelSummary
+
+    class Module(L.LightningModule):
+        def __init__(self):
+            super().__init__()
+            self.layer = torch.nn.Linear(4, 1)
+
+        def training_step(self, batch, batch_idx):
+            return self.layer(batch).sum()
+
+        def configure_optimizers(self):
+            return torch.optim.SGD(self.parameters(), lr=0.1)
+
+    shown = io.StringIO()
+    handler = logging.StreamHandler(shown)
+    model_summary.log.addHandler(handler)
+    try:
+        trainer = L.Trainer(max_steps=1, logger=False, callbacks=[ModelSummary()], enable_progress_bar=False,
+                            enable_checkpointing=False, default_root_dir=tmp_path)
+        trainer.fit(Module(), torch.utils.data.DataLoader(torch.randn(2, 4), batch_size=2))
+    finally:
+        model_summary.log.removeHandler(handler)
+    assert "Total params" in shown.getvalue() and "FLOPs" not in shown.getvalue()
+    assert "Flops" not in shown.getvalue() and shown.getvalue().count("Trainable params") == 1

@@ -9,6 +9,7 @@ Relations across nodes and the run's places (paths, devices, checkpoints) are ``
 
 from __future__ import annotations
 
+import argparse
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field, fields
 from typing import Any
@@ -35,6 +36,22 @@ def ranged(default: Any, test: Callable[[Any], bool], expected: str) -> Any:
     if isinstance(default, list):  # a dataclass field takes no mutable default
         return field(default_factory=lambda: list(default), metadata=metadata)
     return field(default=default, metadata=metadata)
+
+
+def option(parse: Callable[[str], Any], test: Callable[[Any], bool], expected: str) -> Callable[[str], Any]:
+    """A command-line option's argparse ``type``, checked at parse time as a config key is here: argparse
+    then names the option and exits 2."""
+
+    def read(text: str) -> Any:
+        try:
+            value = parse(text)
+        except ValueError:
+            value = None
+        if value is None or not test(value):
+            raise argparse.ArgumentTypeError(f"{text!r}: expected {expected}")
+        return value
+
+    return read
 
 
 def positive(default: Any, what: str = "number") -> Any:

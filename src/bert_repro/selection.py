@@ -24,6 +24,7 @@ import zipfile
 from pathlib import Path
 from typing import Any
 
+from bert_repro.config import option
 from bert_repro.identity import checkpoint_identity, science_differences
 from bert_repro.keys import comparable, flatten, science
 from bert_repro.lifecycle.folder import RunFolder, find_runs
@@ -332,7 +333,8 @@ def main(argv: list[str] | None = None) -> int:
                         help="--submit the selected runs even where one collapsed onto one class")
     parser.add_argument("--metric", help="select on this Dev metric, e.g. val/acc (default: each run's "
                                          "task.monitor)")
-    parser.add_argument("--collapse", type=float, default=COLLAPSE_SHARE,
+    parser.add_argument("--collapse", default=COLLAPSE_SHARE,
+                        type=option(float, lambda v: 0 < v <= 1, "a share of the Dev predictions in (0, 1]"),
                         help="share of one predicted class that flags a run as collapsed (default "
                              "%(default)s)")
     parser.add_argument("--out", type=Path, help="where the summary goes (default: the first folder)")

@@ -11,6 +11,7 @@ import sys
 import tempfile
 from pathlib import Path
 
+from bert_repro.config import option
 from bert_repro.convert.card import push_to_hub, run_results, write_card
 from bert_repro.convert.export import export_finetuned, export_hf, finetuned_architecture, fresh_folder
 from bert_repro.convert.loaders import build_model, load_checkpoint
@@ -147,7 +148,7 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="compare our encoder with transformers on real sentences")
     check.add_argument("src", help="HF directory, Google TF checkpoint, or our Lightning .ckpt")
-    check.add_argument("--tol", type=float, default=1e-4)
+    check.add_argument("--tol", type=option(float, lambda v: v > 0, "a positive tolerance"), default=1e-4)
     to_hf = sub.add_parser("to-hf", help="export any loadable checkpoint in Hugging Face format; "
                                          "a fine-tuned .ckpt with its task head and label names")
     to_hf.add_argument("src")
@@ -160,7 +161,8 @@ def main(argv: list[str] | None = None) -> int:
     push.add_argument("folder")
     push.add_argument("repo", help="owner/name on the Hub (created when missing; `hf auth login` first)")
     push.add_argument("--private", action="store_true", help="create the repository private")
-    push.add_argument("--timeout", type=float, default=DEFAULT_S, metavar="SECONDS",
+    push.add_argument("--timeout", type=option(float, lambda v: v > 0, "a positive number of seconds"),
+                      default=DEFAULT_S, metavar="SECONDS",
                       help="give up when the Hub has not answered for this long (default %(default)g)")
     args = parser.parse_args(argv)
     from huggingface_hub.errors import HfHubHTTPError
@@ -169,8 +171,6 @@ def main(argv: list[str] | None = None) -> int:
         if args.command == "check":
             return _check(args.src, args.tol)
         if args.command == "push-to-hub":
-            if not args.timeout > 0:
-                parser.error(f"--timeout={args.timeout:g}: expected a positive number of seconds")
             set_deadline(args.timeout, "--timeout=")
             print(f"pushed {args.folder} to {args.repo}: {push_to_hub(args.folder, args.repo, args.private)}")
             return 0

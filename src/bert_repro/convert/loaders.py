@@ -3,6 +3,7 @@
 
 from __future__ import annotations
 
+import functools
 import json
 import logging
 from dataclasses import dataclass, field, fields, replace
@@ -202,6 +203,12 @@ def read_init_identity(path: str | Path) -> dict | None:
     path = Path(path)
     if not path.is_file() or path.suffix != ".ckpt":
         return None
+    stat = path.stat()  # a file written over is read again
+    return _init_identity(str(path), stat.st_mtime_ns, stat.st_size)
+
+
+@functools.lru_cache(maxsize=256)  # a table's jobs from one pre-training ask of the same file
+def _init_identity(path: str, mtime_ns: int, size: int) -> dict | None:
     try:
         return init_identity(safe_torch_load(path, mmap=True))
     except CheckpointError:

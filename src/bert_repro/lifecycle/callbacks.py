@@ -13,6 +13,8 @@ from pathlib import Path
 
 import lightning as L
 import torch
+from lightning.pytorch.callbacks import model_summary as lightning_summary
+from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
 from bert_repro.flops import accelerator_peak_flops, batch_flops
 from bert_repro.lifecycle.folder import BEST, LAST, RECENT, RunFolder, step_checkpoint_name, step_of
@@ -170,6 +172,21 @@ class Throughput(L.Callback):
                 "tflops_per_device": self.flops_per_s / 1e12 if self.flops_per_s else None,
                 "peak_tflops": self.peak_flops / 1e12 if self.peak_flops else None,
                 "peak_source": self.peak_source, "mfu": self.mfu}
+
+
+class ModelSummary(lightning_summary.ModelSummary):
+    """Lightning's summary table less its FLOPs (the column and the "Total Flops" line): Lightning counts one
+    forward pass on a module's ``example_input_array``, which ours do not set, so they read 0. Throughput
+    counts the training FLOPs."""
+
+    @staticmethod
+    def summarize(summary_data, total_parameters, trainable_parameters, model_size, total_training_modes,
+                  total_flops, **summarize_kwargs) -> None:
+        table = _format_summary_table(total_parameters, trainable_parameters, model_size,
+                                      total_training_modes, total_flops,
+                                      *(column for column in summary_data if column[0] != "FLOPs"))
+        kept = "\n".join(line for line in table.splitlines() if not line.endswith("Total Flops"))
+        lightning_summary.log.info("\n" + kept)  # where Lightning's own summary goes
 
 
 def _duration(seconds: float) -> str:

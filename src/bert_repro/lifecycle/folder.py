@@ -43,14 +43,19 @@ def step_of(name: str) -> int | None:
     return int(stem[5:])
 
 
-def compared(record: dict[str, Any], config: dict[str, Any], init: dict[str, Any] | None
-             ) -> tuple[dict[str, Any], dict[str, Any]]:
-    """A result's recorded config and ``config``, each with ``init`` as its checkpoint's identity and step
-    where both know them (``init``: as the asker read it from the file now), not as the path it lay at."""
-    saved = record.get("config") or {}
-    if init is None or record.get("init_identity") is None:
+def compared(record: dict[str, Any], config: dict[str, Any]) -> tuple[dict[str, Any], dict[str, Any]]:
+    """A result's recorded config and ``config``, each with ``init`` as its checkpoint's identity and step (as
+    the result recorded it, and as the file at ``config``'s init= holds it now) where both are known, not as
+    the path it lay at: a table moved to another folder is the same run, another checkpoint there is not."""
+    saved, init = record.get("config") or {}, config.get("init")
+    if record.get("init_identity") is None or not isinstance(init, str):
         return saved, config
-    return {**saved, "init": record["init_identity"]}, {**config, "init": init}
+    from bert_repro.convert.loaders import read_init_identity  # torch: only for a run from one of our .ckpt
+
+    now = read_init_identity(init)
+    if now is None:
+        return saved, config
+    return {**saved, "init": record["init_identity"]}, {**config, "init": now}
 
 
 def differences(saved: dict[str, Any] | None, now: dict[str, Any] | None,
@@ -177,15 +182,15 @@ class RunFolder:
         self.path.mkdir(parents=True, exist_ok=True)
         self.failed.write_text(json.dumps({"reason": reason, "output_tail": output[-4000:]}) + "\n")
 
-    def in_the_way(self, config: dict[str, Any], init: dict[str, Any] | None = None) -> str | None:
+    def in_the_way(self, config: dict[str, Any]) -> str | None:
         """Why a run of ``config`` cannot go on in this folder (its earlier result and checkpoints set aside
-        first): a result of other science, a damaged one, or checkpoints its command would not resume.
-        ``init``: the identity of the checkpoint its init= names now (``compared``)."""
+        first): a result of other science (``compared``), a damaged one, or checkpoints its command would not
+        resume."""
         try:
             record = self.read() if self.results.is_file() else {}
         except ValueError as err:
             return f"its result is damaged ({err})"
-        if record and (changed := differences(*compared(record, config, init))):
+        if record and (changed := differences(*compared(record, config))):
             return "; ".join(changed[:4])
         command = self.hydra / "config.yaml"
         if any(self.checkpoints.glob("*")) and command.is_file() \
@@ -223,11 +228,10 @@ class RunFolder:
             aside.parent.rmdir()
         return True
 
-    def result_for(self, config: dict[str, Any], ignore: tuple[str, ...] = (),
-                   init: dict[str, Any] | None = None) -> dict[str, Any] | None:
-        """The folder's complete result when it is ``config``'s science, else None; ``init`` as in_the_way."""
+    def result_for(self, config: dict[str, Any], ignore: tuple[str, ...] = ()) -> dict[str, Any] | None:
+        """The folder's complete result when it is ``config``'s science (``compared``), else None."""
         done = self.complete()
-        if done is None or differences(*compared(done, config, init), ignore):
+        if done is None or differences(*compared(done, config), ignore):
             return None
         return done
 

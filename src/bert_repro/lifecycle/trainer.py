@@ -12,7 +12,7 @@ from lightning.pytorch.callbacks import LearningRateMonitor
 from omegaconf import DictConfig, OmegaConf
 from torch.distributed.algorithms.ddp_comm_hooks import default_hooks
 
-from bert_repro.lifecycle.callbacks import StepCheckpoint
+from bert_repro.lifecycle.callbacks import ModelSummary, StepCheckpoint
 from bert_repro.lifecycle.checks import world_size
 from bert_repro.lifecycle.record import RunRecord
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
@@ -34,6 +34,8 @@ def build_callbacks(cfg: DictConfig, science: dict, resume_strict: bool, loggers
         callbacks.append(StepCheckpoint(every))
     if loggers:  # Lightning refuses a learning-rate monitor without a logger
         callbacks.append(LearningRateMonitor(logging_interval="step"))
+    if cfg.trainer.get("enable_model_summary", True):  # in place of Lightning's own, which would add it
+        callbacks.append(ModelSummary())
     return callbacks
 
 

@@ -87,7 +87,8 @@ def decode(hidden: Tensor, weight: Tensor, bias: Tensor) -> Tensor:
     a strided pass over (N, V): with more positions than H (a left-to-right LM predicts every one) F.linear
     is the faster of the two."""
     flat = hidden.reshape(-1, hidden.shape[-1])  # (N, H)
-    if flat.shape[0] > flat.shape[1]:
+    # compiled: Inductor picks the matmul's layout, and the count of predictions may be known only at run time
+    if torch.compiler.is_compiling() or flat.shape[0] > flat.shape[1]:
         return F.linear(hidden, weight, bias)  # (..., V)
     logits = torch.addmm(bias[:, None], weight, flat.t()).t()  # (N, V)
     return logits.reshape(*hidden.shape[:-1], logits.shape[-1])  # (..., V)

@@ -16,6 +16,7 @@ import sys
 import time
 from pathlib import Path
 
+from bert_repro.config import option
 from bert_repro.lifecycle.signals import Stopped, signals_held, stop_on_signals
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
 from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
@@ -37,9 +38,12 @@ def gpu_list(value: str) -> list[int]:
     try:
         devices = [int(g) for g in value.split(",")]
     except ValueError:
-        raise argparse.ArgumentTypeError(f"{value!r}: expected a number of GPUs (4) or CUDA device numbers "
-                                         "(0,1,2,3)") from None
-    return list(range(devices[0])) if "," not in value else devices
+        devices = []
+    devices = list(range(devices[0])) if len(devices) == 1 and "," not in value else devices
+    if not devices or min(devices) < 0 or len(set(devices)) < len(devices):
+        raise argparse.ArgumentTypeError(f"{value!r}: expected a positive number of GPUs (4) or distinct "
+                                         "CUDA device numbers (0,1,2,3)")
+    return devices
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -55,9 +59,13 @@ def main(argv: list[str] | None = None) -> int:
 def commands(argv: list[str] | None) -> int:
     parser = argparse.ArgumentParser(prog="python -m bert_repro.tables", description=__doc__)
     parser.add_argument("action", choices=("run", "collect", "plan", "rehearse"))
-    parser.add_argument("table", nargs="+", help=f"one or more of {', '.join(TABLES + DEMOS)}; several "
-                        "(make tables) are planned together, each shared pre-training once, and run in turn")
-    parser.add_argument("--scale", default="smoke", help=f"one of {', '.join(SCALES)} (default %(default)s)")
+    names, scales = ", ".join(TABLES + DEMOS), ", ".join(SCALES)
+    parser.add_argument("table", nargs="+",
+                        type=option(str, (*TABLES, *DEMOS).__contains__, f"one of {names}"),
+                        help=f"one or more of {names}; several (make tables) are planned together, each "
+                        "shared pre-training once, and run in turn")
+    parser.add_argument("--scale", default="smoke", type=option(str, SCALES.__contains__, f"one of {scales}"),
+                        help=f"one of {scales} (default %(default)s)")
     parser.add_argument("--force", action="store_true",
                         help="re-run complete runs too, setting their earlier results aside first")
     parser.add_argument("--init", action="append", default=[],
@@ -69,6 +77,8 @@ def commands(argv: list[str] | None) -> int:
                         "the wall time on that many")
     parser.add_argument("--logger", choices=("csv", "wandb", "none"), help="default: the table's, per scale")
     parser.add_argument("--set", action="append", default=[], metavar="KEY=VALUE",
+                        type=option(str, lambda v: "=" in v or v.startswith("~"),
+                                    "KEY=VALUE (or ~KEY to remove one)"),
                         help="a Hydra override of the table spec's `table:` node, e.g. grid.seed=1,2")
     parser.add_argument("--runs-dir", type=Path, default=REPO / "experiments" / "runs")
     parser.add_argument("--results-dir", type=Path, default=REPO / "experiments" / "results")

@@ -173,6 +173,24 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
     return tables
 
 
+def what_ran(table: Table, tables: dict[str, list[Row]]) -> str:
+    """The header's account of what ran, read from the runs (held to the spec's science, as the cells are):
+    each pre-training's steps and the fine-tuning seeds behind the numbers."""
+    configs = job_configs(table)
+    steps = []
+    for sweep in table.sweeps.values():
+        if sweep.stage == "pretrain" and not sweep.name.endswith("/phase1"):
+            folder = sweep.jobs()[0][1]
+            if job_state(folder, configs.get(folder))[0] == "complete":
+                step = RunFolder(folder).read().get("global_step")
+                steps.append(f"{sweep.name} {step:,} steps" if isinstance(step, int) else
+                             f"{sweep.name} (its steps not recorded)")
+    seeds = sorted({seed for rows in tables.values() for row in rows for cell in row.cells.values()
+                    for seed in (cell.seeds or {})})
+    tuned = f"fine-tuning seeds {', '.join(map(str, seeds))}" if seeds else "no fine-tuning number"
+    return "; ".join([f"scale {table.scale}", *steps, tuned])
+
+
 def comparisons(table: Table, tables: dict[str, list[Row]], reference: dict) -> dict[str, list[dict]]:
     """Each part's ``comparisons:`` on paired seeds: rows ``a`` - ``b`` on each of ``columns``, or (with
     ``rows:``) columns ``a`` - ``b`` within each row. The paper's difference is ``paper_diff``, else read at

@@ -1,7 +1,7 @@
 """What a table's runs need of the machine they launch on, checked before the first job: a CUDA device
 where their trainer trains on GPUs, and the Hugging Face Hub (or the data set already in the run's cache)
-where their data come from it. A table launched through SLURM runs on the cluster's nodes: nothing is asked
-of this one."""
+where their data come from it. A table launched through SLURM, or onto a Ray cluster by its address, runs on
+the cluster's nodes: nothing is asked of this one."""
 
 from __future__ import annotations
 
@@ -10,6 +10,7 @@ from typing import Any
 
 from omegaconf import OmegaConf
 
+from bert_repro.tables import ray_jobs
 from bert_repro.tables.compose import compose_run, composing_jobs
 from bert_repro.tables.spec import Table, flatten
 
@@ -69,7 +70,9 @@ def _hub_unreachable(path: str) -> str | None:
 def refusal(table: Table, todo: dict[str, list], launcher: dict | None) -> str | None:
     """Why this machine cannot run ``todo`` (each sweep's jobs left to run), naming what is missing, which
     sweeps need it and the ways out; None when it can, or when the launcher sends the runs elsewhere."""
-    if any("submitit_slurm" in str(v) for v in flatten(launcher or {}).values()):
+    launcher = launcher or {}
+    if any("submitit_slurm" in str(v) for v in flatten(launcher).values()) \
+            or (launcher.get(ray_jobs.KEY) or {}).get("address"):  # a Ray cluster's nodes, not this one
         return None
     gpu: list[str] = []
     hub: dict[tuple[str, Path], list[str]] = {}

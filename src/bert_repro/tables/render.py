@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from bert_repro.tables.collect import NOT_RUN, SKIPPED, Cell, Row, comparisons
+from bert_repro.tables.collect import NOT_RUN, SKIPPED, Cell, Row, comparisons, what_ran
 from bert_repro.tables.spec import SELECTIONS, Part, Table
 
 log = logging.getLogger(__name__)
@@ -102,7 +102,11 @@ def page(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[
     out = [f"# {table.spec.get('title', table.name)} — scale={table.scale}", ""]
     if table.scale == "smoke":
         out += ["A smoke-scale demonstration of the whole path on a CPU, not the paper's numbers.", ""]
-    out += [f"Scale: {table.scale}" + (f" ({note})" if note else ""), ""]
+    if table.sets:  # the scale's note describes the table as configured, not as shrunk
+        out += [f"Scale: {table.scale}, changed with --set {' '.join(table.sets)}", ""]
+    else:
+        out += [f"Scale: {table.scale}" + (f" ({note})" if note else ""), ""]
+    out += [f"Ran: {what_ran(table, collected)}", ""]
     for part in table.parts:
         rows, notes = [row for row in collected[part.name] if not skipped(row)], []
         out += [f"## {part.title}", ""] if len(table.parts) > 1 else []

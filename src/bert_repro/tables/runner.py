@@ -26,7 +26,6 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 from omegaconf.errors import OmegaConfBaseException
 
-from bert_repro.convert.loaders import read_init_identity
 from bert_repro.keys import flatten as flat_keys
 from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError, validate
@@ -271,12 +270,10 @@ def plan_jobs(table: Table, force: bool = False) -> tuple[dict[str, list], list[
     for name, sweep in table.sweeps.items():  # a sweep comes after the one it needs
         upstream = sweep.needs is not None and sweep.needs.name in rerun
         why = "--force" if force else "its pre-training runs again" if upstream else None
-        # init= by what its checkpoint is, not where it lies: a table moved whole is still complete
-        init = read_init_identity(sweep.overrides["init"]) if sweep.overrides.get("init") else None
         todo[name] = [(swept, f) for swept, f in sweep.jobs()
-                      if why or f not in configs or RunFolder(f).result_for(configs[f], init=init) is None]
+                      if why or f not in configs or RunFolder(f).result_for(configs[f]) is None]
         moves += [(f, way) for _, f in todo[name]
-                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {}), init) or why)]
+                  if f.is_dir() and (way := RunFolder(f).in_the_way(configs.get(f, {})) or why)]
         if todo[name] and sweep.stage == "pretrain":
             rerun.add(name)
     return todo, moves

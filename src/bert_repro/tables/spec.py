@@ -183,6 +183,7 @@ class Table:
     parts: list[Part]
     sweeps: dict[str, Sweep]  # by name, each after the sweep it needs
     root: Path  # <runs>/<table>/<scale>: its fine-tuning sweeps' folders
+    sets: tuple[str, ...] = ()  # the --set overrides it was built with: the scale's note no longer says it
 
     def jobs(self) -> dict[str, Path]:
         """Every job's folder by its name, ``<sweep>/<folder name>`` (the plan's run names)."""
@@ -368,4 +369,4 @@ def build(table: str, scale: str, runs_dir: Path, inits: dict[str, str] | None =
                     checkpoint=checkpoint, skip=skip, phase=phase,
                     selection=run["selection"] or row.get("selection") or part.selection))
     parts = [replace(part, x=x[part.name]) for part in parts]
-    return Table(table, scale, spec, parts, sweeps, root)
+    return Table(table, scale, spec, parts, sweeps, root, tuple(sets or ()))
