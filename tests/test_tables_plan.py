@@ -105,8 +105,8 @@ def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(
     plan = json.loads((tmp_path / "table5" / "paper" / "plan.json").read_text())
     assert {"runs", "total_gpu_hours", "accelerator", "totals"} <= set(plan) and plan["accelerator"] == "a100"
     fields = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours", "compute_hours",
-              "comm_hours", "eval_hours", "wall_hours", "prep_hours", "disk_gb", "devices", "gpus", "interconnect",
-              "folder", "after")
+              "comm_hours", "eval_hours", "wall_hours", "prep_hours", "disk_gb", "devices", "gpus",
+              "interconnect", "folder", "after")
     assert all(tuple(r) == fields for r in plan["runs"]) and set(plan["totals"]) == {"h100", "h200", "a100"}
     for r in plan["runs"]:
         assert r["gpu_hours"] == pytest.approx(r["compute_hours"] + r["comm_hours"] + r["eval_hours"])
