@@ -93,8 +93,8 @@ CASES = [
      "bert_repro.tables", ["argument --set: 'grid.seed': expected KEY=VALUE"]),
     ("unknown-table", ["plan", "table55", "--runs-dir", "ROOT/tables"], "bert_repro.tables",
      ["argument table: 'table55': expected one of table1,"]),
-    ("convert-tolerance-not-positive", ["check", "ROOT/good/checkpoints/last.ckpt", "--tol", "0"],
-     "bert_repro.convert", ["argument --tol: '0': expected a positive tolerance"]),
+    ("convert-tolerance-negative", ["check", "ROOT/good/checkpoints/last.ckpt", "--tol=-1"],
+     "bert_repro.convert", ["argument --tol: '-1': expected a tolerance of 0 or more"]),
     # degenerate data: blank texts, files with no rows, a vocabulary that repeats a token
     ("squad-blank-context-and-answer",
      ["task=squad_v1", "data.tokenizer=FILES/vocab.txt", "data.squad_dir=FILES/squad_blank"], None,

@@ -764,3 +764,25 @@ def test_exports_keep_the_umask_and_force_never_deletes_a_source_or_a_run(tmp_pa
     assert main(["to-hf", str(run.last), str(tmp_path / "sweep"), "--force"]) == 2
     assert "holds the results of 1 run(s)" in capsys.readouterr().err
     assert sorted(p.name for p in run.path.rglob("*")) == before and other.results.is_file()
+
+
+def test_cli_to_hf_into_a_folder_it_cannot_write_names_it_and_exits_74(hf_pretraining, tmp_path, monkeypatch,
+                                                                       capsys):
+    """A read-only or forbidden output folder is a fault of the machine (exit 74, as a run's), named as the
+    user gave it, not as the temporary folder the export writes first (root ignores file modes: the refusal
+    is the operating system's, simulated)."""
+    import errno
+
+    from bert_repro.convert import export
+
+    def refused(dir, prefix):
+        raise PermissionError(errno.EACCES, "Permission denied", f"{dir}/{prefix}x1y2")
+
+    monkeypatch.setattr(export.tempfile, "mkdtemp", refused)
+    src, _ = hf_pretraining
+    out = tmp_path / "read_only" / "model"
+    assert main(["to-hf", str(src), str(out)]) == 74
+    err = capsys.readouterr().err
+    assert (f"error: to-hf {out}: permission denied on {out.parent}: give this user access and rerun, or "
+            "choose another OUT_DIR; nothing was written") in err
+    assert ".model.new-" not in err and not out.exists()

@@ -3,6 +3,7 @@ and Hugging Face datasets (data.source=hub), read from local dataset folders: te
 
 import json
 import random
+import re
 import sys
 from pathlib import Path
 
@@ -373,6 +374,10 @@ def test_hub_entry_mistakes_are_named(hub_dirs, tmp_path):
         with pytest.raises(ValueError, match="no column 'body'.*'title', 'text'"):
             load_hub_documents([{"path": str(wiki), "text_column": "body", "streaming": streaming}],
                                cache_dir=tmp_path)
+    for files in ("shards/*.parquet", "train.parquet"):  # a glob, and a name, that match nothing there
+        with pytest.raises(ValueError, match=rf"data.hub entry '{wiki}': data_files='{re.escape(files)}' "
+                                             "matches no data file there"):
+            load_hub_documents([{"path": str(wiki), "data_files": files}], cache_dir=tmp_path)
     with pytest.raises(ValueError, match="data.source=hub needs data.hub"):
         PretrainDataModule(source="hub")
     with pytest.raises(ValueError, match="data.source='web'"):

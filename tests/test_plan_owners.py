@@ -4,6 +4,7 @@ changes; and it checks every job's values before it prints anything."""
 import pytest
 
 from bert_repro.tables import __main__ as cli
+from bert_repro.tables import plan, runner
 from bert_repro.tables.plan import make_plan
 from bert_repro.tables.spec import build
 
@@ -101,10 +102,21 @@ def test_a_wrong_grid_value_fails_the_plan_naming_the_job_and_key(key, value, tm
 
 
 @pytest.mark.slow
-def test_a_grid_beyond_ten_thousand_runs_asks_for_yes(tmp_path, capsys):
-    code = cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path),
-                     "--set", "grid.seed=range(0,5001)"])
-    assert code == 2 and "--yes" in capsys.readouterr().err
+@pytest.mark.parametrize("action", [["plan"], ["run", "--dry-run"], ["rehearse"], ["collect"]],
+                         ids=["plan", "dry-run", "rehearse", "collect"])
+def test_a_grid_beyond_ten_thousand_runs_asks_for_yes_on_every_path_before_a_job_is_composed(
+        action, tmp_path, capsys, monkeypatch):
+    """The one gate counts the runs from the grid's sizes (Sweep.count): no job is composed first."""
+    def composed(*args, **kwargs):
+        raise AssertionError("a job was composed before the gate")
+
+    monkeypatch.setattr(runner, "compose_run", composed)
+    monkeypatch.setattr(plan, "compose_job", composed)
+    code = cli.main([*action, "table2", "--scale", "budget", "--runs-dir", str(tmp_path / "runs"),
+                     "--results-dir", str(tmp_path / "results"), "--set", "grid.seed=range(0,5001)"])
+    err = capsys.readouterr().err
+    assert code == 2 and "table2: 10,002 runs, more than 10,000" in err and "--yes" in err, err
+    assert not (tmp_path / "runs").exists() and not (tmp_path / "results").exists()
 
 
 @pytest.mark.slow

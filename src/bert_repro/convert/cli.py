@@ -22,6 +22,7 @@ from bert_repro.convert.parity import (
     sentence_batch,
 )
 from bert_repro.convert.safe import CheckpointError, safe_torch_load
+from bert_repro.lifecycle.exits import FAULTS
 from bert_repro.lifecycle.folder import find_runs
 from bert_repro.network import DEFAULT_S, Unreachable, set_deadline
 
@@ -148,7 +149,8 @@ def main(argv: list[str] | None = None) -> int:
     sub = parser.add_subparsers(dest="command", required=True)
     check = sub.add_parser("check", help="compare our encoder with transformers on real sentences")
     check.add_argument("src", help="HF directory, Google TF checkpoint, or our Lightning .ckpt")
-    check.add_argument("--tol", type=option(float, lambda v: v > 0, "a positive tolerance"), default=1e-4)
+    check.add_argument("--tol", type=option(float, lambda v: v >= 0, "a tolerance of 0 or more"),
+                       default=1e-4)
     to_hf = sub.add_parser("to-hf", help="export any loadable checkpoint in Hugging Face format; "
                                          "a fine-tuned .ckpt with its task head and label names")
     to_hf.add_argument("src")
@@ -175,7 +177,16 @@ def main(argv: list[str] | None = None) -> int:
             print(f"pushed {args.folder} to {args.repo}: {push_to_hub(args.folder, args.repo, args.private)}")
             return 0
         return _to_hf(args.src, args.out_dir, args.encoder_only, args.force)
-    except (ValueError, ImportError, OSError, HfHubHTTPError) as err:  # CheckpointError is a ValueError
+    except OSError as err:
+        if args.command != "to-hf" or err.errno not in FAULTS:
+            print(f"error: {err}", file=sys.stderr)
+            return 2
+        # a fault of the machine, exit 74 as a run's; the user's folder named, not the temporary one in it
+        what, advice = FAULTS[err.errno]
+        print(f"error: to-hf {args.out_dir}: {what} {Path(args.out_dir).absolute().parent}: {advice}, or "
+              "choose another OUT_DIR; nothing was written", file=sys.stderr)
+        return 74
+    except (ValueError, ImportError, HfHubHTTPError) as err:  # CheckpointError is a ValueError
         print(f"error: {err}", file=sys.stderr)
         return 2
     except Unreachable as err:

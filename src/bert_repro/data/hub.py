@@ -40,7 +40,7 @@ from datasets import (
     load_dataset,
     load_dataset_builder,
 )
-from datasets.exceptions import DatasetGenerationError
+from datasets.exceptions import DataFilesNotFoundError, DatasetGenerationError
 
 from bert_repro.data.corpus import pool_size, prose_sentences, wiki_passages
 from bert_repro.network import reaching
@@ -127,6 +127,13 @@ def _load(spec: dict, cache_dir: Path | None, streaming: bool, num_proc: int | N
         return _open(spec, cache_dir, streaming, num_proc)
     except (DatasetGenerationError, pa.ArrowException) as err:
         raise damaged_file(spec, err) from None
+    except FileNotFoundError as err:  # datasets names the folder (or every extension it tried), not the key
+        if spec["data_files"] is None or not (isinstance(err, DataFilesNotFoundError)
+                                              or str(err).startswith("Unable to find")):
+            raise
+        raise ValueError(f"data.hub entry {spec['path']!r}: data_files={spec['data_files']!r} matches no "
+                         "data file there; expected a path or glob of its files, e.g. 'data/train-*.parquet'"
+                         ) from None
 
 
 def _open(spec: dict, cache_dir: Path | None, streaming: bool, num_proc: int | None = None):

@@ -19,7 +19,7 @@ from pathlib import Path
 from bert_repro.config import option
 from bert_repro.lifecycle.signals import Stopped, signals_held, stop_on_signals
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
-from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, make_plan, print_plan, write_plan
+from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, gate, make_plan, print_plan, write_plan
 from bert_repro.tables.runner import Interrupted, failed_jobs, run_table
 from bert_repro.tables.spec import build, flatten
 
@@ -85,7 +85,7 @@ def commands(argv: list[str] | None) -> int:
     parser.add_argument("--dry-run", action="store_true", help="print the commands, run nothing")
     parser.add_argument("--rehearse-grid", choices=("full", "first"), default="first",
                         help="rehearse each grid's first point (default: each kind of run once), or all")
-    parser.add_argument("--yes", action="store_true", help=f"plan a grid of more than {MAX_RUNS:,} runs")
+    parser.add_argument("--yes", action="store_true", help=f"take a table of more than {MAX_RUNS:,} runs")
     parser.add_argument("--accelerator", default="h100", choices=tuple(ACCELERATORS),
                         help="the GPU the plan's GPU-hours are for (default %(default)s)")
     args = parser.parse_args(argv)
@@ -110,9 +110,10 @@ def table(args: argparse.Namespace, name: str):
 
 def plan_all(args: argparse.Namespace) -> int:
     tables = [table(args, name) for name in args.table]
+    gate(tables, args.yes)  # several tables: their runs together
     launcher = tables[0].spec.get("launchers", {}).get(args.launcher) or {}
     share = float(flatten(launcher.get("finetune")).get("ray.num_gpus") or 1)  # Ray's fractional GPUs
-    plan = make_plan(tables, args.accelerator, args.yes, len(args.gpus or []) or None, share)
+    plan = make_plan(tables, args.accelerator, len(args.gpus or []) or None, share)
     print_plan(plan)
     with signals_held():
         written = write_plan(plan, args.runs_dir)
@@ -125,6 +126,7 @@ def one_table(args: argparse.Namespace, name: str) -> int:
     from bert_repro.tables.render import log_wandb, write_all
 
     start, spec, results_dir = time.time(), table(args, name), args.results_dir
+    gate([spec], args.yes)  # before a job is composed, on every path: run, --dry-run, rehearse, collect
     reference = load_reference()
     os.environ.setdefault("BERT_REPRO_WANDB_GROUP", spec.name)  # the child runs join the table's group
     if args.action == "rehearse":
@@ -140,7 +142,7 @@ def one_table(args: argparse.Namespace, name: str) -> int:
             launcher = {**launcher, "gpus": args.gpus}
         plan = None
         if args.scale != "smoke" and not args.dry_run:  # a run is planned (its spec checked) before it starts
-            plan = make_plan(spec, args.accelerator, args.yes)
+            plan = make_plan(spec, args.accelerator)
             print(f"plan: {len(plan['runs'])} runs, {plan['total_gpu_hours']:,.1f} GPU-hours on "
                   f"{args.accelerator} (`ACTION=plan` for each run)")
         summary = run_table(spec, launcher, force=args.force, dry_run=args.dry_run, plan=plan)

@@ -17,6 +17,7 @@ from hydra.errors import HydraException
 from omegaconf import OmegaConf
 
 from bert_repro.flops import PEAK_TFLOPS, head_flops, training_flops
+from bert_repro.progress import counted
 from bert_repro.tables import CONF_DIR, REPO, TableError
 from bert_repro.tables.compose import compose_job, composing
 from bert_repro.tables.spec import Sweep, Table
@@ -147,6 +148,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     eval_flops = training_flops(model, round(val * length), length, val * work.per_seq) / 3
     grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
     disk_gb = kept_bytes_per_parameter(cfg.checkpoint, list(work.written)) * params / 1e9
+    after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
     steps = work.steps
     after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
     return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps,
@@ -241,17 +243,23 @@ def _data_caches(cfg, sweep: Sweep, seq: int, facts: dict) -> dict[str, tuple[fl
     return caches
 
 
-def plan_work(tables: list[Table], yes: bool = False) -> tuple[list[Run], list[Run]]:
+def gate(tables: list[Table], yes: bool) -> None:
+    """More than MAX_RUNS runs only with ``yes``: asked by every path that plans (plan, run, --dry-run,
+    rehearse, collect) before a job is composed, from the grids' sizes alone (Sweep.count), in seconds."""
+    count = sum(t.count() for t in tables)
+    if count > MAX_RUNS and not yes:
+        raise TableError(f"{'+'.join(t.name for t in tables)}: {count:,} runs, more than {MAX_RUNS:,}; "
+                         "check the grid (--set grid....), or pass --yes to take them all")
+
+
+def plan_work(tables: list[Table]) -> tuple[list[Run], list[Run]]:
     """Every job's run, unpriced: each run folder once, each data cache charged to the first run that builds
-    it; and every table's runs as asked (a shared pre-training as often as asked). MAX_RUNS, or ``yes``."""
+    it; and every table's runs as asked (a shared pre-training as often as asked)."""
     jobs = [(one, sweep, job) for one in tables for sweep in one.sweeps.values() for job in sweep.jobs()]
-    if len(jobs) > MAX_RUNS and not yes:
-        raise TableError(f"{'+'.join(t.name for t in tables)}: {len(jobs):,} runs, more than {MAX_RUNS:,}; "
-                         "check the grid (--set grid....), or pass --yes to plan them all")
     planned: dict[str, Run] = {}
     asked, cache, rates = [], {}, cpu_rates()
     with composing():
-        for one, sweep, (swept, folder) in jobs:
+        for one, sweep, (swept, folder) in counted(jobs, "planning: runs composed", every_s=10):
             facts = {**{k: one.spec.get(k) for k in FACTS}, "rates": rates}
             run = plan_job(sweep, swept, folder, facts, cache)
             asked.append(run)
@@ -300,8 +308,8 @@ def wall_time(runs: list[dict], gpus: int) -> dict:
             "busy": busy / (gpus * now) if now else 0.0}
 
 
-def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool = False,
-              gpus: int | None = None, share: float = 1.0) -> dict:
+def make_plan(table: Table | list[Table], accelerator: str = "h100", gpus: int | None = None,
+              share: float = 1.0) -> dict:
     """One table's plan, or several tables' together: a run folder two tables share (the pre-training store)
     is counted once, and ``shared`` says what that saved. ``gpus``: the wall time on that many (wall_time);
     ``share``: the part of a GPU each fine-tuning holds (row)."""
@@ -315,7 +323,7 @@ def make_plan(table: Table | list[Table], accelerator: str = "h100", yes: bool =
         raise TableError(str(err)) from None
     mfu = {"measured": measured, "lstm": float(spec["lstm_mfu"]),
            "assumed": {int(k): float(v) for k, v in spec["assumed_mfu"].items()}}
-    unique, asked = plan_work(tables, yes)
+    unique, asked = plan_work(tables)
     rows = {acc: [row(run, acc, mfu, share) for run in unique] for acc in ACCELERATORS}
     totals = {acc: {k: sum(r[k] for r in runs) for k in ("gpu_hours", "compute_hours", "comm_hours",
                                                           "eval_hours")} for acc, runs in rows.items()}

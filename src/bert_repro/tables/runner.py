@@ -32,6 +32,7 @@ from bert_repro.lifecycle.checks import UsageError, validate
 from bert_repro.lifecycle.exits import launch_error
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
+from bert_repro.progress import counted
 from bert_repro.tables import REPO, TableError, ray_jobs, warm
 from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
 from bert_repro.tables.machine import refusal
@@ -136,9 +137,9 @@ def job_state(folder: Path, config: dict | None = None) -> tuple[str, str | None
 def job_configs(table: Table, root: Path | None = None) -> dict[Path, dict]:
     """Every job's science as composed now, by folder (job_config; checked as the run will be, when
     ``root``)."""
+    jobs = [(s, swept, f) for s in table.sweeps.values() if s.skip is None for swept, f in s.jobs()]
     with composing_jobs():
-        return {f: job_config(s, swept, root) for s in table.sweeps.values() if s.skip is None
-                for swept, f in s.jobs()}
+        return {f: job_config(s, swept, root) for s, swept, f in counted(jobs, "jobs composed", every_s=10)}
 
 
 def job_config(sweep: Sweep, swept: list[str], root: Path | None) -> dict:

@@ -8,6 +8,7 @@ from __future__ import annotations
 import hashlib
 import itertools
 import json
+import math
 from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 from typing import Any
@@ -136,6 +137,15 @@ class Sweep:
         names it (hydra_hooks.run_name of the swept keys)."""
         if not self.params:
             return [([], self.folder / "default")]
+        crossed = itertools.product(*self._values())
+        return [(list(c), self.folder / hydra_hooks.run_name(list(c))) for c in crossed]
+
+    def count(self) -> int:
+        """How many jobs, from the grid's sizes alone: nothing crossed or named (plan.gate)."""
+        return math.prod(map(len, self._values())) if self.params else 1
+
+    def _values(self) -> list[list[str]]:
+        """Each swept key's ``key=value`` overrides, in the grid's order."""
         try:
             parsed = OverridesParser.create().parse_overrides(self.params_args())
         except HydraException as err:
@@ -144,9 +154,8 @@ class Sweep:
             raise TableError(f"{self.name}: grid sweeps {', '.join(speed)}, which do not change the science "
                              "(bert_repro.keys), so its jobs would share one folder; sweep science "
                              "keys only")
-        values = [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
-                  else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
-        return [(list(c), self.folder / hydra_hooks.run_name(list(c))) for c in itertools.product(*values)]
+        return [[f"{o.get_key_element()}={v}" for v in o.sweep_string_iterator()] if o.is_sweep_override()
+                else [f"{o.get_key_element()}={o.get_value_element_as_str()}"] for o in parsed]
 
     def init_path(self) -> Path | None:
         """The checkpoint this sweep starts from: fine-tuning's init=, phase 2's ckpt_path (``needs``)."""
@@ -184,6 +193,9 @@ class Table:
     sweeps: dict[str, Sweep]  # by name, each after the sweep it needs
     root: Path  # <runs>/<table>/<scale>: its fine-tuning sweeps' folders
     sets: tuple[str, ...] = ()  # the --set overrides it was built with: the scale's note no longer says it
+
+    def count(self) -> int:
+        return sum(s.count() for s in self.sweeps.values())
 
     def jobs(self) -> dict[str, Path]:
         """Every job's folder by its name, ``<sweep>/<folder name>`` (the plan's run names)."""
