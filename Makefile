@@ -12,8 +12,9 @@ PIN    := $(if $(CONSTRAINTS),-c $(CONSTRAINTS))
 STAMP  := $(VENV)/.installed
 
 .PHONY: install curves test test-fast demo table5_demo demo-pretrain lint bench gpu-check clean constraints slurm-up slurm-down
-# where a table's runs execute (the table targets and demo below): local | joblib | slurm; GPUS=0,1,2,3: the local
-# launcher runs that many sweeps side by side, each on its own GPU (CUDA_VISIBLE_DEVICES)
+# where a table's runs execute (the table targets and demo below): local | joblib | slurm | ray (docs/tables.md:
+# which launcher for which machine); GPUS=4 (the first four) or GPUS=0,1,2,3: the local launcher runs a sweep on
+# each, side by side (CUDA_VISIBLE_DEVICES), and ACTION=plan prints the wall time on that many
 LAUNCHER ?= local
 
 install: $(STAMP)
@@ -81,7 +82,7 @@ clean:
 
 # The paper's tables beside its numbers: experiments/results/<table>.{md,csv,tex} (+ figures).
 #   make table5 SCALE=smoke|budget|paper [FORCE=1] [INIT=<dir> | INIT=base=<dir>,large=<dir>]
-#        [LAUNCHER=local|joblib|slurm] [GPUS=0,1,...] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse]
+#        [LAUNCHER=local|joblib|slurm|ray] [GPUS=N|0,1,...] [LOGGER=csv|wandb] [ACTION=run|collect|plan|rehearse]
 #        [ACCELERATOR=h100|h200|a100] [GRID=full|first] [SET='rows.no_nsp=null grid.seed=1,2']
 # ACTION=plan prints every run with its steps, length, tokens, FLOPs and GPU-hours
 # (experiments/runs/<table>/<scale>/plan.json) and runs nothing; ACTION=rehearse runs that plan shrunk (tiny

@@ -58,3 +58,23 @@ def test_real_lengths_pad_to_the_longest_and_keep_the_loss():
         losses.append(their_step(theirs.eval(), b))
     torch.testing.assert_close(losses[1], losses[0], atol=1e-4, rtol=1e-4)
     torch.testing.assert_close(losses[2], losses[0], atol=1e-4, rtol=1e-4)
+
+
+@pytest.mark.slow
+def test_the_profile_counts_a_steps_operators():
+    """--profile: the ATen operators one training step dispatches, the same per step over 1 or 2 steps after a
+    first one, those called from Python among them, and the top entries by time, longest first (on CPU no
+    kernels)."""
+    from bert_repro.benchmarks.train_step import profile, timed
+
+    config = BertConfig(vocab_size=1200, hidden_size=32, num_layers=1, num_heads=4)  # make_batch: ids >= 1000
+    torch.manual_seed(0)
+    model = BertForPreTraining(config).train()
+    b = make_batch(config, batch=2, seq=16, masked=3, device="cpu")
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4)
+    timed(lambda: our_step(model, b), optimizer, "cpu")  # the optimizer's state is made in its first step
+    one, two = (profile(lambda: our_step(model, b), optimizer, "cpu", "fp32", steps=n, top=5) for n in (1, 2))
+    assert one["aten_ops_per_step"] == two["aten_ops_per_step"] > one["outer_aten_ops_per_step"] > 50
+    assert one["kernels_per_step"] == 0 and len(one["top"]) == 5
+    times = [t["ms_per_step"] for t in one["top"]]
+    assert times == sorted(times, reverse=True)

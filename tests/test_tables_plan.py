@@ -105,7 +105,8 @@ def test_table5_paper_plan_lists_both_phases_and_every_job_and_writes_plan_json(
     plan = json.loads((tmp_path / "table5" / "paper" / "plan.json").read_text())
     assert {"runs", "total_gpu_hours", "accelerator", "totals"} <= set(plan) and plan["accelerator"] == "a100"
     fields = ("name", "kind", "phase", "steps", "seq_length", "tokens", "flops", "gpu_hours", "compute_hours",
-              "comm_hours", "eval_hours", "prep_hours", "disk_gb", "devices", "interconnect", "folder")
+              "comm_hours", "eval_hours", "wall_hours", "prep_hours", "disk_gb", "devices", "gpus",
+              "interconnect", "folder", "after")
     assert all(tuple(r) == fields for r in plan["runs"]) and set(plan["totals"]) == {"h100", "h200", "a100"}
     for r in plan["runs"]:
         assert r["gpu_hours"] == pytest.approx(r["compute_hours"] + r["comm_hours"] + r["eval_hours"])
@@ -495,7 +496,7 @@ def test_the_plan_prices_at_the_mfu_that_gpu_check_measured(tmp_path, monkeypatc
     table = build("table2", "budget", tmp_path, inits={"*": "/ckpt/given"})
     assumed = make_plan(table)
     row = json.dumps({"model": "base", "seq": 384, "device": "cuda", "ours_mfu": 0.6})
-    bench = Step("bench", 60, lambda folder: [sys.executable, "-c", f"print({row!r})"])
+    bench = Step("bench", 60, lambda folder, done: [sys.executable, "-c", f"print({row!r})"])
     report = check(tmp_path / "gpu", 60, [bench], "NVIDIA H100 80GB HBM3")
     monkeypatch.setattr(gpu_check, "OUT_DIR", report.parent)
     measured = make_plan(table)

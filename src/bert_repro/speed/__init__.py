@@ -1,6 +1,7 @@
 """Speed apart from the science: the trainer options (SpeedOptions) that model.py's one encoder reads at its
-switch points, and the kernels behind them (kernels.py: CPU dropout and attention, varlen attention; loss.py:
-the fused MLM decoder and loss; packing.py: several instances per row). None changes what is computed:
+switch points, and what is behind them (layout.py: where a batch's tokens sit and the attention that suits
+them; kernels.py: CPU dropout and attention, varlen attention; loss.py: the fused MLM decoder and loss;
+packing.py: several instances per row; compile_model). None changes what is computed:
 tests/test_speed_options.py proves each equal, in loss and gradients, to the path with every option off."""
 
 from __future__ import annotations

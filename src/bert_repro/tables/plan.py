@@ -148,6 +148,7 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     eval_flops = training_flops(model, round(val * length), length, val * work.per_seq) / 3
     grad_bytes = params * (2 if cfg.speed.grad_allreduce == "bf16" else 4)
     disk_gb = kept_bytes_per_parameter(cfg.checkpoint, list(work.written)) * params / 1e9
+    after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
     steps = work.steps
     after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
     return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps,
