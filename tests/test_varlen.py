@@ -53,6 +53,13 @@ def _flash_forward(calls):
     return forward
 
 
+def _stand_in(monkeypatch, varlen_attn, calls) -> None:
+    """The flash kernel and the ATen op under it stood in for on CPU, where the backend is taken as flash."""
+    monkeypatch.setattr(kernels, "varlen_attn", varlen_attn)
+    monkeypatch.setattr(kernels, "FLASH_FORWARD", _flash_forward(calls))
+    monkeypatch.setattr(kernels, "varlen_backend", lambda requested, q, causal: requested)
+
+
 def _models(causal: bool, attention_dropout: float = 0.0, device: str = "cpu"):
     config = BertConfig(vocab_size=300, hidden_size=32, num_layers=2, num_heads=4, causal=causal,
                         hidden_dropout=0.0, attention_dropout=attention_dropout, initializer_range=0.2)
@@ -81,8 +88,7 @@ def test_the_adapter_speaks_each_torchs_varlen_signature(signature, causal, monk
     """Without dropout the model calls varlen_attn with the causal switch its torch takes, on the real tokens'
     cu_seqlens; the loss and every gradient are the padded model's."""
     calls = []
-    monkeypatch.setattr(kernels, "varlen_attn", (_torch_2_10 if signature == "2.10" else _torch_2_11)(calls))
-    monkeypatch.setattr(kernels, "FLASH_FORWARD", _flash_forward(calls))
+    _stand_in(monkeypatch, (_torch_2_10 if signature == "2.10" else _torch_2_11)(calls), calls)
     padded, flash, batch = _models(causal)
     (loss, grads), (got, got_grads) = (_loss_and_grads(m, *batch) for m in (padded, flash))
     switch = ({"is_causal": causal} if signature == "2.10" else
@@ -110,8 +116,7 @@ def test_attention_dropout_goes_through_the_op_that_takes_it(monkeypatch):
     """varlen_attn has no dropout: a training step with the paper's 0.1 runs the ATen flash op with
     dropout_p=0.1, and evaluation varlen_attn."""
     calls = []
-    monkeypatch.setattr(kernels, "varlen_attn", _torch_2_11(calls))
-    monkeypatch.setattr(kernels, "FLASH_FORWARD", _flash_forward(calls))
+    _stand_in(monkeypatch, _torch_2_11(calls), calls)
     _, flash, (ids, types, mask, labels) = _models(causal=False, attention_dropout=0.1)
     flash(ids, types, mask)
     assert calls == [("_flash_attention_forward", {"dropout_p": 0.1, "is_causal": False})] * 2
@@ -138,8 +143,7 @@ def test_unpadded_attention_dropout_keeps_the_losss_expectation(device, monkeypa
     from one mask to the next (none without dropout, more at a higher rate). On CPU the flash op is
     per-sequence SDPA."""
     if device == "cpu":
-        monkeypatch.setattr(kernels, "varlen_attn", _torch_2_11([]))
-        monkeypatch.setattr(kernels, "FLASH_FORWARD", _flash_forward([]))
+        _stand_in(monkeypatch, _torch_2_11([]), [])
     padded, flash, batch = _models(causal=False, attention_dropout=0.1, device=device)
     with torch.autocast(device, dtype=torch.bfloat16, enabled=device == "cuda"):  # flash: half precision
         torch.manual_seed(1)
@@ -159,3 +163,11 @@ def test_flash_on_cuda_gives_the_padded_loss_and_gradients(causal):
     torch.testing.assert_close(got, loss, atol=2e-2, rtol=2e-2)
     for name in grads:
         torch.testing.assert_close(got_grads[name], grads[name], atol=5e-2, rtol=5e-2, msg=name)
+
+
+def test_flash_where_it_cannot_run_is_refused_with_what_it_needs():
+    config = BertConfig(vocab_size=300, hidden_size=32, num_layers=1, num_heads=4)
+    model = SequenceClassifier(config, 3, speed=SpeedOptions(unpad=True, attention="flash"))
+    ids = torch.tensor([[5, 6, 7, 0]])
+    with pytest.raises(ValueError, match=r"speed.attention=flash .* needs CUDA, torch >= 2.10 and bf16"):
+        model(ids, None, (ids > 0).long())

@@ -167,9 +167,14 @@ def varlen_backend(requested: str, q: Tensor, causal: bool) -> str:
     mask."""
     if requested not in VARLEN_BACKENDS:
         raise ValueError(f"attention backend {requested!r}: expected one of {', '.join(VARLEN_BACKENDS)}")
+    flash = q.device.type == "cuda" and varlen_attn is not None and q.dtype in (torch.float16, torch.bfloat16)
+    if requested == "flash" and not flash:
+        raise ValueError(f"speed.attention=flash runs torch's varlen flash attention: it needs CUDA, torch "
+                         f">= 2.10 and bf16 or fp16 (trainer=gpu), here {q.device.type}, torch "
+                         f"{torch.__version__}, {q.dtype}; use speed.attention=auto")
     if requested != "auto":
         return requested
-    if q.device.type == "cuda" and varlen_attn is not None and q.dtype in (torch.float16, torch.bfloat16):
+    if flash:
         return "flash"
     if q.device.type == "cuda":
         _warn_nested()

@@ -150,7 +150,6 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
     disk_gb = kept_bytes_per_parameter(cfg.checkpoint, list(work.written)) * params / 1e9
     after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
     steps = work.steps
-    after = str(sweep.needs.jobs()[0][1]) if sweep.needs is not None else None
     return Run(f"{sweep.name}/{folder.name}", sweep.stage, sweep.phase if pretraining else None, steps,
                int(data.max_seq_length), work.tokens, work.flops, work.lstm_flops, eval_flops,
                steps * 2 * (n - 1) / n * grad_bytes, devices, nodes, model.hidden_size, disk_gb, str(folder),
