@@ -66,15 +66,17 @@ def test_table_config_runs_one_cell_through_hydra_multirun_and_collects_every_ro
     launcher = table.spec["launchers"]["local"]
     part, row_key, col, sweep = one_cell(table)
 
+    ran = {}  # the sweeps as they ran, by name
     if sweep.needs is not None:  # the row's own pre-training, cut to 2 steps
         needs = replace(sweep.needs, overrides={**sweep.needs.overrides, **TINY_PRETRAIN})
+        ran[needs.name] = needs
         assert run_sweep(needs, stage_launcher(launcher, "pretrain"))["complete"] == 1, job_state(
             needs.jobs()[0][1])
     swept, folder = sweep.jobs()[0]  # the first job of the grid, in the folder the full table expects it
     sweep = replace(sweep, params=dict(item.split("=", 1) for item in swept))
     assert sweep.jobs() == [(swept, folder)]
     assert not set(FAST) & set(sweep.params)  # a swept key would name another folder
-    sweep = replace(sweep, overrides={**sweep.overrides, **FAST})
+    sweep = ran[sweep.name] = replace(sweep, overrides={**sweep.overrides, **FAST})
     counts = run_sweep(sweep, stage_launcher(launcher, "finetune"))
     assert counts["complete"] == 1, job_state(folder)
     record = json.loads((folder / "results.json").read_text())
@@ -83,7 +85,7 @@ def test_table_config_runs_one_cell_through_hydra_multirun_and_collects_every_ro
         assert record["init"] == str(sweep.init_path())
 
     # the table as it ran (the cell's job shrunk to FAST): collect holds each cell to the science that ran
-    full = table
+    full = replace(table, sweeps={**table.sweeps, **ran})
     reference = load_reference()
     collected = collect(full, reference)
     written = write_all(full, collected, reference, tmp_path / "results")
