@@ -62,6 +62,8 @@ CASES = [
      ["optim.epochs=0: expected a positive whole number of epochs"]),
     ("negative-max-steps", ["optim.max_steps=-5"], None,
      ["optim.max_steps=-5: expected a positive number of steps"]),
+    ("negative-scale-steps", ["experiment=pretrain_phase1", "scale.pretrain.max_steps=-1000"], None,
+     ["optim.schedule_steps=-1000 (from ${scale.pretrain.max_steps}): expected a positive whole number"]),
     ("resume-checkpoint-does-not-exist", ["ckpt_path=/nonexistent/last.ckpt"], None,
      ["ckpt_path=/nonexistent/last.ckpt does not exist"]),
     ("folder-holds-a-result-of-other-settings", ["optim.lr=1e-3", "hydra.run.dir=ROOT/good"], None,

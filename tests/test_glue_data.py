@@ -2,6 +2,7 @@
 tokenized cache reused, dynamic padding, length grouping, column mapping, and clear errors."""
 
 import json
+import logging
 import os
 import subprocess
 import sys
@@ -291,3 +292,23 @@ def test_clear_errors_for_wrong_input(tmp_path, shared_data):
         datamodule("stsb", tmp_path, files={"train": score, "dev": score}).raw_splits()
     with pytest.raises(ValueError, match="files has splits \\['validation'\\]"):
         datamodule("rte", tmp_path, files={"validation": score})
+
+
+def test_a_vocabulary_that_turns_the_text_into_unk_is_warned_of(tmp_path, caplog):
+    """A fine-tuning (random weights, data.tokenizer=...) whose vocabulary does not cover the task's text is
+    said, as pre-training refuses it; the task's own vocabulary says nothing."""
+    rows = [["index", "sentence1", "sentence2", "label"],
+            *([i, "The cat sat on the mat.", "A cat is sitting.", "entailment"] for i in range(4))]
+    files = {"train": tsv(tmp_path / "train.tsv", rows), "dev": tsv(tmp_path / "dev.tsv", rows)}
+    covering = tmp_path / "covering.txt"
+    covering.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "cat", "sat", "on",
+                                   "mat", "a", "is", "sitting", "."]) + "\n")
+    sparse = tmp_path / "sparse.txt"
+    sparse.write_text("\n".join(["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "the", "."]) + "\n")
+    for vocab, warned in ((covering, False), (sparse, True)):
+        caplog.clear()
+        with caplog.at_level(logging.WARNING):
+            datamodule("rte", tmp_path / vocab.stem, vocab, files=files).setup()
+        said = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
+        assert bool(said) == warned, said
+    assert "of task=rte's train tokens into [UNK]" in said[0] and "data.lowercase" in said[0]

@@ -131,3 +131,16 @@ def test_a_heads_bilstm_is_priced_by_its_shape_in_heads(tmp_path, monkeypatch):
     bare = {r["name"]: r["flops"] for r in make_plan(table)["runs"]}
     assert {n for n in priced if bare[n] < priced[n]} == {n for n in priced if "/finetune_all/" not in n}
     assert all(bare[n] == priced[n] for n in priced if "/finetune_all/" in n)
+
+
+def test_a_plan_says_how_far_it_is_as_it_composes_the_runs(tmp_path, caplog, monkeypatch):
+    """A long plan is not silent: a line every few seconds (here every run) while its runs are composed."""
+    import logging
+
+    from bert_repro import progress
+
+    monkeypatch.setattr(plan, "counted", lambda items, what, every_s=None: progress.counted(items, what, 0))
+    with caplog.at_level(logging.INFO, logger="bert_repro.progress"):
+        assert cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path)]) == 0
+    said = [r.getMessage() for r in caplog.records if r.name == "bert_repro.progress"]
+    assert said[0].startswith("planning: runs composed: 1 so far") and said[-1].endswith("in all"), said

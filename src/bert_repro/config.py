@@ -15,7 +15,7 @@ from dataclasses import dataclass, field, fields
 from typing import Any
 
 from hydra.core.config_store import ConfigStore
-from omegaconf import DictConfig
+from omegaconf import DictConfig, OmegaConf
 
 
 def _whole(value: Any) -> bool:
@@ -220,7 +220,11 @@ def _out_of_range(node: Any, name: str, schema: type | None = None) -> list[str]
         # get resolves an interpolation once (a plan checks thousands); a ??? key reads as None, not checked
         value = getattr(node, spec.name) if keys is None else node.get(spec.name)
         if "test" in spec.metadata and value is not None and not spec.metadata["test"](value):
-            wrong.append(f"{name}.{spec.name}={_shown(value)}: expected {spec.metadata['expected']}")
+            # a value another key set (${scale.pretrain.max_steps}) names that key: the one a user typed
+            raw = (OmegaConf.to_container(node, resolve=False)[spec.name]
+                   if keys is not None and OmegaConf.is_interpolation(node, spec.name) else None)
+            wrong.append(f"{name}.{spec.name}={_shown(value)}{f' (from {raw})' if raw else ''}: expected "
+                         f"{spec.metadata['expected']}")
     return wrong
 
 

@@ -9,10 +9,13 @@ from __future__ import annotations
 
 import hashlib
 import json
+import logging
 from pathlib import Path
 
 import lightning as L
 import numpy as np
+import pyarrow as pa
+import pyarrow.compute as pc
 from datasets import Dataset, load_dataset
 from filelock import FileLock
 from lightning.fabric.utilities.data import AttributeDict
@@ -26,6 +29,11 @@ from bert_repro.tokenization import fine_tuning_tokenizer
 # Carved dev splits, train subsets and pre-training's val split and masks do not move with the restart
 # seed: restarts then differ in data order only (§4.1), and val/ppl compares across runs.
 HELD_OUT_SEED = 0
+# [UNK] among a text's tokens above which its vocabulary does not cover it: pre-training refuses more
+# (data.max_unknown_share's default), fine-tuning warns, measured on its first UNKNOWN_ROWS train rows
+MAX_UNKNOWN_SHARE = 0.05
+UNKNOWN_ROWS = 2000
+log = logging.getLogger(__name__)
 
 
 def cache_key(*parts) -> str:
@@ -147,6 +155,22 @@ class FineTuningDataModule(VocabularyBySize):
             self.prepare_tokenizer()
         self.build(training)
         self.limit_eval()
+        self.warn_unknown()
+
+    def warn_unknown(self) -> None:
+        """A vocabulary that turns much of the task's text into [UNK] (another language, script or casing)
+        leaves the model little to read: said once, above the share pre-training refuses."""
+        if "train" not in self.datasets or "[UNK]" not in (self.vocab or []):
+            return
+        ids = self.datasets["train"].with_format("arrow")[:UNKNOWN_ROWS]["input_ids"]
+        while pa.types.is_list(ids.type) or pa.types.is_large_list(ids.type):  # SWAG: a list per choice
+            ids = pc.list_flatten(ids)
+        unknown = pc.sum(pc.equal(ids, self.vocab.index("[UNK]"))).as_py() or 0
+        if len(ids) and unknown / len(ids) > MAX_UNKNOWN_SHARE:
+            log.warning("data.tokenizer (%d tokens) turns %.1f%% of task=%s's train tokens into [UNK] (%d of "
+                        "the first %d): expected a vocabulary that covers the text (its language, script and "
+                        "casing: data.lowercase); the numbers will be a model's that reads little",
+                        len(self.vocab), 100 * unknown / len(ids), self.task, unknown, len(ids))
 
     def limit_eval(self) -> None:
         """``max_eval_examples`` (data.max_eval_examples, a subclass argument): each Dev split keeps that

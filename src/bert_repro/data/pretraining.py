@@ -19,7 +19,7 @@ from tokenizers import Tokenizer
 from torch.utils.data import DataLoader
 
 from bert_repro.data import instances
-from bert_repro.data.base import HELD_OUT_SEED, VocabularyBySize, cache_key
+from bert_repro.data.base import HELD_OUT_SEED, MAX_UNKNOWN_SHARE, VocabularyBySize, cache_key
 from bert_repro.data.batching import eval_loader, train_loader
 from bert_repro.data.corpus import (
     default_cache_dir,
@@ -156,7 +156,8 @@ class PretrainDataModule(VocabularyBySize):
                  ltr: bool = False, masking: str = "dynamic", dupe_factor: int = 1,
                  val_fraction: float = 0.05, batch_size: int = 32, num_workers: int = 0, num_proc: int = 1,
                  seed: int = 12345, cache_dir: str | None = None, max_documents: int | None = None,
-                 source: str = "files", hub: list[dict] | None = None, max_unknown_share: float = 0.05):
+                 source: str = "files", hub: list[dict] | None = None,
+                 max_unknown_share: float = MAX_UNKNOWN_SHARE):
         super().__init__()
         mask_shares = tuple(float(s) for s in mask_shares)
         if len(mask_shares) != 3 or min(mask_shares) < 0 or abs(sum(mask_shares) - 1) > 1e-6:
