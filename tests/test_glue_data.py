@@ -158,6 +158,47 @@ def test_dynamic_and_fixed_padding():
     assert fixed["input_ids"].shape == (2, 128) and fixed["labels"].dtype.is_floating_point
 
 
+def test_length_buckets_give_a_few_shapes_and_the_same_loss():
+    """speed.length_bucket: a batch padded up to the next multiple of 32 (at most max_seq_length) is a few
+    shapes for the compiler, and its padding is masked: the same logits and loss as padded to its longest."""
+    import torch
+
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    collate = PadCollator(bucket=32, max_length=100)
+    lengths = (3, 32, 33, 64, 65, 97, 100)
+    assert [collate.padded_length([n]) for n in lengths] == [32, 32, 64, 64, 96, 100, 100]
+    assert PadCollator(pad_to=128, bucket=32).padded_length([40]) == 128  # fixed padding stays fixed
+    rng = np.random.default_rng(0)
+    rows = [{"input_ids": rng.integers(5, 100, n).tolist(), "token_type_ids": [0] * n, "label": n % 2,
+             "row": i, "idx": str(i)} for i, n in enumerate((7, 19, 40))]
+    longest, bucketed = PadCollator()(rows), collate(rows)
+    assert longest["input_ids"].shape[1] == 40 and bucketed["input_ids"].shape[1] == 64
+    tiny = {"vocab_size": 100, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_position": 128}
+    optim = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01}
+    module = SequenceClassificationModule(model=tiny, optim=optim, task="mrpc", num_labels=2).eval()
+    with torch.no_grad():
+        logits = module(longest), module(bucketed)
+    torch.testing.assert_close(logits[0], logits[1])
+    assert module._loss(logits[0], longest["labels"]) == pytest.approx(
+        float(module._loss(logits[1], bucketed["labels"])), rel=1e-6)
+
+
+def test_only_a_step_compiled_for_cuda_pads_to_buckets(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from bert_repro.lifecycle.build import compiled_on
+
+    def run(compile: bool, accelerator: str):
+        return OmegaConf.create({"speed": {"compile": compile}, "trainer": {"accelerator": accelerator}})
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert (compiled_on(run(True, "gpu")), compiled_on(run(True, "cpu")), compiled_on(run(False, "gpu"))) == (
+        "cuda", "cpu", None)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert compiled_on(run(True, "auto")) == "cpu"
+
+
 def test_the_mean_padded_length_is_the_expected_longest_of_a_batch_capped_at_the_length():
     """mean_padded_length (the plan's) against batches drawn at random: each padded to its longest."""
     rng = np.random.default_rng(0)

@@ -40,14 +40,19 @@ def draw_lengths(quantiles: list[int], shape: int | tuple[int, int], seq: int) -
 
 class PadCollator:
     """Pads a batch to its longest sequence (dynamic padding), or to ``pad_to`` (the released code's fixed
-    128)."""
+    128). ``bucket``: the longest rounded up to a multiple of it, at most ``max_length``, so a compiled step
+    sees a few shapes (speed.length_bucket); the padding is masked, so the loss is the same."""
 
-    def __init__(self, pad_to: int | None = None, regression: bool = False):
-        self.pad_to, self.regression = pad_to, regression
+    def __init__(self, pad_to: int | None = None, regression: bool = False, bucket: int | None = None,
+                 max_length: int | None = None):
+        self.pad_to, self.regression, self.bucket, self.max_length = pad_to, regression, bucket, max_length
 
     def padded_length(self, lengths) -> int:
         """The length a batch of rows of ``lengths`` tokens is padded to."""
-        return self.pad_to or int(max(lengths))
+        longest = int(max(lengths))
+        if self.pad_to or not self.bucket:
+            return self.pad_to or longest
+        return max(longest, min(-(-longest // self.bucket) * self.bucket, self.max_length or longest))
 
     def mean_padded_length(self, quantiles: list[int] | None, batch: int, seq: int) -> float:
         """The mean length this pads batches of ``batch`` examples to, over 10,000 drawn from a task's length
