@@ -120,7 +120,8 @@ class Throughput(L.Callback):
     else Lightning's table of known devices at the run's precision (flops.accelerator_peak_flops). A CPU has
     no such table (its peak depends on the dtype, the threads and what else runs), and an unknown accelerator
     none either: they report no MFU, not a guess. A peak is a ceiling, so MFU never exceeds 1: a run faster
-    than the peak it was given reports none, saying why.
+    than the peak it was given reports none, saying why. ``step_s``: the host's time inside every training
+    step, warm-up included, of which a run's wall time is a multiple (results.json perf.step_share).
     """
 
     def __init__(self, skip_steps: int = 1, peak_tflops: float | None = None):
@@ -131,6 +132,7 @@ class Throughput(L.Callback):
         self.sequences_per_s: float | None = None
         self.flops_per_s: float | None = None  # model FLOP/s of one device
         self.mfu: float | None = None
+        self.step_s = 0.0
         self._reset()
 
     def _reset(self) -> None:
@@ -138,6 +140,7 @@ class Throughput(L.Callback):
         self._start: float | None = None
         self._end: float | None = None  # the host's clock at the last counted step's end
         self._world, self._waits = 1, False  # whether _end waits for the device's work
+        self.step_s, self._began = 0.0, 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._reset()
@@ -151,11 +154,13 @@ class Throughput(L.Callback):
             self.peak_source = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._began = time.perf_counter()  # after the loader's batch: its wait is not the step's
         if self._start is None and self._batches >= self.skip_steps:
-            self._start = time.perf_counter()
+            self._start = self._began
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._batches += 1
+        self.step_s += time.perf_counter() - self._began
         if self._start is None:
             return
         self._tally.add(pl_module, batch)
@@ -203,7 +208,7 @@ class Throughput(L.Callback):
         return {"tokens_per_s": self.tokens_per_s, "sequences_per_s": self.sequences_per_s,
                 "tflops_per_device": self.flops_per_s / 1e12 if self.flops_per_s else None,
                 "peak_tflops": self.peak_flops / 1e12 if self.peak_flops else None,
-                "peak_source": self.peak_source, "mfu": self.mfu}
+                "peak_source": self.peak_source, "mfu": self.mfu, "step_s": round(self.step_s, 3)}
 
 
 class ModelSummary(lightning_summary.ModelSummary):
