@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bert_repro.tables import __main__ as cli
 
@@ -107,3 +108,17 @@ def held_by_another_process(folder: Path) -> Iterator[int]:
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
+
+
+class ScalarReads(TorchDispatchMode):
+    """The ops, while active, that read a scalar off the device (``.item()``, ``int()``, ``bool()``): each a
+    host sync on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        if func in (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default):
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

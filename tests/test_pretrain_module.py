@@ -6,7 +6,7 @@ import torch
 from bert_repro.tasks.base import decay_groups, linear_warmup_decay
 from bert_repro.tasks.pretrain import PretrainModule
 
-from .helpers import pretrain_losses
+from .helpers import ScalarReads, pretrain_losses
 
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
             attention_dropout=0.0)
@@ -173,3 +173,15 @@ def test_trains_with_gradient_clipping_at_each_precision(precision):
     assert trainer.global_step == 3
     assert bool(trainer.optimizers[0].defaults["fused"]) == (precision == "32-true")
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_a_training_step_reads_no_scalar_from_the_device(monkeypatch):
+    """A scalar read (``.item()``, ``int()``, a metric's NaN check) is a host sync on a GPU: the training step
+    and its metrics' updates make none (the masked-LM gather by ``masked_lm_weights`` still syncs on its
+    data-dependent shape)."""
+    monkeypatch.setattr("bert_repro.speed.kernels.eager_cpu", lambda x: False)  # as on a GPU
+    module = PretrainModule(model=TINY, optim=OPTIM)
+    module._step(batch(), "train")  # metrics initialised
+    with ScalarReads() as reads:
+        module.training_step(batch(seed=1), 0).backward()
+    assert reads.ops == [], reads.ops
