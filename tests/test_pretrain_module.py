@@ -185,3 +185,21 @@ def test_a_training_step_reads_no_scalar_from_the_device(monkeypatch):
     with ScalarReads() as reads:
         module.training_step(batch(seed=1), 0).backward()
     assert reads.ops == [], reads.ops
+
+
+def test_length_buckets_leave_the_pretraining_loss_as_it_was():
+    """speed.length_bucket in pre-training: instances padded up to the bucket (a few shapes for a compiled
+    step), their padding masked: the same loss as padded to the longest."""
+    from bert_repro.data.pretraining import PretrainingCollator
+
+    g = torch.Generator().manual_seed(0)
+    examples = [{"input_ids": [2, *torch.randint(5, 64, (n,), generator=g).tolist(), 3],
+                 "token_type_ids": [0] * (n + 2), "next_sentence_label": n % 2,
+                 "masked_lm_positions": [1, 2], "masked_lm_ids": [7, 9]} for n in (5, 11, 17)]
+    mask = {"max_predictions": 3}
+    longest = PretrainingCollator(mask, dynamic=False, nsp=True, seed=0)(examples)
+    bucketed = PretrainingCollator(mask, dynamic=False, nsp=True, seed=0, bucket=8, max_length=32)(examples)
+    assert longest["input_ids"].shape[1] == 19 and bucketed["input_ids"].shape[1] == 24
+    module = PretrainModule(model=TINY, optim=OPTIM).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(module._step(longest, "val"), module._step(bucketed, "val"))
