@@ -26,7 +26,7 @@ from omegaconf.errors import OmegaConfBaseException
 
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, SweepUsageError, UsageError
 from bert_repro.lifecycle.folder import RunFolder
-from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, is_launcher
+from bert_repro.lifecycle.locks import FolderInUse, check_held, is_launcher
 from bert_repro.lifecycle.signals import Stopped, stop_message
 from bert_repro.network import Unreachable
 
@@ -141,9 +141,9 @@ def one_voice() -> None:
 
 @contextmanager
 def run_ends(cfg: DictConfig, record: bool = True) -> Iterator[None]:
-    """The run folder held by this process (locks.py) and every way the run can fail turned into its exit:
-    a message, an exit code or, in a multirun, a JobFailed for Hydra's launcher. ``record``: a failure leaves
-    its record in the folder (an evaluation's does not)."""
+    """Every way the run can fail turned into its exit, a folder that a live run holds among them (locks.py;
+    hydra_hooks.OutputFolderCheck holds a run's): a message, an exit code or, in a multirun, a JobFailed for
+    Hydra's launcher. ``record``: a failure leaves its record in the folder (an evaluation's does not)."""
     one_voice()
     multirun = HydraConfig.initialized() and HydraConfig.get().mode == RunMode.MULTIRUN
     folder = RunFolder(cfg.paths.output_dir)
@@ -159,8 +159,8 @@ def run_ends(cfg: DictConfig, record: bool = True) -> Iterator[None]:
         raise SystemExit(code) from None
 
     try:
-        # one process per run folder: a single run holds it from Hydra's start (OutputFolderCheck)
-        with machine_faults_named(places, folder.last), RunFolderLock(folder.path):
+        with machine_faults_named(places, folder.last):
+            check_held(folder.path)  # one process per folder: Hydra's callback took it (OutputFolderCheck)
             yield
     except FolderInUse as err:  # another live run's folder: nothing of it is touched, no failure recorded
         fail(err, 2, str(err), written=False)

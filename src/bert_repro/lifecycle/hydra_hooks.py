@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import atexit
+import contextlib
 import difflib
 import functools
 import hashlib
@@ -22,7 +23,7 @@ from omegaconf import OmegaConf
 
 from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import unwritable
-from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock
+from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, hold
 
 MAX_NAME = 160
 # A folder name is made of items "key-value" joined by "+": characters Hydra's override parser takes unquoted
@@ -127,21 +128,23 @@ composed = False  # the command's config composed (a Hydra run started): a later
 
 class OutputFolderCheck(Callback):
     """Hydra creates the run (or sweep) folder before src/train.py gets control: one that cannot be created or
-    written to ends the run here with a message naming it, not a traceback; one that a live run holds
-    (locks.py) too, before Hydra writes this command's config and log into it, and before torch loads.
-    A multirun's jobs lock their own folders in run.main (conf/train.yaml hydra.callbacks)."""
+    written to ends the run here with a message naming it, not a traceback. It holds each run's folder
+    (locks.py) for the run's whole life, the one lock: a single run's from its start, refused before Hydra
+    writes this command's config and log into it and before torch loads; a multirun job's from the job's start
+    to its end, refused in the job's own error handling (exits.run_ends): Hydra calls on_job_start outside
+    it, where an exception is only a warning (the job would run unlocked) and a SystemExit ends the sweep."""
 
     def __init__(self) -> None:
-        self.lock: RunFolderLock | None = None
+        self.lock: RunFolderLock | None = None  # a single run's
+        self.job: RunFolderLock | None = None  # a multirun job's
 
     def on_run_start(self, config: Any, **kwargs: Any) -> None:
         global composed
         composed = True
         folder = Path(str(config.hydra.run.dir))
         _check_writable(folder, "hydra.run.dir")
-        self.lock = RunFolderLock(folder)
         try:
-            self.lock.__enter__()
+            self.lock = hold(folder)
         except FolderInUse as err:
             print(err, file=sys.stderr)
             raise SystemExit(2) from None
@@ -150,6 +153,16 @@ class OutputFolderCheck(Callback):
     def on_run_end(self, config: Any, **kwargs: Any) -> None:
         if self.lock is not None:
             self.lock.__exit__()
+
+    def on_job_start(self, config: Any, **kwargs: Any) -> None:
+        if self.lock is None:  # a multirun's job: a single run holds its folder from on_run_start
+            with contextlib.suppress(FolderInUse):  # the job fails in run_ends, the sweep goes on
+                self.job = hold(str(config.hydra.runtime.output_dir))
+
+    def on_job_end(self, config: Any, **kwargs: Any) -> None:
+        if self.job is not None:
+            self.job.__exit__()
+            self.job = None
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:
         global composed

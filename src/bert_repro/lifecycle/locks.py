@@ -27,11 +27,13 @@ log = logging.getLogger(__name__)
 RANKS = ("RANK", "SLURM_PROCID", "LOCAL_RANK", "NODE_RANK")  # torchrun, SLURM, Lightning's DDP children
 # what flock says on a file system without locks (Lustre mounted without -o flock, NFS with nolock)
 NO_LOCKS = (errno.ENOLCK, errno.ENOSYS, errno.EOPNOTSUPP, errno.EINVAL)
-_held: set[Path] = set()  # what this process holds: Hydra's callback locks first, run.main finds it held
 
 
 class FolderInUse(Exception):
     """A live process holds the run folder."""
+
+
+_refused: dict[Path, FolderInUse] = {}  # folders this process's runs asked for and a live run held (hold)
 
 
 def is_launcher() -> bool:
@@ -42,9 +44,7 @@ def is_launcher() -> bool:
 
 class RunFolderLock:
     """``with RunFolderLock(folder):`` holds ``folder`` for this run, or raises ``FolderInUse``. Only the
-    launching process takes it: the ranks it starts work under its lock. Within a process it nests: a folder
-    this process holds already is entered as held (hydra_hooks.OutputFolderCheck holds it before run.main
-    runs)."""
+    launching process takes it: the ranks it starts work under its lock."""
 
     def __init__(self, folder: str | Path):
         self.folder = Path(folder)
@@ -52,7 +52,7 @@ class RunFolderLock:
         self._fd: int | None = None
 
     def __enter__(self) -> RunFolderLock:
-        if not is_launcher() or self.folder.resolve() in _held:
+        if not is_launcher():
             return self
         self.folder.mkdir(parents=True, exist_ok=True)
         fd = os.open(self.path, os.O_RDWR | os.O_CREAT, 0o644)
@@ -75,7 +75,6 @@ class RunFolderLock:
             os.close(fd)
             raise
         self._fd = fd
-        _held.add(self.folder.resolve())
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -87,7 +86,24 @@ class RunFolderLock:
             pass
         os.close(self._fd)  # closing releases the flock
         self._fd = None
-        _held.discard(self.folder.resolve())
+
+
+def hold(folder: str | Path) -> RunFolderLock:
+    """``folder`` held for this process's run until the lock's ``__exit__``; where a live run holds it,
+    FolderInUse, which ``check_held`` raises again in the run's own error handling."""
+    lock = RunFolderLock(folder)
+    _refused.pop(lock.folder.resolve(), None)
+    try:
+        return lock.__enter__()
+    except FolderInUse as err:
+        _refused[lock.folder.resolve()] = err
+        raise
+
+
+def check_held(folder: str | Path) -> None:
+    """Raises the FolderInUse that this process met when it asked for ``folder`` (hold)."""
+    if (refused := _refused.pop(Path(folder).resolve(), None)) is not None:
+        raise refused
 
 
 def live_processes(folder: Path) -> list[int]:
