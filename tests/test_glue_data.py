@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from bert_repro.data.batching import LENGTH_PROBS, LengthGroupedSampler, PadCollator
 from bert_repro.data.glue import GlueDataModule, truncated_lengths
@@ -353,3 +354,20 @@ def test_a_vocabulary_that_turns_the_text_into_unk_is_warned_of(tmp_path, caplog
         said = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
         assert bool(said) == warned, said
     assert "of task=rte's train tokens into [UNK]" in said[0] and "data.lowercase" in said[0]
+
+
+@pytest.mark.parametrize(("trainer", "compile", "bucket"), [("gpu", True, 32), ("gpu", False, None),
+                                                             ("cpu", True, None)])
+def test_the_run_gives_its_data_the_bucket_only_where_it_compiles_for_cuda(monkeypatch, trainer, compile,
+                                                                           bucket):
+    """speed.length_bucket through build_data, from the composed config to the GLUE collator."""
+    from bert_repro.lifecycle.build import build_data
+
+    from .test_config import compose_cfg, resolved
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # a GPU machine
+    cfg = OmegaConf.create(resolved(compose_cfg(["task=mrpc", "model=tiny", f"trainer={trainer}",
+                                                 f"speed.compile={str(compile).lower()}"])))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]
+    datamodule = build_data(SimpleNamespace(cfg=cfg, per_device=8, vocab=vocab, lowercase=True))
+    assert datamodule.collator().bucket == bucket
