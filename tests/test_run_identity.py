@@ -100,3 +100,36 @@ def test_a_forced_rerun_killed_half_way_leaves_a_folder_that_says_so(pretrained,
     monkeypatch.undo()
     main(composed([*FAST, *places]))  # the plain command runs it again, to the end
     assert folder.complete()["global_step"] == 4
+
+
+def test_a_finished_run_from_a_moved_checkpoint_is_found_again_and_one_replaced_in_place_is_not(tmp_path):
+    """A single run (src/train.py init=...) knows its start by the checkpoint's identity and step, as a
+    table's jobs do: the same file moved elsewhere is the same run; another checkpoint at that path is not."""
+    import json
+
+    import torch
+    from omegaconf import OmegaConf
+
+    from bert_repro.identity import init_identity
+    from bert_repro.lifecycle.finished import FolderHoldsOtherResult, finished_results
+
+    def checkpoint(path, step):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        identity = {"task": "pretrain", "head": None, "labels": None, "max_seq_length": 32,
+                    "science": {"task": {"name": "pretrain"}, "model": {"num_layers": 2}}}
+        torch.save({"identity": identity, "global_step": step}, path)
+        return init_identity(torch.load(path))
+
+    old, new, out = tmp_path / "old" / "last.ckpt", tmp_path / "moved" / "last.ckpt", tmp_path / "run"
+    science = {"task": {"name": "mrpc"}, "model": {"num_layers": 2}, "seed": 1}
+    out.mkdir()
+    (out / "results.json").write_text(json.dumps({
+        "status": "complete", "task": "mrpc", "seed": 1, "monitor": "val/acc",
+        "metrics": {"final": {"val/acc": 0.7}},
+        "config": {**science, "init": str(old)}, "init_identity": checkpoint(old, 2)}))
+    old.rename(new.parent.mkdir() or new)
+    cfg = OmegaConf.create({**science, "init": str(new), "paths": {"output_dir": str(out)}, "test": False})
+    assert finished_results(cfg)["metrics"]["final"] == {"val/acc": 0.7}
+    checkpoint(new, 3)  # written over in place: another checkpoint at the path the run now names
+    with pytest.raises(FolderHoldsOtherResult, match=r"init.step: was 2, now 3"):
+        finished_results(cfg)

@@ -18,7 +18,7 @@ from omegaconf import DictConfig, OmegaConf
 
 from bert_repro.keys import is_path, is_science
 from bert_repro.lifecycle.checks import UsageError
-from bert_repro.lifecycle.folder import RunFolder, differences
+from bert_repro.lifecycle.folder import RunFolder, compared, differences
 from bert_repro.lifecycle.pretrained import SHAPE_KEYS, model_on_command_line
 from bert_repro.lifecycle.results import print_results
 
@@ -44,7 +44,8 @@ def finished_results(cfg: DictConfig) -> dict[str, Any] | None:
         return None
     # a run given init= and no model= records the checkpoint's shape (RunSpec.model), not the default's
     ignore = () if model_on_command_line() else tuple(f"model.{key}" for key in SHAPE_KEYS)
-    differ = differences(results.get("config"), OmegaConf.to_container(cfg, resolve=True), ignore)
+    # init= by its checkpoint's identity and step, as a table's jobs are: a moved checkpoint is the same run
+    differ = differences(*compared(results, OmegaConf.to_container(cfg, resolve=True)), ignore)
     if differ:
         raise FolderHoldsOtherResult(
             f"{folder} holds the finished result of other settings ({'; '.join(differ[:4])}"
