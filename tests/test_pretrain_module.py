@@ -176,9 +176,8 @@ def test_trains_with_gradient_clipping_at_each_precision(precision):
 
 
 def test_a_training_step_reads_no_scalar_from_the_device(monkeypatch):
-    """A scalar read (``.item()``, ``int()``, a metric's NaN check) is a host sync on a GPU: the training step
-    and its metrics' updates make none (the masked-LM gather by ``masked_lm_weights`` still syncs on its
-    data-dependent shape)."""
+    """A scalar read (``.item()``, ``int()``, a metric's NaN check) or a boolean index is a host sync on a
+    GPU: the training step and its metrics' updates make none."""
     monkeypatch.setattr("bert_repro.speed.kernels.eager_cpu", lambda x: False)  # as on a GPU
     module = PretrainModule(model=TINY, optim=OPTIM)
     module._step(batch(), "train")  # metrics initialised
@@ -203,3 +202,29 @@ def test_length_buckets_leave_the_pretraining_loss_as_it_was():
     module = PretrainModule(model=TINY, optim=OPTIM).eval()
     with torch.no_grad():
         torch.testing.assert_close(module._step(longest, "val"), module._step(bucketed, "val"))
+
+
+@pytest.mark.parametrize("ltr", [False, True])
+def test_keeping_every_position_gives_the_loss_and_accuracy_of_picking_the_real_ones(monkeypatch, ltr):
+    """Off the eager CPU the step scores all B x P positions, the padded ones ignored, instead of picking the
+    N real ones out (a host sync): the same loss, gradients and accuracy."""
+    from bert_repro.speed import kernels
+
+    torch.manual_seed(0)
+    model = {**TINY, "causal": True} if ltr else TINY
+    module = PretrainModule(model=model, optim=OPTIM, nsp=not ltr, ltr=ltr)
+    b = batch()
+    results = []
+    for eager in (True, False):
+        monkeypatch.setattr(kernels, "eager_cpu", lambda x, eager=eager: eager)
+        module.zero_grad()
+        module.train_mlm_acc.reset()
+        loss = module._step(b, "train")
+        loss.backward()
+        grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        results.append((loss.detach(), grads, module.train_mlm_acc.compute()))
+    (picked, picked_grads, picked_acc), (kept, kept_grads, kept_acc) = results
+    torch.testing.assert_close(kept, picked)
+    torch.testing.assert_close(kept_acc, picked_acc)
+    for a, b_ in zip(kept_grads, picked_grads, strict=True):
+        torch.testing.assert_close(a, b_)
