@@ -12,6 +12,7 @@ from pathlib import Path
 from typing import Any
 
 import torch
+from torch.utils._python_dispatch import TorchDispatchMode
 
 from bert_repro.tables import __main__ as cli
 
@@ -107,3 +108,21 @@ def held_by_another_process(folder: Path) -> Iterator[int]:
     finally:
         holder.stdin.close()
         holder.wait(timeout=60)
+
+
+class ScalarReads(TorchDispatchMode):
+    """The ops, while active, that read a scalar off the device (``.item()``, ``int()``, ``bool()``) or
+    whose output size is the data's (``nonzero``: a boolean index): each a host sync on a GPU."""
+
+    def __init__(self):
+        super().__init__()
+        self.ops: list[str] = []
+
+    def __torch_dispatch__(self, func, types, args=(), kwargs=None):
+        boolean_index = func is torch.ops.aten.index.Tensor and any(
+            index is not None and index.dtype == torch.bool for index in args[1])
+        reads = (torch.ops.aten._local_scalar_dense.default, torch.ops.aten.is_nonzero.default,
+                 torch.ops.aten.nonzero.default, torch.ops.aten.masked_select.default)
+        if boolean_index or func in reads:
+            self.ops.append(str(func))
+        return func(*args, **(kwargs or {}))

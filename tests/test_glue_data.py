@@ -11,6 +11,7 @@ from types import SimpleNamespace
 
 import numpy as np
 import pytest
+from omegaconf import OmegaConf
 
 from bert_repro.data.batching import LENGTH_PROBS, LengthGroupedSampler, PadCollator
 from bert_repro.data.glue import GlueDataModule, truncated_lengths
@@ -156,6 +157,47 @@ def test_dynamic_and_fixed_padding():
     assert batch["token_type_ids"][1].tolist() == [0, 0, 0, 1, 1] and batch["idx"] == ["a", "b"]
     fixed = PadCollator(pad_to=128, regression=True)(rows)
     assert fixed["input_ids"].shape == (2, 128) and fixed["labels"].dtype.is_floating_point
+
+
+def test_length_buckets_give_a_few_shapes_and_the_same_loss():
+    """speed.length_bucket: a batch padded up to the next multiple of 32 (at most max_seq_length) is a few
+    shapes for the compiler, and its padding is masked: the same logits and loss as padded to its longest."""
+    import torch
+
+    from bert_repro.tasks.classification import SequenceClassificationModule
+
+    collate = PadCollator(bucket=32, max_length=100)
+    lengths = (3, 32, 33, 64, 65, 97, 100)
+    assert [collate.padded_length([n]) for n in lengths] == [32, 32, 64, 64, 96, 100, 100]
+    assert PadCollator(pad_to=128, bucket=32).padded_length([40]) == 128  # fixed padding stays fixed
+    rng = np.random.default_rng(0)
+    rows = [{"input_ids": rng.integers(5, 100, n).tolist(), "token_type_ids": [0] * n, "label": n % 2,
+             "row": i, "idx": str(i)} for i, n in enumerate((7, 19, 40))]
+    longest, bucketed = PadCollator()(rows), collate(rows)
+    assert longest["input_ids"].shape[1] == 40 and bucketed["input_ids"].shape[1] == 64
+    tiny = {"vocab_size": 100, "hidden_size": 32, "num_layers": 2, "num_heads": 2, "max_position": 128}
+    optim = {"lr": 1e-4, "betas": [0.9, 0.999], "eps": 1e-6, "weight_decay": 0.01}
+    module = SequenceClassificationModule(model=tiny, optim=optim, task="mrpc", num_labels=2).eval()
+    with torch.no_grad():
+        logits = module(longest), module(bucketed)
+    torch.testing.assert_close(logits[0], logits[1])
+    assert module._loss(logits[0], longest["labels"]) == pytest.approx(
+        float(module._loss(logits[1], bucketed["labels"])), rel=1e-6)
+
+
+def test_only_a_step_compiled_for_cuda_pads_to_buckets(monkeypatch):
+    from omegaconf import OmegaConf
+
+    from bert_repro.lifecycle.build import compiled_on
+
+    def run(compile: bool, accelerator: str):
+        return OmegaConf.create({"speed": {"compile": compile}, "trainer": {"accelerator": accelerator}})
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)
+    assert (compiled_on(run(True, "gpu")), compiled_on(run(True, "cpu")), compiled_on(run(False, "gpu"))) == (
+        "cuda", "cpu", None)
+    monkeypatch.setattr("torch.cuda.is_available", lambda: False)
+    assert compiled_on(run(True, "auto")) == "cpu"
 
 
 def test_the_mean_padded_length_is_the_expected_longest_of_a_batch_capped_at_the_length():
@@ -312,3 +354,20 @@ def test_a_vocabulary_that_turns_the_text_into_unk_is_warned_of(tmp_path, caplog
         said = [r.getMessage() for r in caplog.records if "[UNK]" in r.getMessage()]
         assert bool(said) == warned, said
     assert "of task=rte's train tokens into [UNK]" in said[0] and "data.lowercase" in said[0]
+
+
+@pytest.mark.parametrize(("trainer", "compile", "bucket"), [("gpu", True, 32), ("gpu", False, None),
+                                                             ("cpu", True, None)])
+def test_the_run_gives_its_data_the_bucket_only_where_it_compiles_for_cuda(monkeypatch, trainer, compile,
+                                                                           bucket):
+    """speed.length_bucket through build_data, from the composed config to the GLUE collator."""
+    from bert_repro.lifecycle.build import build_data
+
+    from .test_config import compose_cfg, resolved
+
+    monkeypatch.setattr("torch.cuda.is_available", lambda: True)  # a GPU machine
+    cfg = OmegaConf.create(resolved(compose_cfg(["task=mrpc", "model=tiny", f"trainer={trainer}",
+                                                 f"speed.compile={str(compile).lower()}"])))
+    vocab = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]", "a", "b"]
+    datamodule = build_data(SimpleNamespace(cfg=cfg, per_device=8, vocab=vocab, lowercase=True))
+    assert datamodule.collator().bucket == bucket

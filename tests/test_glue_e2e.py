@@ -142,5 +142,6 @@ def test_minilm_fine_tunes_real_sst2_well_above_chance(tmp_path, minilm_dir, sha
     assert results["missing_heads"] == ["classifier"] and results["global_step"] == 24
     perf = results["perf"]  # a CPU has no peak to divide by: model FLOP/s, and no MFU
     assert perf["peak_source"] is None and perf["mfu"] is None and perf["tflops_per_device"] > 0
+    assert 0 < perf["step_share"] < 1 and perf["step_s"] < results["wall_time_s"]  # start-up is not a step
     final = results["metrics"]["final"]
     assert final["val/acc"] > 0.70 and final["val/top_class_share"] < 0.8, final  # chance: 0.5

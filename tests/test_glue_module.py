@@ -17,6 +17,7 @@ from bert_repro.model import BertConfig, BertForPreTraining
 from bert_repro.scores import degenerate_reason, glue_score
 from bert_repro.tasks.classification import SequenceClassificationModule
 
+from .helpers import ScalarReads
 from .test_config import compose_cfg, resolved
 
 TINY = dict(vocab_size=120, hidden_size=32, num_layers=2, num_heads=2)
@@ -153,6 +154,17 @@ def test_fine_tuning_loss_falls_on_a_batch():
         optimizer.step()
         optimizer.zero_grad()
     assert loss.item() < 0.1 * first
+
+
+def test_a_training_step_reads_no_scalar_from_the_device(monkeypatch):
+    """No host sync in a fine-tuning step: its padding counts stay on the device until the epoch ends."""
+    monkeypatch.setattr("bert_repro.speed.kernels.eager_cpu", lambda x: False)  # as on a GPU
+    monkeypatch.setattr(SequenceClassificationModule, "log", lambda *a, **k: None)
+    module = SequenceClassificationModule(TINY, OPTIM, "mrpc", 2)
+    data = {**batch([6, 9, 12, 7]), "labels": torch.tensor([0, 1, 1, 0])}
+    with ScalarReads() as reads:
+        module.training_step(data, 0).backward()
+    assert reads.ops == [], reads.ops
 
 
 def test_majority_class_and_wrong_label_counts():

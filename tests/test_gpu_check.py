@@ -204,6 +204,7 @@ def test_the_fastest_row_is_profiled_with_its_own_shape():
 def test_the_run_is_read_against_the_bench_at_its_batch(tmp_path):
     """The run's real tokens/s over the bench's padded row's real tokens/s (its rate times the real share)."""
     (tmp_path / "results.json").write_text(json.dumps({"status": "complete", "tokens_per_s": 1.5e5,
+                                                       "perf": {"mfu": 0.4, "step_share": 0.8},
                                                        "metrics": {"final": {}}}))
     (tmp_path / "metrics.csv").write_text("train/loss\n9.0\n8.0\n7.0\n")
     done = [{"name": "bench-lengths-pretrain",
@@ -214,4 +215,4 @@ def test_the_run_is_read_against_the_bench_at_its_batch(tmp_path):
     report = {"device": "d", "date": "x", "torch": "t", "cuda": "c", "budget_s": 1, "elapsed_s": 1,
               "steps": [{"name": "run", "status": "ok", "results": out}]}
     summary = gpu_check.summary_markdown(report)
-    assert "run_over_bench 0.75" in summary
+    assert "run_over_bench 0.75" in summary and "step share 0.8" in summary  # of its wall time

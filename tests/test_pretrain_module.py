@@ -6,7 +6,7 @@ import torch
 from bert_repro.tasks.base import decay_groups, linear_warmup_decay
 from bert_repro.tasks.pretrain import PretrainModule
 
-from .helpers import pretrain_losses
+from .helpers import ScalarReads, pretrain_losses
 
 TINY = dict(vocab_size=64, hidden_size=32, num_layers=2, num_heads=4, hidden_dropout=0.0,
             attention_dropout=0.0)
@@ -173,3 +173,58 @@ def test_trains_with_gradient_clipping_at_each_precision(precision):
     assert trainer.global_step == 3
     assert bool(trainer.optimizers[0].defaults["fused"]) == (precision == "32-true")
     assert any(not torch.equal(a, b) for a, b in zip(before, module.parameters()))
+
+
+def test_a_training_step_reads_no_scalar_from_the_device(monkeypatch):
+    """A scalar read (``.item()``, ``int()``, a metric's NaN check) or a boolean index is a host sync on a
+    GPU: the training step and its metrics' updates make none."""
+    monkeypatch.setattr("bert_repro.speed.kernels.eager_cpu", lambda x: False)  # as on a GPU
+    module = PretrainModule(model=TINY, optim=OPTIM)
+    module._step(batch(), "train")  # metrics initialised
+    with ScalarReads() as reads:
+        module.training_step(batch(seed=1), 0).backward()
+    assert reads.ops == [], reads.ops
+
+
+def test_length_buckets_leave_the_pretraining_loss_as_it_was():
+    """speed.length_bucket in pre-training: instances padded up to the bucket (a few shapes for a compiled
+    step), their padding masked: the same loss as padded to the longest."""
+    from bert_repro.data.pretraining import PretrainingCollator
+
+    g = torch.Generator().manual_seed(0)
+    examples = [{"input_ids": [2, *torch.randint(5, 64, (n,), generator=g).tolist(), 3],
+                 "token_type_ids": [0] * (n + 2), "next_sentence_label": n % 2,
+                 "masked_lm_positions": [1, 2], "masked_lm_ids": [7, 9]} for n in (5, 11, 17)]
+    mask = {"max_predictions": 3}
+    longest = PretrainingCollator(mask, dynamic=False, nsp=True, seed=0)(examples)
+    bucketed = PretrainingCollator(mask, dynamic=False, nsp=True, seed=0, bucket=8, max_length=32)(examples)
+    assert longest["input_ids"].shape[1] == 19 and bucketed["input_ids"].shape[1] == 24
+    module = PretrainModule(model=TINY, optim=OPTIM).eval()
+    with torch.no_grad():
+        torch.testing.assert_close(module._step(longest, "val"), module._step(bucketed, "val"))
+
+
+@pytest.mark.parametrize("ltr", [False, True])
+def test_keeping_every_position_gives_the_loss_and_accuracy_of_picking_the_real_ones(monkeypatch, ltr):
+    """Off the eager CPU the step scores all B x P positions, the padded ones ignored, instead of picking the
+    N real ones out (a host sync): the same loss, gradients and accuracy."""
+    from bert_repro.speed import kernels
+
+    torch.manual_seed(0)
+    model = {**TINY, "causal": True} if ltr else TINY
+    module = PretrainModule(model=model, optim=OPTIM, nsp=not ltr, ltr=ltr)
+    b = batch()
+    results = []
+    for eager in (True, False):
+        monkeypatch.setattr(kernels, "eager_cpu", lambda x, eager=eager: eager)
+        module.zero_grad()
+        module.train_mlm_acc.reset()
+        loss = module._step(b, "train")
+        loss.backward()
+        grads = [p.grad.clone() for p in module.parameters() if p.grad is not None]
+        results.append((loss.detach(), grads, module.train_mlm_acc.compute()))
+    (picked, picked_grads, picked_acc), (kept, kept_grads, kept_acc) = results
+    torch.testing.assert_close(kept, picked)
+    torch.testing.assert_close(kept_acc, picked_acc)
+    for a, b_ in zip(kept_grads, picked_grads, strict=True):
+        torch.testing.assert_close(a, b_)

@@ -24,8 +24,8 @@ def test_totals_carry_over_to_the_attempt_that_resumes(monkeypatch):
 
     second = RunRecord()
     second.load_state_dict(state)
-    monkeypatch.setattr("bert_repro.lifecycle.record.module_batch_flops", lambda module, b: 100.0)
-    second.on_train_batch_end(trainer, SimpleNamespace(), None, batch, 0)
+    monkeypatch.setattr("bert_repro.lifecycle.callbacks.training_flops", lambda *counts: 100.0)
+    second.on_train_batch_end(trainer, SimpleNamespace(config="a BertConfig"), None, batch, 0)
     totals = second.totals()
     assert totals["tokens"] == 20 and totals["flops"] == 200.0 and totals["resumes"] == 1
     assert totals["wall_time_s"] >= 10.0

@@ -126,6 +126,9 @@ class SpeedOptions:
     num_proc: int = whole_positive(1, "processes")  # datasets.map: tokenization, pre-training instances
     # longest: pad each batch to its longest; max_length: to data.max_seq_length, as the released code
     padding: str = choice("longest", ("longest", "max_length"))
+    # with compile on CUDA, "longest" rounds up to a multiple of this (at most data.max_seq_length): a few
+    # shapes, so one compile (and its CUDA graphs) serves the run; eager and CPU steps take any length
+    length_bucket: int = whole_positive(32, "tokens")
     # DDP's gradient all-reduce (trainer=ddp, ddp_cpu; trainer.py gives them to DDPStrategy): the bucket size
     # (null: torch's 25 MB) and the dtype sent, bf16 halving the bytes through torch's bf16_compress_hook
     # (tests/test_ddp.py: the loss equal to fp32's within bf16 rounding)

@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING
 
 if TYPE_CHECKING:  # torch and Lightning load only where a device is read: a plan (tables.plan) counts FLOPs
     import torch
+    from torch import Tensor
 
     from bert_repro.model import BertConfig
 
@@ -51,18 +52,17 @@ def head_flops(config: BertConfig, module, tokens: float) -> float:
     return bilstm_flops(tokens, bilstm_widths(config, bool(module.get("bilstm")), module.get("features")))
 
 
-def batch_flops(config: BertConfig, batch: dict, ltr: bool = False, trained: bool = True) -> float:
-    """Model FLOPs of one training batch: its real tokens in sequences of its padded length, and the
-    masked-LM predictions it makes (``masked_lm_weights`` > 0, or every next real token for the left-to-right
-    LM); fine-tuning batches predict none. ``trained=False``: a frozen encoder runs forward only (1/3)."""
+def batch_counts(batch: dict, ltr: bool = False) -> tuple[Tensor, Tensor]:
+    """A training batch's real tokens and the masked-LM predictions it makes (``masked_lm_weights`` > 0, or
+    every next real token for the left-to-right LM; fine-tuning batches predict none), as int64 tensors on the
+    batch's device: reading them is a host sync, which a step on a GPU should not wait for."""
     mask = batch["attention_mask"]
     if ltr:
-        predictions = int(mask[:, 1:].sum())
+        predictions = mask[:, 1:].sum()
     else:
         weights = batch.get("masked_lm_weights")
-        predictions = int((weights > 0).sum()) if weights is not None else 0
-    flops = training_flops(config, int(mask.sum()), mask.shape[-1], predictions)
-    return flops if trained else flops / 3
+        predictions = (weights > 0).sum() if weights is not None else mask.new_zeros(())
+    return mask.sum().long(), predictions.long()
 
 
 # Dense bf16/tf32 peaks from the vendors' datasheets, for plans that name an accelerator before any device is

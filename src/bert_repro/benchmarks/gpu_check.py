@@ -334,7 +334,7 @@ def summary_markdown(report: dict) -> str:
             if key in results:
                 result += f"{key} {results[key]}; "
         if results.get("perf"):
-            result += f"MFU {results['perf'].get('mfu')}; "
+            result += f"MFU {results['perf'].get('mfu')}; step share {results['perf'].get('step_share')}; "
         result = result.replace("|", "/").replace("\n", " ")
         lines.append(f"| {step['name']} | {step['status']} | {step.get('seconds', '')} | {result} |")
     return "\n".join(lines) + "\n"

@@ -38,16 +38,26 @@ def draw_lengths(quantiles: list[int], shape: int | tuple[int, int], seq: int) -
     return np.minimum(np.ceil(drawn), seq)
 
 
+def bucketed(longest: int, bucket: int | None, max_length: int | None) -> int:
+    """A batch's padded length: its ``longest`` row rounded up to a multiple of ``bucket``
+    (speed.length_bucket), at most ``max_length``; ``longest`` without a bucket."""
+    if not bucket:
+        return longest
+    return max(longest, min(-(-longest // bucket) * bucket, max_length or longest))
+
+
 class PadCollator:
     """Pads a batch to its longest sequence (dynamic padding), or to ``pad_to`` (the released code's fixed
-    128)."""
+    128). ``bucket``: the longest rounded up to a multiple of it, at most ``max_length``, so a compiled step
+    sees a few shapes (speed.length_bucket); the padding is masked, so the loss is the same."""
 
-    def __init__(self, pad_to: int | None = None, regression: bool = False):
-        self.pad_to, self.regression = pad_to, regression
+    def __init__(self, pad_to: int | None = None, regression: bool = False, bucket: int | None = None,
+                 max_length: int | None = None):
+        self.pad_to, self.regression, self.bucket, self.max_length = pad_to, regression, bucket, max_length
 
     def padded_length(self, lengths) -> int:
         """The length a batch of rows of ``lengths`` tokens is padded to."""
-        return self.pad_to or int(max(lengths))
+        return self.pad_to or bucketed(int(max(lengths)), self.bucket, self.max_length)
 
     def mean_padded_length(self, quantiles: list[int] | None, batch: int, seq: int) -> float:
         """The mean length this pads batches of ``batch`` examples to, over 10,000 drawn from a task's length

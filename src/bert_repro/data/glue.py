@@ -161,7 +161,7 @@ class GlueDataModule(FineTuningDataModule):
     dev file exists. ``max_train_examples``: a fixed random train subset (CPU runs); null = all, as the paper.
     """
 
-    speed_keys = ("num_workers", "num_proc", "padding")
+    speed_keys = ("num_workers", "num_proc", "padding", "length_bucket")
     writes_predictions = True
 
     @property
@@ -176,7 +176,7 @@ class GlueDataModule(FineTuningDataModule):
                  max_seq_length: int = 128, batch_size: int = 32, padding: str = "longest",
                  group_by_length: bool = False, dev_from_train: float | int | None = None,
                  max_train_examples: int | None = None, max_eval_examples: int | None = None,
-                 num_workers: int = 0, num_proc: int = 1,
+                 num_workers: int = 0, num_proc: int = 1, length_bucket: int | None = None,
                  seed: int = 12345, cache_dir: str | None = None):
         spec, name = glue_task(task), task_name(task)  # task itself stays as given: save_hyperparameters
         if padding not in ("longest", "max_length"):
@@ -334,7 +334,7 @@ class GlueDataModule(FineTuningDataModule):
     def collator(self) -> PadCollator:
         hp = self.hparams
         return PadCollator(hp.max_seq_length if hp.padding == "max_length" else None,
-                           self.spec.labels is None)
+                           self.spec.labels is None, hp.length_bucket, hp.max_seq_length)
 
     def train_lengths(self, split: str) -> list[int] | None:
         return self.datasets[split]["length"] if self.hparams.group_by_length else None

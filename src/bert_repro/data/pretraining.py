@@ -20,7 +20,7 @@ from torch.utils.data import DataLoader
 
 from bert_repro.data import instances
 from bert_repro.data.base import HELD_OUT_SEED, MAX_UNKNOWN_SHARE, VocabularyBySize, cache_key
-from bert_repro.data.batching import eval_loader, train_loader
+from bert_repro.data.batching import bucketed, eval_loader, train_loader
 from bert_repro.data.corpus import (
     default_cache_dir,
     drop_damaged,
@@ -73,14 +73,17 @@ def frozen_heap():
 
 
 class PretrainingCollator:
-    """Pads a list of instances to the longest one and, for dynamic masking, masks them afresh.
+    """Pads a list of instances to the longest one (or its bucket, batching.bucketed) and, for dynamic
+    masking, masks them afresh.
 
     Batch: input_ids, token_type_ids, attention_mask (B, T); masked_lm_positions, masked_lm_ids,
     masked_lm_weights (B, P = max_predictions), unless LTR; next_sentence_labels (B,) with NSP.
     """
 
-    def __init__(self, mask: dict | None, dynamic: bool, nsp: bool, seed: int):
+    def __init__(self, mask: dict | None, dynamic: bool, nsp: bool, seed: int, bucket: int | None = None,
+                 max_length: int | None = None):
         self.mask, self.dynamic, self.nsp, self.seed = mask, dynamic, nsp, seed
+        self.bucket, self.max_length = bucket, max_length  # batching.bucketed
         self._rng, self._rng_key = None, None
 
     def _generator(self, example: dict) -> np.random.Generator:
@@ -98,7 +101,8 @@ class PretrainingCollator:
         return self._rng
 
     def __call__(self, examples: list[dict]) -> dict[str, torch.Tensor]:
-        B, T = len(examples), max(len(e["input_ids"]) for e in examples)
+        longest = max(len(e["input_ids"]) for e in examples)
+        B, T = len(examples), bucketed(longest, self.bucket, self.max_length)
         input_ids = np.full((B, T), PAD_ID, dtype=np.int64)
         token_type_ids = np.zeros((B, T), dtype=np.int64)
         attention_mask = np.zeros((B, T), dtype=np.int64)
@@ -145,7 +149,7 @@ class PretrainDataModule(VocabularyBySize):
     The val set is always masked statically with HELD_OUT_SEED.
     """
 
-    speed_keys = ("num_workers", "num_proc")  # the speed: options its constructor takes
+    speed_keys = ("num_workers", "num_proc", "length_bucket")  # the speed: options its constructor takes
     writes_predictions = False
     labels = None
 
@@ -155,7 +159,8 @@ class PretrainDataModule(VocabularyBySize):
                  mask_shares: tuple | list = (0.8, 0.1, 0.1), whole_word_mask: bool = False, nsp: bool = True,
                  ltr: bool = False, masking: str = "dynamic", dupe_factor: int = 1,
                  val_fraction: float = 0.05, batch_size: int = 32, num_workers: int = 0, num_proc: int = 1,
-                 seed: int = 12345, cache_dir: str | None = None, max_documents: int | None = None,
+                 length_bucket: int | None = None, seed: int = 12345, cache_dir: str | None = None,
+                 max_documents: int | None = None,
                  source: str = "files", hub: list[dict] | None = None,
                  max_unknown_share: float = MAX_UNKNOWN_SHARE):
         super().__init__()
@@ -383,7 +388,8 @@ class PretrainDataModule(VocabularyBySize):
 
     def collator(self, static: bool) -> PretrainingCollator:
         return PretrainingCollator(self._mask_settings(), dynamic=not static, nsp=self.hparams.nsp,
-                                   seed=self.hparams.seed)
+                                   seed=self.hparams.seed, bucket=self.hparams.length_bucket,
+                                   max_length=self.hparams.max_seq_length)
 
     def train_dataloader(self) -> DataLoader:
         hp = self.hparams

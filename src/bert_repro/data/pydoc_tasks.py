@@ -101,7 +101,7 @@ class PydocTaskDataModule(GlueDataModule):
     def __init__(self, task: str, train_examples: int = 1024, dev_examples: int = 256,
                  tokenizer: str | None = None, lowercase: bool = True, max_seq_length: int = 128,
                  batch_size: int = 32, padding: str = "longest", num_workers: int = 0, num_proc: int = 1,
-                 seed: int = 12345, cache_dir: str | None = None):
+                 length_bucket: int | None = None, seed: int = 12345, cache_dir: str | None = None):
         if train_examples < 2 or dev_examples < 2:
             raise ValueError(f"train_examples={train_examples}, dev_examples={dev_examples}: "
                              "expected at least 2 each")
@@ -109,8 +109,8 @@ class PydocTaskDataModule(GlueDataModule):
         files = write_task(task, cache / "pydoc_tasks", train_examples, dev_examples)
         super().__init__(task=task, glue_dir=None, files=files, hub=None, tokenizer=tokenizer,
                          lowercase=lowercase, max_seq_length=max_seq_length, batch_size=batch_size,
-                         padding=padding, num_workers=num_workers, num_proc=num_proc, seed=seed,
-                         cache_dir=str(cache))
+                         padding=padding, num_workers=num_workers, num_proc=num_proc,
+                         length_bucket=length_bucket, seed=seed, cache_dir=str(cache))
 
 
 PUNCT_LABELS = ("O", "B-PUNCT")

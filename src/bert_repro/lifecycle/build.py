@@ -45,10 +45,16 @@ def build_module(spec: RunSpec, datamodule: L.LightningDataModule, training: boo
                                    cfg.data.get("max_seq_length"), spec.science)
     missing, dropped = (load_weights(module, spec.loaded, module.identity, whole_module=not training)
                         if spec.loaded is not None else ([], None))
-    if training and cfg.speed.compile:
-        on_cpu = cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available()
-        compile_model(module.model, "cpu" if on_cpu else "cuda")
+    if training and compiled_on(cfg):
+        compile_model(module.model, compiled_on(cfg))
     return module, {"model_config": encoder, "missing_heads": missing, "init_head_dropped": dropped}
+
+
+def compiled_on(cfg: DictConfig) -> str | None:
+    """The device type speed.compile compiles the training step for ("cpu", "cuda"); None without it."""
+    if not cfg.speed.compile:
+        return None
+    return "cpu" if cfg.trainer.accelerator == "cpu" or not torch.cuda.is_available() else "cuda"
 
 
 def build_data(spec: RunSpec) -> L.LightningDataModule:
@@ -56,6 +62,8 @@ def build_data(spec: RunSpec) -> L.LightningDataModule:
     constructor takes."""
     cfg = spec.cfg
     loading = {k: cfg.speed[k] for k in get_class(cfg.data._target_).speed_keys}  # as the class declares
+    if "length_bucket" in loading and compiled_on(cfg) != "cuda":
+        loading["length_bucket"] = None  # an eager or CPU step takes any length: pad to the longest
     vocab = {"tokenizer": list(spec.vocab), "lowercase": spec.lowercase} if spec.vocab is not None else {}
     # the vocabulary goes to the partial: instantiate's own kwargs become OmegaConf nodes, slow for 30k tokens
     datamodule = instantiate(cfg.data, batch_size=spec.per_device, _convert_="all", _partial_=True,

@@ -16,7 +16,7 @@ import torch
 from lightning.pytorch.callbacks import model_summary as lightning_summary
 from lightning.pytorch.utilities.model_summary.model_summary import _format_summary_table
 
-from bert_repro.flops import accelerator_peak_flops, batch_flops
+from bert_repro.flops import accelerator_peak_flops, batch_counts, training_flops
 from bert_repro.lifecycle.folder import BEST, LAST, RECENT, RunFolder, step_checkpoint_name, step_of
 
 log = logging.getLogger(__name__)
@@ -73,16 +73,34 @@ class StepCheckpoint(L.Callback):
             trainer.save_checkpoint(RunFolder(trainer.default_root_dir).step(step))
 
 
-def module_batch_flops(pl_module: L.LightningModule, batch: dict) -> float:
-    """The training FLOPs of ``batch`` through a task module (flops.batch_flops of its BertConfig); 0 without
-    one."""
-    config = getattr(pl_module, "config", None)  # the task modules' BertConfig
-    if config is None:
-        return 0.0
-    encoder = getattr(getattr(pl_module, "model", None), "bert", None)
-    trained = encoder is None or any(p.requires_grad for p in encoder.parameters())
-    ltr = bool(getattr(pl_module, "ltr", False))  # the left-to-right LM predicts every next token
-    return batch_flops(config, batch, ltr=ltr, trained=trained)
+class Tally:
+    """Real tokens and model FLOPs (flops.training_flops of a task module's BertConfig; 0 without one) of the
+    training batches ``add``-ed, counted where the batch lies: ``read`` is the one host sync, so a step on a
+    GPU never waits for a count. A frozen encoder runs forward only (1/3 of the FLOPs)."""
+
+    def __init__(self):
+        self.tokens, self.flops = 0, 0.0
+        self._pending: list[tuple[torch.Tensor, int, object, bool]] = []
+
+    def add(self, pl_module: L.LightningModule, batch: dict) -> None:
+        config = getattr(pl_module, "config", None)  # the task modules' BertConfig
+        encoder = getattr(getattr(pl_module, "model", None), "bert", None)
+        trained = encoder is None or any(p.requires_grad for p in encoder.parameters())
+        ltr = bool(getattr(pl_module, "ltr", False))  # the left-to-right LM predicts every next token
+        counts = torch.stack(batch_counts(batch, ltr))  # (2,): tokens, predictions
+        self._pending.append((counts, batch["attention_mask"].shape[-1], config, trained))
+
+    def read(self) -> tuple[int, float]:
+        """The tokens and FLOPs of every batch added so far."""
+        if self._pending:
+            counts = torch.stack([pending[0] for pending in self._pending]).tolist()
+            for (tokens, predictions), (_, seq_len, config, trained) in zip(counts, self._pending):
+                self.tokens += tokens
+                if config is not None:
+                    flops = training_flops(config, tokens, seq_len, predictions)
+                    self.flops += flops if trained else flops / 3
+            self._pending = []
+        return self.tokens, self.flops
 
 
 def compute_dtype(precision: str) -> torch.dtype:
@@ -97,12 +115,13 @@ class Throughput(L.Callback):
     """Real (non-padding) tokens/s, sequences/s and model FLOPs utilisation over the training steps, the
     first ``skip_steps`` excluded (they pay for warm-up, allocation and compilation).
 
-    MFU = the model FLOPs of the steps (flops.batch_flops of each batch and the module's BertConfig) per
+    MFU = the model FLOPs of the steps (a Tally of each batch and the module's BertConfig) per
     second and device, over the accelerator's dense peak: ``peak_tflops`` when given (speed.peak_tflops),
     else Lightning's table of known devices at the run's precision (flops.accelerator_peak_flops). A CPU has
     no such table (its peak depends on the dtype, the threads and what else runs), and an unknown accelerator
     none either: they report no MFU, not a guess. A peak is a ceiling, so MFU never exceeds 1: a run faster
-    than the peak it was given reports none, saying why.
+    than the peak it was given reports none, saying why. ``step_s``: the host's time inside every training
+    step, warm-up included, of which a run's wall time is a multiple (results.json perf.step_share).
     """
 
     def __init__(self, skip_steps: int = 1, peak_tflops: float | None = None):
@@ -113,12 +132,15 @@ class Throughput(L.Callback):
         self.sequences_per_s: float | None = None
         self.flops_per_s: float | None = None  # model FLOP/s of one device
         self.mfu: float | None = None
+        self.step_s = 0.0
         self._reset()
 
     def _reset(self) -> None:
-        self._tokens = self._sequences = self._batches = 0
-        self._flops = 0.0
+        self._tally, self._sequences, self._batches = Tally(), 0, 0
         self._start: float | None = None
+        self._end: float | None = None  # the host's clock at the last counted step's end
+        self._world, self._waits = 1, False  # whether _end waits for the device's work
+        self.step_s, self._began = 0.0, 0.0
 
     def on_train_start(self, trainer, pl_module) -> None:
         self._reset()
@@ -132,28 +154,45 @@ class Throughput(L.Callback):
             self.peak_source = None
 
     def on_train_batch_start(self, trainer, pl_module, batch, batch_idx) -> None:
+        self._began = time.perf_counter()  # after the loader's batch: its wait is not the step's
         if self._start is None and self._batches >= self.skip_steps:
-            self._start = time.perf_counter()
+            self._start = self._began
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self._batches += 1
+        self.step_s += time.perf_counter() - self._began
         if self._start is None:
             return
-        if pl_module.device.type == "cuda":
-            torch.cuda.synchronize()  # the step's kernels are done before the clock reads
-        mask = batch["attention_mask"]
-        self._tokens += int(mask.sum())
-        self._sequences += int(mask.shape[0])
-        self._flops += module_batch_flops(pl_module, batch)
-        elapsed = time.perf_counter() - self._start
+        self._tally.add(pl_module, batch)
+        self._sequences += int(batch["attention_mask"].shape[0])
+        self._end = time.perf_counter()
+        # every rank sees its own shard of the global batch
+        self._world, self._waits = trainer.world_size, pl_module.device.type == "cuda"
+        # on the logger's cadence, as Lightning's ThroughputMonitor, and at the last step of an epoch (the
+        # run's figures): a read waits for the device, and a self.log every step slows a tiny step
+        logging_step = trainer._logger_connector.should_update_logs
+        if logging_step or trainer.fit_loop.epoch_loop._is_training_done:
+            metrics = self.measure()
+            if logging_step and metrics:
+                pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
+
+    def measure(self) -> dict[str, float]:
+        """The rates of the steps counted so far, through the last one (the host waits for the device's
+        work): what the loggers get as ``perf/*``."""
+        if self._start is None or self._end is None:
+            return {}
+        if self._waits:
+            torch.cuda.synchronize()  # the steps' kernels are done before the clock reads
+            self._end, self._waits = time.perf_counter(), False
+        tokens, flops = self._tally.read()
+        elapsed = self._end - self._start
         if elapsed <= 0:
-            return
-        world = trainer.world_size  # every rank sees its own shard of the global batch
-        self.tokens_per_s = self._tokens * world / elapsed
-        self.sequences_per_s = self._sequences * world / elapsed
+            return {}
+        self.tokens_per_s = tokens * self._world / elapsed
+        self.sequences_per_s = self._sequences * self._world / elapsed
         metrics = {"perf/tokens_per_s": self.tokens_per_s, "perf/sequences_per_s": self.sequences_per_s}
-        if self._flops:
-            self.flops_per_s = self._flops / elapsed
+        if flops:
+            self.flops_per_s = flops / elapsed
             metrics["perf/tflops_per_device"] = self.flops_per_s / 1e12
             if self.peak_flops and self.flops_per_s > self.peak_flops:  # not a ceiling: no MFU from it
                 log.warning("%.3g model TFLOP/s exceed the peak of %.3g (%s): MFU is not reported",
@@ -162,16 +201,14 @@ class Throughput(L.Callback):
             if self.peak_flops:
                 self.mfu = self.flops_per_s / self.peak_flops
                 metrics["perf/mfu"] = self.mfu
-        # on the logger's cadence, as Lightning's ThroughputMonitor: a self.log every step slows a tiny step
-        if trainer._logger_connector.should_update_logs:
-            pl_module.log_dict(metrics, on_step=True, on_epoch=False, prog_bar=False)
+        return metrics
 
     def summary(self) -> dict:
         """The run's averages, for results.json."""
         return {"tokens_per_s": self.tokens_per_s, "sequences_per_s": self.sequences_per_s,
                 "tflops_per_device": self.flops_per_s / 1e12 if self.flops_per_s else None,
                 "peak_tflops": self.peak_flops / 1e12 if self.peak_flops else None,
-                "peak_source": self.peak_source, "mfu": self.mfu}
+                "peak_source": self.peak_source, "mfu": self.mfu, "step_s": round(self.step_s, 3)}
 
 
 class ModelSummary(lightning_summary.ModelSummary):
@@ -223,12 +260,12 @@ class ProgressLines(L.Callback):
         self._throughput = next((c for c in trainer.callbacks if isinstance(c, Throughput)), None)
         self._began, self._first_step = time.monotonic(), trainer.global_step
         self._last_time, self._last_step = self._began, trainer.global_step
-        self._loss, self._losses = 0.0, 0
+        self._losses: list[torch.Tensor] = []  # read at a line: a read waits for the device
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         loss = outputs.get("loss") if isinstance(outputs, dict) else outputs
         if loss is not None:
-            self._loss, self._losses = self._loss + float(loss), self._losses + 1
+            self._losses.append(loss.detach())
         step, now = trainer.global_step, time.monotonic()
         if step == self._last_step:  # mid-accumulation: no optimizer step yet
             return
@@ -264,9 +301,11 @@ class ProgressLines(L.Callback):
         parts = [f"step {trainer.global_step}" + (f"/{total}" if total != float("inf") else ""),
                  f"epoch {trainer.current_epoch + (0 if done else 1)}{epochs}"]
         if self._losses:
-            parts.append(f"loss {self._loss / self._losses:.4f}")
-        self._loss, self._losses = 0.0, 0
+            parts.append(f"loss {sum(torch.stack(self._losses).tolist()) / len(self._losses):.4f}")
+        self._losses = []
         speed = self._throughput
+        if speed:
+            speed.measure()
         parts.append(f"tokens/s {speed.tokens_per_s:,.0f}" if speed and speed.tokens_per_s
                      else "tokens/s n/a")
         parts.append(f"MFU {speed.mfu:.1%}" if speed and speed.mfu is not None else "MFU n/a")

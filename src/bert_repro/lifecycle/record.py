@@ -8,7 +8,7 @@ from typing import Any
 
 import lightning as L
 
-from bert_repro.lifecycle.callbacks import module_batch_flops
+from bert_repro.lifecycle.callbacks import Tally
 
 
 class RunRecord(L.Callback):
@@ -20,18 +20,19 @@ class RunRecord(L.Callback):
         self.start = time.time() if start is None else start  # this attempt's start (run.train's clock)
         self.before = {"wall_time_s": 0.0, "tokens": 0, "flops": 0.0}  # the earlier attempts'
         self.resumes = 0
-        self.tokens, self.flops = 0, 0.0  # this attempt's, all ranks
+        self.tally, self.world = Tally(), 1  # this attempt's, of one rank
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        mask = batch["attention_mask"]  # every rank sees its own shard of the global batch
-        self.tokens += int(mask.sum()) * trainer.world_size
-        self.flops += module_batch_flops(pl_module, batch) * trainer.world_size
+        self.tally.add(pl_module, batch)
+        self.world = trainer.world_size  # every rank sees its own shard of the global batch
 
     def totals(self) -> dict[str, Any]:
         """The run's totals over its attempts, and this attempt's wall time (``attempt_s``)."""
         attempt = time.time() - self.start
+        tokens, flops = self.tally.read()
         return {"wall_time_s": round(self.before["wall_time_s"] + attempt, 2), "attempt_s": round(attempt, 2),
-                "tokens": self.before["tokens"] + self.tokens, "flops": self.before["flops"] + self.flops,
+                "tokens": self.before["tokens"] + tokens * self.world,
+                "flops": self.before["flops"] + flops * self.world,
                 "resumes": self.resumes}
 
     def state_dict(self) -> dict[str, Any]:

@@ -110,6 +110,9 @@ def run_result(spec: Any, trainer: Any, module: Any, datamodule: Any, final: dic
     throughput = callback(trainer, Throughput)  # absent where a user removed it (~callbacks.throughput)
     totals = callback(trainer, RunRecord).totals()  # all attempts
     checkpoint = trainer.checkpoint_callback  # callbacks.best: the first ModelCheckpoint
+    perf = throughput.summary() if throughput else None  # + model FLOP/s per device and MFU
+    if perf is not None:  # what users wait for: this attempt's wall time, start-up included, spent in steps
+        perf["step_share"] = round(throughput.step_s / max(totals["attempt_s"], 1e-9), 4)
     best = checkpoint.best_model_score if checkpoint is not None else None
     return RunResult(
         status="interrupted" if trainer.interrupted else "complete", mode=mode, task=spec.task,
@@ -128,7 +131,7 @@ def run_result(spec: Any, trainer: Any, module: Any, datamodule: Any, final: dic
         per_device_batch=spec.per_device, accumulation=spec.accumulation, world_size=trainer.world_size,
         tokens_per_s=throughput.tokens_per_s if throughput else None,
         sequences_per_s=throughput.sequences_per_s if throughput else None,
-        perf=throughput.summary() if throughput else None,  # + model FLOP/s per device and MFU
+        perf=perf,
         wall_time_s=totals["wall_time_s"], wall_time_attempt_s=totals["attempt_s"], resumes=totals["resumes"],
         tokens_trained=totals["tokens"], flops_trained=totals["flops"], config=spec.config,
     )

@@ -45,7 +45,9 @@ class SequenceClassificationModule(BertTaskModule):
         # predicted-class counts per dev set, to spot a run that collapsed onto one class
         self.val_predicted = nn.ModuleList(MulticlassConfusionMatrix(num_labels) for _ in self.spec.dev) \
             if not self.regression else None
-        self.train_real_tokens, self.train_padded_tokens = SumMetric(), SumMetric()
+        # counts of tokens hold no NaN: a check would read the device (a host sync) every step
+        self.train_real_tokens, self.train_padded_tokens = (SumMetric(nan_strategy="disable"),
+                                                            SumMetric(nan_strategy="disable"))
         self.history: list[dict] = []
 
     # -- the model ---------------------------------------------------------------------------------

@@ -11,7 +11,10 @@ from torchmetrics import MeanMetric
 from torchmetrics.classification import MulticlassAccuracy
 
 from bert_repro.model import BertForPreTraining
+from bert_repro.speed import kernels
 from bert_repro.tasks.base import BertTaskModule
+
+IGNORE = -100  # F.cross_entropy's ignore_index: a position that predicts nothing
 
 
 class PretrainModule(BertTaskModule):
@@ -38,10 +41,13 @@ class PretrainModule(BertTaskModule):
         self.nsp, self.ltr = nsp, ltr
         self.model = BertForPreTraining(self.config, nsp=nsp, speed=self.speed)
         for split in ("train", "val"):
-            setattr(self, f"{split}_mlm_loss", MeanMetric())
-            setattr(self, f"{split}_mlm_acc", MeanMetric())
+            # the training step's checks of NaNs and labels would read the device (a host sync) every step
+            checks = {"nan_strategy": "disable"} if split == "train" else {}
+            setattr(self, f"{split}_mlm_loss", MeanMetric(**checks))
+            setattr(self, f"{split}_mlm_acc", MeanMetric(**checks))
             if nsp:
-                setattr(self, f"{split}_nsp_acc", MulticlassAccuracy(num_classes=2, average="micro"))
+                setattr(self, f"{split}_nsp_acc", MulticlassAccuracy(num_classes=2, average="micro",
+                                                                     validate_args=split != "train"))
 
     def on_train_start(self) -> None:
         # Phase 2 of the two-phase schedule (v2 A.2) must continue phase 1's final state, not an earlier one.
@@ -63,18 +69,23 @@ class PretrainModule(BertTaskModule):
 
     def _step(self, batch: dict[str, Tensor], split: str) -> Tensor:
         positions, real = self._predictions(batch)
-        targets = (batch["input_ids"][:, 1:] if self.ltr else batch["masked_lm_ids"])[real]  # (N,)
+        ids = batch["input_ids"][:, 1:] if self.ltr else batch["masked_lm_ids"]  # (B, P)
+        # the eager CPU step picks the N real predictions out, for its fused decoder + loss; elsewhere all
+        # B x P stay and the others are ignored: picking them out would wait for the device (N is the data's)
+        picked = kernels.eager_cpu(real)
+        targets = ids[real] if picked else ids.masked_fill(~real, IGNORE)  # (N,) or (B, P)
         # speed.fast_kernels may fuse the decoder with the loss (model.MLMHead.loss): then no logits come back
         out = self.model(batch["input_ids"], batch.get("token_type_ids"), batch["attention_mask"],
-                         masked_positions=positions, prediction_mask=real, mlm_targets=targets)
+                         masked_positions=positions, prediction_mask=real if picked else None,
+                         mlm_targets=targets if picked else None)
         if out.mlm_loss is not None:
             mlm_loss, correct = out.mlm_loss, out.mlm_correct
         else:
-            logits = out.mlm_logits  # (N, V)
-            mlm_loss = F.cross_entropy(logits.float(), targets)
-            correct = (logits.argmax(-1) == targets).sum()
+            logits = out.mlm_logits  # (N, V) or (B, P, V)
+            mlm_loss = F.cross_entropy(logits.flatten(0, -2).float(), targets.flatten(), ignore_index=IGNORE)
+            correct = (logits.argmax(-1) == targets).sum()  # an ignored target matches no argmax
         loss = mlm_loss
-        n = targets.numel()
+        n = real.sum()
         getattr(self, f"{split}_mlm_loss").update(mlm_loss.detach(), weight=n)
         getattr(self, f"{split}_mlm_acc").update(correct.float() / n, weight=n)
         metrics = {f"{split}/mlm_loss": getattr(self, f"{split}_mlm_loss"),
@@ -88,9 +99,11 @@ class PretrainModule(BertTaskModule):
             metrics[f"{split}/nsp_acc"] = getattr(self, f"{split}_nsp_acc")
             self.log(f"{split}/nsp_loss", nsp_loss, batch_size=len(labels), sync_dist=split == "val")
         on_step = split == "train"
-        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=max(n, 1))
+        # weighs the Dev loss's mean; a training step's values are per step (reading n would wait for it)
+        size = len(real) if on_step else max(int(n), 1)
+        self.log_dict(metrics, on_step=False, on_epoch=True, batch_size=size)
         self.log(f"{split}/loss", loss, prog_bar=True, on_step=on_step, on_epoch=not on_step,
-                 batch_size=max(n, 1),
+                 batch_size=size,
                  sync_dist=not on_step)  # the Dev loss is the mean over every rank's batches
         return loss
 
