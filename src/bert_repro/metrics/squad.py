@@ -105,6 +105,17 @@ def evaluate_v2(answers: dict[str, list[str]], preds: dict[str, str],
     return out
 
 
+def features(**predicted):
+    """The evaluate modules' inputs: a prediction's id and text with ``predicted`` (v2.0's null odds), and
+    references as the data set holds them."""
+    import datasets  # the evaluate modules' alone: a run scores without it
+
+    text = datasets.Value("string")
+    answers = datasets.Sequence({"text": text, "answer_start": datasets.Value("int32")})
+    return datasets.Features({"predictions": {"id": text, "prediction_text": text, **predicted},
+                              "references": {"id": text, "answers": answers}})
+
+
 def questions(predictions: list[dict],
               references: list[dict]) -> tuple[dict[str, list[str]], dict[str, dict]]:
     """The ``evaluate`` modules' rows by question: id -> gold texts, id -> prediction; the ids must agree."""

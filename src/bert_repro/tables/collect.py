@@ -12,7 +12,8 @@ from omegaconf import OmegaConf
 from bert_repro import selection
 from bert_repro.lifecycle.folder import LAST, RunFolder
 from bert_repro.tables import stats
-from bert_repro.tables.runner import job_configs, job_state
+from bert_repro.tables.compose import composing_jobs
+from bert_repro.tables.runner import job_config, job_configs, job_state
 from bert_repro.tables.spec import REPO, Part, Sweep, Table, TableError, column_run
 
 REFERENCE = REPO / "experiments" / "reference.yaml"
@@ -176,12 +177,13 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
 def what_ran(table: Table, tables: dict[str, list[Row]]) -> str:
     """The header's account of what ran, read from the runs (held to the spec's science, as the cells are):
     each pre-training's steps and the fine-tuning seeds behind the numbers."""
-    configs = job_configs(table)
     steps = []
     for sweep in table.sweeps.values():
         if sweep.stage == "pretrain" and not sweep.name.endswith("/phase1"):
-            folder = sweep.jobs()[0][1]
-            if job_state(folder, configs.get(folder))[0] == "complete":
+            swept, folder = sweep.jobs()[0]
+            with composing_jobs():  # this pre-training's science alone, not every job's again
+                config = job_config(sweep, swept, None)
+            if job_state(folder, config)[0] == "complete":
                 step = RunFolder(folder).read().get("global_step")
                 steps.append(f"{sweep.name} {step:,} steps" if isinstance(step, int) else
                              f"{sweep.name} (its steps not recorded)")

@@ -2,10 +2,9 @@
 (the run's predictions.json), references ``{"id", "answers": {"text", "answer_start"}}`` as the data set
 holds them; exact_match and f1 (0-100)."""
 
-import datasets
 import evaluate
 
-from bert_repro.metrics.squad import evaluate_v1, questions
+from bert_repro.metrics.squad import evaluate_v1, features, questions
 
 CITATION = """@inproceedings{rajpurkar2016squad, title={{SQuAD}: 100,000+ Questions for Machine Comprehension
 of Text}, author={Rajpurkar, Pranav and Zhang, Jian and Lopyrev, Konstantin and Liang, Percy},
@@ -14,13 +13,8 @@ booktitle={EMNLP}, year={2016}}"""
 
 class SquadV1(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
-        text, start = datasets.Value("string"), datasets.Value("int32")
-        answers = datasets.Sequence({"text": text, "answer_start": start})
-        return evaluate.MetricInfo(
-            description=__doc__, citation=CITATION, inputs_description=__doc__,
-            features=datasets.Features({
-                "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string")},
-                "references": {"id": datasets.Value("string"), "answers": answers}}))
+        return evaluate.MetricInfo(description=__doc__, citation=CITATION, inputs_description=__doc__,
+                                   features=features())
 
     def _compute(self, predictions: list[dict], references: list[dict]) -> dict[str, float]:
         answers, predicted = questions(predictions, references)

@@ -7,7 +7,7 @@ evaluate-v2.0.py's best_exact / best_f1 and their thresholds, and tau as null_th
 import datasets
 import evaluate
 
-from bert_repro.metrics.squad import questions, score_v2
+from bert_repro.metrics.squad import features, questions, score_v2
 
 CITATION = """@inproceedings{rajpurkar2018know, title={Know What You Don't Know: Unanswerable Questions for
 {SQuAD}}, author={Rajpurkar, Pranav and Jia, Robin and Liang, Percy}, booktitle={ACL}, year={2018}}"""
@@ -15,14 +15,8 @@ CITATION = """@inproceedings{rajpurkar2018know, title={Know What You Don't Know:
 
 class SquadV2(evaluate.Metric):
     def _info(self) -> evaluate.MetricInfo:
-        text, start = datasets.Value("string"), datasets.Value("int32")
-        answers = datasets.Sequence({"text": text, "answer_start": start})
-        return evaluate.MetricInfo(
-            description=__doc__, citation=CITATION, inputs_description=__doc__,
-            features=datasets.Features({
-                "predictions": {"id": datasets.Value("string"), "prediction_text": datasets.Value("string"),
-                                "null_odds": datasets.Value("float64")},
-                "references": {"id": datasets.Value("string"), "answers": answers}}))
+        return evaluate.MetricInfo(description=__doc__, citation=CITATION, inputs_description=__doc__,
+                                   features=features(null_odds=datasets.Value("float64")))
 
     def _compute(self, predictions: list[dict], references: list[dict]) -> dict[str, float]:
         answers, predicted = questions(predictions, references)
