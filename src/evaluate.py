@@ -7,10 +7,14 @@ The work lives in `bert_repro.lifecycle.evaluation`; this file only hands Hydra'
 
 from pathlib import Path
 
-import hydra
-from omegaconf import DictConfig
+from bert_repro.signals import stop_at_start
 
-from bert_repro.lifecycle import hydra_hooks
+stop_at_start()  # before the imports below load Hydra (hence their noqa: E402)
+
+import hydra  # noqa: E402
+from omegaconf import DictConfig  # noqa: E402
+
+from bert_repro.lifecycle import hydra_hooks  # noqa: E402
 
 CONFIG_DIR = Path(__file__).resolve().parent.parent / "conf"
 

@@ -8,6 +8,7 @@ import logging
 import os
 import re
 import runpy
+import signal
 import subprocess
 import sys
 import tempfile
@@ -94,8 +95,8 @@ def in_process(command: list[str]) -> subprocess.CompletedProcess:
     it: its ``sys.argv``, the repository as working directory, one torch thread, its output (Python's and
     the libraries' file descriptors 1 and 2) and exit status; what a process's end would undo is undone
     after it: the environment, the logging Hydra configured, the run folder's lock (an atexit release), the
-    random states, warnings filters and Hydra's global state. Torch and Lightning load once per worker
-    instead of once per run (seconds each on one core)."""
+    random states, warnings filters, SIGINT's and SIGTERM's handlers and Hydra's global state. Torch and
+    Lightning load once per worker instead of once per run (seconds each on one core)."""
     import random
 
     import numpy as np
@@ -105,6 +106,7 @@ def in_process(command: list[str]) -> subprocess.CompletedProcess:
     from bert_repro.lifecycle import hydra_hooks
 
     environ, cwd, argv, path = dict(os.environ), os.getcwd(), sys.argv, list(sys.path)
+    handlers = {s: signal.getsignal(s) for s in (signal.SIGINT, signal.SIGTERM)}
     threads, rngs = torch.get_num_threads(), (random.getstate(), np.random.get_state(), torch.get_rng_state())
     loggers, at_exit = _logging_state(), []
     GlobalHydra.instance().clear()
@@ -147,6 +149,8 @@ def in_process(command: list[str]) -> subprocess.CompletedProcess:
             os.environ.update(environ)
             os.chdir(cwd)
             sys.argv, sys.path[:] = argv, path
+            for signum, handler in handlers.items():
+                signal.signal(signum, handler)
             torch.set_num_threads(threads)
             random.setstate(rngs[0])
             np.random.set_state(rngs[1])

@@ -249,9 +249,8 @@ def check(cfg: DictConfig) -> None:
             raise ValueError(wrong[0])
 
 
-def register() -> None:
-    """conf/ composes /schema/optim, /schema/model and /schema/speed under the YAML that sets their values."""
-    store = ConfigStore.instance()
-    store.store(group="schema", name="optim", node=OptimConfig)
-    store.store(group="schema", name="model", node=ModelConfig)
-    store.store(group="schema", name="speed", node=SpeedOptions)
+# conf/ composes /schema/optim, /schema/model and /schema/speed under the YAML that sets their values: stored
+# where they are declared, as Hydra's structured configs are, so whatever imports them can compose conf/
+ConfigStore.instance().store(group="schema", name="optim", node=OptimConfig)
+ConfigStore.instance().store(group="schema", name="model", node=ModelConfig)
+ConfigStore.instance().store(group="schema", name="speed", node=SpeedOptions)

@@ -27,8 +27,8 @@ from omegaconf.errors import OmegaConfBaseException
 from bert_repro.lifecycle.checks import TRACEBACK_HINT, SweepUsageError, UsageError
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, check_held, is_launcher
-from bert_repro.lifecycle.signals import Stopped, stop_message
 from bert_repro.network import Unreachable
+from bert_repro.signals import Stopped, stop_message
 
 log = logging.getLogger(__name__)
 

@@ -182,7 +182,7 @@ def entry(main: Callable[[], Any], config_dir: Path, config_name: str) -> None:
     """src/train.py's and src/evaluate.py's ``__main__``: Hydra's ``main``, and where composition fails, the
     hints its message leaves out; a signal before the run's own handling (exits.run_ends) ends it as one there
     would."""
-    from bert_repro.lifecycle.signals import Stopped, stop_message, stop_on_signals
+    from bert_repro.signals import Stopped, stop_message, stop_on_signals
 
     groups = {d.name for d in config_dir.iterdir() if d.is_dir()}
     for arg in sys.argv[1:]:  # Hydra answers a group set to null with a raw ValueError traceback

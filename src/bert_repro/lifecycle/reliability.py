@@ -34,7 +34,7 @@ from bert_repro.convert.safe import safe_torch_load
 from bert_repro.keys import comparable, flatten
 from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted
 from bert_repro.lifecycle.results import plain_file_mode
-from bert_repro.lifecycle.signals import Stopped
+from bert_repro.signals import Stopped
 
 log = logging.getLogger(__name__)
 

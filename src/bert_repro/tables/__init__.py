@@ -3,9 +3,10 @@ sweeps, runner.py launches them through ``src/train.py -m``, collect.py applies 
 render.py writes experiments/results/<table>.{md,csv,tex,json} and the figures."""
 
 import re
+from pathlib import Path
 
-from bert_repro.tables.compose import CONF_DIR, REPO  # noqa: F401 (the tables' conf/ and repository)
-
+REPO = Path(__file__).resolve().parents[3]
+CONF_DIR = REPO / "conf"
 SCALES = ("smoke", "budget", "paper")
 
 

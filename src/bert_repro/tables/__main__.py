@@ -16,12 +16,16 @@ import sys
 import time
 from pathlib import Path
 
-from bert_repro.config import option
-from bert_repro.lifecycle.signals import Stopped, signals_held, stop_on_signals
+from bert_repro.signals import Stopped, signals_held, stop_at_start, stop_on_signals
 from bert_repro.tables import DEMOS, REPO, SCALES, TABLES, TableError
-from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, gate, make_plan, print_plan, write_plan
-from bert_repro.tables.runner import Interrupted, failed_jobs, run_table
-from bert_repro.tables.spec import build, flatten
+
+if __name__ == "__main__":
+    stop_at_start()  # before the imports below load Hydra and the runner (hence their noqa: E402)
+
+from bert_repro.config import option  # noqa: E402
+from bert_repro.tables.plan import ACCELERATORS, MAX_RUNS, gate, make_plan, print_plan, write_plan  # noqa: E402
+from bert_repro.tables.runner import Interrupted, failed_jobs, run_table  # noqa: E402
+from bert_repro.tables.spec import build, flatten  # noqa: E402
 
 
 def parse_inits(values: list[str]) -> dict[str, str]:

@@ -10,7 +10,6 @@ import json
 import os
 import tempfile
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Any
 
 import hydra
@@ -23,9 +22,8 @@ from hydra.core.hydra_config import HydraConfig
 from omegaconf import OmegaConf, read_write
 
 from bert_repro.lifecycle.hydra_hooks import parse_override
+from bert_repro.tables import CONF_DIR, REPO
 
-REPO = Path(__file__).resolve().parents[3]
-CONF_DIR = REPO / "conf"
 CACHE = REPO / ".cache" / "compositions"
 _COMPOSED: dict[tuple[str, ...], Any] = {}
 _LOADER = getattr(yaml, "CSafeLoader", yaml.SafeLoader)  # libyaml's: a third faster where it is built

@@ -1,10 +1,11 @@
-"""SIGINT and SIGTERM outside the training loop: one exception, one handler and one line, with nothing of the
-run's lifecycle below them, so that every entry point can hold them from its first line."""
+"""SIGINT and SIGTERM outside the training loop: one exception, one handler and one line, in the standard
+library alone and below the rest of the package, so that every entry point holds them from its first line."""
 
 from __future__ import annotations
 
 import os
 import signal
+import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -20,6 +21,7 @@ class Stopped(BaseException):
         super().__init__(f"{signal.Signals(signum).name} received")
 
 
+_DEFAULT = {signal.SIGINT: signal.default_int_handler, signal.SIGTERM: signal.SIG_DFL}  # Python's own
 _OWNER: list[int] = []  # the processes that installed the handlers: forked workers inherit them
 
 
@@ -33,6 +35,19 @@ def _stop(signum: int, frame: object) -> None:
     raise Stopped(signum)
 
 
+def _stop_at_start(signum: int, frame: object) -> None:
+    print(f"{Stopped(signum)} while starting: stopped before anything ran or was written; run the same "
+          "command again to start it", file=sys.stderr)
+    sys.exit(128 + signum)
+
+
+def stop_at_start() -> None:
+    """An entry's first statement (src/train.py, src/evaluate.py, the table runner): SIGINT and SIGTERM while
+    its modules load end the process with one line and 128 + n, until ``stop_on_signals`` takes over."""
+    for signum in (signal.SIGINT, signal.SIGTERM):
+        signal.signal(signum, _stop_at_start)
+
+
 @contextmanager
 def stop_on_signals() -> Iterator[None]:
     """SIGINT and SIGTERM raise ``Stopped`` in the block (src/train.py's, src/evaluate.py's and the table
@@ -43,8 +58,8 @@ def stop_on_signals() -> Iterator[None]:
     try:
         yield
     finally:
-        for signum, handler in previous.items():
-            signal.signal(signum, handler)
+        for signum, handler in previous.items():  # once started, never "before anything ran" again
+            signal.signal(signum, _DEFAULT[signum] if handler is _stop_at_start else handler)
         _OWNER.remove(os.getpid())
 
 
