@@ -144,3 +144,19 @@ def test_a_plan_says_how_far_it_is_as_it_composes_the_runs(tmp_path, caplog, mon
         assert cli.main(["plan", "table2", "--scale", "budget", "--runs-dir", str(tmp_path)]) == 0
     said = [r.getMessage() for r in caplog.records if r.name == "bert_repro.progress"]
     assert said[0].startswith("planning: runs composed: 1 so far") and said[-1].endswith("in all"), said
+
+
+@pytest.mark.slow
+def test_a_fine_tuning_is_planned_for_the_steps_the_trainer_takes(tmp_path):
+    """Given optim.max_steps and optim.epochs both, the run stops at whichever comes first (Lightning's rule,
+    lifecycle.trainer.optimizer_steps): Table 2's 3 epochs of SQuAD (87,599 questions, batch 32) end before
+    10,000 steps; 4 accumulated micro-batches of 8 take as many steps, each padded to its own longest."""
+    epochs = -(-87_599 // 32) * 3
+    runs = {}
+    for max_steps, per_device in ((10_000, None), (5_000, None), (10_000, 8)):
+        sets = [f"finetune_overrides.optim.max_steps={max_steps}",
+                f"finetune_overrides.speed.per_device_batch_size={per_device or 'null'}"]
+        table = build("table2", "budget", tmp_path / str(len(runs)), inits={"*": "/ckpt/given"}, sets=sets)
+        runs[max_steps, per_device] = make_plan(table)["runs"][0]
+    assert [r["steps"] for r in runs.values()] == [epochs, 5_000, epochs]
+    assert runs[10_000, 8]["tokens"] < runs[10_000, None]["tokens"]

@@ -48,9 +48,8 @@ def world_size(trainer_cfg: DictConfig) -> int:
     return max(1, count) * nodes
 
 
-def split_batch(global_batch: int, trainer_cfg: DictConfig, per_device: int | None = None) -> tuple[int, int]:
-    """Global batch is the truth (STYLE 8): per-device x devices x accumulation must equal it."""
-    world = world_size(trainer_cfg)
+def split_batch(global_batch: int, world: int, per_device: int | None = None) -> tuple[int, int]:
+    """Global batch is the truth (STYLE 8): per-device x devices (``world``) x accumulation must equal it."""
     per_device = per_device or global_batch // world
     accumulation = global_batch // max(1, per_device * world)
     if per_device < 1 or per_device * world * accumulation != global_batch:

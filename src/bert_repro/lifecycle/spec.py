@@ -15,7 +15,7 @@ from typing import Any
 from omegaconf import DictConfig, OmegaConf
 
 from bert_repro.keys import science
-from bert_repro.lifecycle.checks import UsageError, resolve_ckpt_path, split_batch
+from bert_repro.lifecycle.checks import UsageError, resolve_ckpt_path, split_batch, world_size
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.pretrained import model_name, model_on_command_line, model_shape, resolve_init
 
@@ -101,7 +101,7 @@ def read_spec(cfg: DictConfig, training: bool = True) -> RunSpec:
     init, init_path = resolve_init(cfg)  # init= as from_pretrained reads it; the released one by default
     loaded = load_checkpoint(init_path) if init_path else None
     vocab, lowercase, source = resolve_vocab(cfg, loaded)
-    per_device, accumulation = (split_batch(int(cfg.data.batch_size), cfg.trainer,
+    per_device, accumulation = (split_batch(int(cfg.data.batch_size), world_size(cfg.trainer),
                                             cfg.speed.per_device_batch_size)
                                 if training else (int(cfg.data.batch_size), 1))
     config = OmegaConf.to_container(cfg, resolve=True)

@@ -4,6 +4,7 @@ arguments that come from elsewhere (DDP's communication speed: keys, FSDP's mesh
 
 from __future__ import annotations
 
+import math
 from typing import Any
 
 import lightning as L
@@ -18,6 +19,23 @@ from bert_repro.lifecycle.record import RunRecord
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, Preemption, SameRun, slurm_plugins
 from bert_repro.lifecycle.spec import RunSpec
 from bert_repro.lifecycle.tracking import instantiate_logger, wandb_run_name
+
+
+def run_length(optim: DictConfig) -> dict[str, int]:
+    """optim's length as the Trainer takes it: -1 is no limit (optim.epochs null: the steps alone)."""
+    epochs = optim.epochs
+    return {"max_steps": int(optim.max_steps), "max_epochs": int(epochs) if epochs is not None else -1}
+
+
+def optimizer_steps(max_steps: int, max_epochs: int, batches_per_epoch: float, accumulation: int = 1
+                    ) -> float:
+    """The optimizer steps a Trainer of this length takes over a loader of ``batches_per_epoch`` batches
+    (math.inf: an epoch never ends), as its ``estimated_stepping_batches`` counts them for the schedule: it
+    stops at whichever of max_steps and max_epochs comes first; an epoch's short last accumulation steps."""
+    if max_epochs == -1 or batches_per_epoch == math.inf:
+        return math.inf if max_steps == -1 else max_steps
+    steps = math.ceil(batches_per_epoch / accumulation) * max(max_epochs, 1)
+    return steps if max_steps == -1 else min(steps, max_steps)
 
 
 def build_callbacks(cfg: DictConfig, science: dict, resume_strict: bool, loggers: list,
@@ -66,16 +84,15 @@ def build_trainer(spec: RunSpec, resume_strict: bool = False, start: float | Non
     optim = cfg.optim
     step_interval = isinstance(optim.val_check_interval, int) and optim.val_check_interval > 1
     every = optim.val_check_interval
-    run_length: dict[str, Any] = dict(
-        max_steps=optim.max_steps,
-        max_epochs=optim.epochs if optim.epochs is not None else -1,
+    length: dict[str, Any] = dict(
+        **run_length(optim),
         val_check_interval=min(every, optim.max_steps) if step_interval and optim.max_steps > 0 else every,
         check_val_every_n_epoch=None if step_interval else 1,
         limit_val_batches=optim.limit_val_batches,
         gradient_clip_val=optim.gradient_clip_val,
     )
     return instantiate(
-        cfg.trainer, **run_length,
+        cfg.trainer, **length,
         strategy=build_strategy(cfg),
         accumulate_grad_batches=spec.accumulation,
         callbacks=build_callbacks(cfg, spec.science, resume_strict, loggers, start),

@@ -159,10 +159,17 @@ def plan_job(sweep: Sweep, swept: list[str], folder: Path, facts: dict, cache: d
 def pretraining_work(cfg, sweep: Sweep, model, facts: dict) -> Work:
     """A pre-training's steps from its resume step to optim.max_steps, every sequence at full length, its
     masked positions (the LTR ablation: every next token) predicted; its step checkpoints and data caches."""
+    from bert_repro.lifecycle.trainer import optimizer_steps, run_length
+
     optim, data = cfg.optim, cfg.data
     seq, batch = int(data.max_seq_length), int(data.batch_size)
     start = int(optim.resume_step or 0)
-    steps = int(optim.max_steps) - start
+    # its instances are not counted: optim.max_steps ends it (an upper bound where optim.epochs is set)
+    end = optimizer_steps(**run_length(optim), batches_per_epoch=math.inf)
+    if end == math.inf:
+        raise TableError(f"{sweep.name}: a pre-training is planned by optim.max_steps, and it is unset "
+                         f"(optim.epochs={optim.epochs}); give optim.max_steps")
+    steps = end - start
     tokens = steps * batch * seq
     # the left-to-right LM predicts every next token (seq - 1 a sequence), the masked LM its masked ones
     per_seq = seq - 1 if cfg.ablation.ltr else int(data.max_predictions_per_seq)
@@ -170,15 +177,17 @@ def pretraining_work(cfg, sweep: Sweep, model, facts: dict) -> Work:
     val = steps // int(optim.val_check_interval) * _val_sequences(optim.limit_val_batches, batch,
                                                                     batch * 10**6)
     every = sweep.schedule.every
-    written = tuple(range(start + every, int(optim.max_steps) + 1, every)) if every else ()
+    written = tuple(range(start + every, end + 1, every)) if every else ()
     return Work(steps, seq, tokens, flops, val, per_seq, written=written,
                 caches=_data_caches(cfg, sweep, seq, facts))
 
 
 def finetuning_work(cfg, sweep: Sweep, model, facts: dict, cache: dict, n: int) -> Work:
-    """A fine-tuning's steps (optim.max_steps, or epochs over the train set), each device's share of a batch
-    padded to its longest (the table's measured length quantiles), its head's FLOPs, Dev after each epoch."""
+    """A fine-tuning's steps (the run's length over the train set), each device's share of a batch padded to
+    its longest (the table's measured length quantiles), its head's FLOPs, Dev after each epoch."""
     from bert_repro.data.batching import PadCollator
+    from bert_repro.lifecycle.checks import UsageError, split_batch
+    from bert_repro.lifecycle.trainer import optimizer_steps, run_length
 
     optim, data = cfg.optim, cfg.data
     seq, batch = int(data.max_seq_length), int(data.batch_size)
@@ -196,12 +205,16 @@ def finetuning_work(cfg, sweep: Sweep, model, facts: dict, cache: dict, n: int) 
                          "train_sizes, and no data.max_train_examples (or data.train_examples)")
     examples = min(sizes.get(task, cap), cap or sizes[task])
     choices = int(cfg.task.get("num_choices") or 1)  # SWAG: four [CLS] A [SEP] B_i sequences
-    per_epoch = math.ceil(examples / batch)
-    steps = int(optim.max_steps) if (optim.max_steps or -1) > 0 else per_epoch * int(optim.epochs)
+    try:
+        per_device, accumulation = split_batch(batch, n, cfg.speed.per_device_batch_size)
+    except UsageError as err:
+        raise TableError(f"{sweep.name}: {err}") from None
+    batches = math.ceil(examples / (per_device * n))  # a rank's loader: its share of each global batch
+    per_epoch = optimizer_steps(-1, 1, batches, accumulation)
+    steps = optimizer_steps(**run_length(optim), batches_per_epoch=batches, accumulation=accumulation)
     # each device pads its own share of the batch; the released code's fixed 128: speed.padding=max_length
     pad_to = seq if cfg.speed.padding == "max_length" else None
     quantiles = (facts.get("token_lengths") or {}).get(task)
-    per_device = max(1, batch // n)
     key = ("padded", json.dumps(quantiles), per_device, seq, pad_to)
     if key not in cache:
         try:
