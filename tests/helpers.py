@@ -27,7 +27,7 @@ def started(cmd: list[str], log: Path) -> warm.WarmProcess | subprocess.Popen:
     is the point (signals, DDP ranks), its output in the file ``log``: forked from the forkserver that has
     imported torch and Lightning (tables/warm.py, as the table runner starts runs: those imports once per
     test worker, not once per process), or a cold process where it cannot be (see warm.start)."""
-    env = {**warm.environment(), "OMP_NUM_THREADS": "1"}  # small models, and in_process's float sums
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models, and in_process's float sums
     if (proc := warm.start(cmd, cwd=REPO, env=env, stdout=log)) is not None:
         return proc
     with log.open("w") as out:  # a cold process imports this repository's tests (callbacks) too
