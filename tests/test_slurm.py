@@ -22,8 +22,11 @@ import pytest
 
 from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.reliability import safe_load
+from bert_repro.tables import warm
 
 from .conftest import REPO, run_py
+from .helpers import ended as run_ended
+from .helpers import started
 from .test_preempt import OVERRIDES
 from .test_resume import command, final, saved_step
 
@@ -128,13 +131,16 @@ SHRINK = [  # table5_demo cut to one pre-training run and one fine-tuning run
 
 
 def table(tmp: Path, env: dict, launcher: str) -> subprocess.CompletedProcess:
-    """`make demo LAUNCHER=...` shrunk; the launchers share one cache (the WordPiece vocabulary trained once:
-    the tokenizers trainer is not deterministic)."""
+    """`make demo LAUNCHER=...` shrunk, in this process (conftest.in_process), its local runs and its sweeps'
+    submitit waiters forked from the worker's forkserver; the launchers share one cache (the WordPiece
+    vocabulary trained once: the tokenizers trainer is not deterministic)."""
     flags = [f"--set={s}" for s in SHRINK] + ["--runs-dir", str(tmp / launcher / "runs"),
                                                "--results-dir", str(tmp / launcher / "results")]
-    return subprocess.run([sys.executable, "-m", "bert_repro.tables", "run", "table5_demo", "--scale",
-                           "smoke", "--launcher", launcher, *flags], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env={**env, "BERT_REPRO_CACHE": str(tmp / "cache")})
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {**env, "BERT_REPRO_CACHE": str(tmp / "cache")}.items():
+            patch.setenv(name, value)
+        return run_py("run", "table5_demo", "--scale", "smoke", "--launcher", launcher, *flags,
+                      module="bert_repro.tables")
 
 
 def test_a_table_through_the_scheduler_is_the_local_launchers(slurm, tmp_path):
@@ -159,11 +165,10 @@ def test_a_table_through_the_scheduler_is_the_local_launchers(slurm, tmp_path):
 
 
 # -- preemption through the scheduler ------------------------------------------------------------------------
-def uninterrupted(tmp: Path) -> subprocess.Popen:
-    """The same run, not interrupted, as a local process beside the SLURM job (test_preempt's settings: 24
-    steps, a checkpoint every 5)."""
-    return start(command(tmp / "full", tmp / "cache", *OVERRIDES), tmp / "full.log",
-                 {**os.environ, "OMP_NUM_THREADS": "1"})
+def uninterrupted(tmp: Path) -> warm.WarmProcess | subprocess.Popen:
+    """The same run, not interrupted, in a process of its own beside the SLURM job (test_preempt's settings:
+    24 steps, a checkpoint every 5), its output in full.log (helpers.started)."""
+    return started(command(tmp / "full", tmp / "cache", *OVERRIDES), tmp / "full.log")
 
 
 def wait_for(condition, what: str, timeout: float = 300) -> None:
@@ -220,7 +225,8 @@ def test_a_job_requeued_mid_run_then_signalled_before_its_time_limit_resumes_eac
     assert waiter.poll() is None, submitit_log(sweep, job)[-3000:]
     scontrol(slurm, "update", f"JobId={job}", "TimeLimit=10")  # the requeued job's own limit, ample again
     output = ended(waiter)
-    ended(full)
+    code, full_output = run_ended(full, tmp_path / "full.log")
+    assert code == 0, full_output[-3000:]
     resumed, reference = final(run), final(tmp_path / "full")
     assert job_ended(slurm, job)["Restarts"] == "2", output[-3000:]  # one requeue per stop, no other
     log = submitit_log(sweep, job)
