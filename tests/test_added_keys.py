@@ -62,7 +62,7 @@ def test_a_new_key_at_its_declared_value_keeps_every_finished_result_and_another
     schema(True)
     other = tiny(tmp_path)
     assert other.sweeps["pretrain/none"].folder != store
-    with pytest.raises(FolderHoldsOtherResult, match=r"model.pre_ln: was None, now True"):
+    with pytest.raises(FolderHoldsOtherResult, match=r"model.pre_ln: absent \(so False\), now True"):
         first_job(before.sweeps["pretrain/none"])  # the old store folder, composed with the new default
     stand_in(other, monkeypatch, launched)
     runner.run_table(other)
@@ -76,16 +76,19 @@ def test_checkpoints_and_restarts_recorded_before_the_key_are_its_earlier_value(
     from bert_repro.lifecycle.reliability import ResumeMismatch, SameRun
     from bert_repro.selection import _science
 
-    monkeypatch.setattr(keys, "ADDED", {"model.pre_ln": False})
     old = {"hidden_size": 128}
+    forgotten = science_differences({"model": old}, {"model": {**old, "pre_ln": False}})
+    assert forgotten == ["model.pre_ln: absent, now False (a key added since? bert_repro/keys.py ADDED "
+                         "declares the value runs had before it)"]  # the refusal says what undoes it
+    monkeypatch.setattr(keys, "ADDED", {"model.pre_ln": False})
     now, other = {**old, "pre_ln": False}, {**old, "pre_ln": True}
     assert architecture_differences(old, now) == []
     assert architecture_differences(old, other) == ["model.pre_ln: checkpoint has no such key, this run True"]
     assert science_differences({"model": old}, {"model": now}) == []
-    differ = ["model.pre_ln: checkpoint None, now True"]
+    differ = ["model.pre_ln: absent (so False), now True"]
     assert science_differences({"model": old}, {"model": other}) == differ
     assert _science({"model": old, "seed": 1}) == _science({"model": now, "seed": 2})
     assert _science({"model": old}) != _science({"model": other})
     SameRun({"model": now}, strict=True).load_state_dict({"settings": {"model": old}})  # resumes
-    with pytest.raises(ResumeMismatch, match="model.pre_ln: checkpoint None, now True"):
+    with pytest.raises(ResumeMismatch, match=r"model.pre_ln: absent \(so False\), now True"):
         SameRun({"model": other}, strict=True).load_state_dict({"settings": {"model": old}})

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from typing import Any
 
+from bert_repro import keys
 from bert_repro.keys import comparable, flatten
 
 IDENTITY_KEY = "bert_repro"  # an exported folder's config.json entry holding the identity
@@ -64,8 +65,19 @@ def science_differences(saved: dict[str, Any], now: dict[str, Any],
                         ignore: tuple[str, ...] = ()) -> list[str]:
     """``key: checkpoint X, now Y`` for each science key that differs, less the keys in ``ignore``."""
     a, b = comparable(flatten(saved or {})), comparable(flatten(now or {}))
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)
-    return [f"{k}: checkpoint {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
+    names = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)
+    return [changed(k, a, b, "checkpoint") for k in names]
+
+
+def changed(key: str, saved: dict[str, Any], now: dict[str, Any], was: str = "was") -> str:
+    """One science key that differs, as a refusal names it: a key the record lacks may be one added since
+    it was written, which keys.ADDED turns back into the science it had (docs/extending.md)."""
+    if key in keys.ADDED and key not in saved:  # written before the key: it computed that value
+        return f"{key}: absent (so {keys.ADDED[key]!r}), now {now.get(key)!r}"
+    if key not in saved:
+        return (f"{key}: absent, now {now.get(key)!r} (a key added since? bert_repro/keys.py ADDED declares "
+                "the value runs had before it)")
+    return f"{key}: {was} {saved[key]!r}, now {now.get(key)!r}"
 
 
 def unknown_model_refusal(source: str, unknown: dict[str, Any]) -> str | None:

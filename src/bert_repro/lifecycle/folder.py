@@ -22,6 +22,7 @@ from typing import Any
 
 import yaml
 
+from bert_repro.identity import changed
 from bert_repro.keys import comparable, flatten, science
 
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
@@ -63,7 +64,7 @@ def differences(saved: dict[str, Any] | None, now: dict[str, Any] | None,
     """``key: checkpoint X, now Y`` for each science key that differs, less the keys under ``ignore``."""
     a, b = comparable(flatten(science(saved or {}))), comparable(flatten(science(now or {})))
     keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith(ignore))
-    return [f"{k}: was {a.get(k)!r}, now {b.get(k)!r}" for k in keys]
+    return [changed(k, a, b) for k in keys]
 
 
 class RunFolder:

@@ -31,7 +31,7 @@ from lightning.fabric.plugins.environments import SLURMEnvironment
 from lightning.pytorch.plugins.io import TorchCheckpointIO
 
 from bert_repro.convert.safe import safe_torch_load
-from bert_repro.keys import comparable, flatten
+from bert_repro.identity import science_differences
 from bert_repro.lifecycle.exits import FAULTS, NonFiniteLoss, Preempted
 from bert_repro.lifecycle.results import plain_file_mode
 from bert_repro.signals import Stopped
@@ -171,11 +171,9 @@ class SameRun(L.Callback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         if not self.strict:
             return
-        saved = comparable(flatten(state_dict.get("settings") or {}))
-        now = comparable(flatten(self.settings))
-        differ = sorted(k for k in saved.keys() | now.keys() if saved.get(k) != now.get(k))
+        differ = science_differences(state_dict.get("settings") or {}, self.settings)
         if differ:
-            shown = "; ".join(f"{k}: checkpoint {saved.get(k)!r}, now {now.get(k)!r}" for k in differ[:6])
+            shown = "; ".join(differ[:6])
             raise ResumeMismatch("the run folder's checkpoints/last.ckpt was written with other settings "
                                  f"({shown}); resume it with its own command, or start afresh with "
                                  "ckpt_path=null (this folder's checkpoints will then be replaced) or in "
