@@ -134,6 +134,19 @@ def test_a_lock_left_by_a_killed_process_is_taken_over_once(tmp_path, caplog):
         assert not caplog.records
 
 
+def test_a_multirun_job_stopped_by_a_signal_releases_its_lock_in_order(tmp_path):
+    """A stopped job leaves the process through SystemExit, where Hydra calls no on_job_end: the next run of
+    the folder (the table's resume) finds nothing to take over."""
+    folder = tmp_path / "job"
+    code = ("import sys; from omegaconf import OmegaConf; "
+            "from bert_repro.lifecycle.hydra_hooks import OutputFolderCheck; "
+            "OutputFolderCheck().on_job_start(config=OmegaConf.create("
+            "{'hydra': {'runtime': {'output_dir': sys.argv[1]}}})); sys.exit(130)")
+    stopped = subprocess.run([sys.executable, "-c", code, str(folder)], cwd=REPO, timeout=60)
+    assert stopped.returncode == 130
+    assert RunFolder(folder).lock.read_text() == ""
+
+
 def test_ddp_ranks_run_under_their_launchers_lock(tmp_path, monkeypatch):
     folder = tmp_path / "run"
     with held_by_another_process(folder) as pid:

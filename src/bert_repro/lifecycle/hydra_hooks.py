@@ -158,6 +158,7 @@ class OutputFolderCheck(Callback):
         if self.lock is None:  # a multirun's job: a single run holds its folder from on_run_start
             with contextlib.suppress(FolderInUse):  # the job fails in run_ends, the sweep goes on
                 self.job = hold(str(config.hydra.runtime.output_dir))
+                atexit.register(self.job.__exit__)  # a job stopped by a signal exits without on_job_end
 
     def on_job_end(self, config: Any, **kwargs: Any) -> None:
         if self.job is not None:
