@@ -1,9 +1,11 @@
-"""Pieces several test files share: fine-tuning modules validated on one process and on two DDP ranks,
-pre-training steps taken by hand, and a table rehearsed on this CPU."""
+"""Pieces several test files share: runs in processes of their own started warm, fine-tuning modules
+validated on one process and on two DDP ranks, pre-training steps taken by hand, and a table rehearsed on
+this CPU."""
 
 import csv
 import json
 import os
+import signal
 import subprocess
 import sys
 from collections.abc import Callable, Iterable, Iterator
@@ -15,8 +17,33 @@ import torch
 from torch.utils._python_dispatch import TorchDispatchMode
 
 from bert_repro.tables import __main__ as cli
+from bert_repro.tables import warm
 
 from .conftest import REPO
+
+
+def started(cmd: list[str], log: Path) -> warm.WarmProcess | subprocess.Popen:
+    """``cmd`` (``[sys.executable, script.py | -m module, *args]``) in a process of its own, where the process
+    is the point (signals, DDP ranks), its output in the file ``log``: forked from the forkserver that has
+    imported torch and Lightning (tables/warm.py, as the table runner starts runs: those imports once per
+    test worker, not once per process), or a cold process where it cannot be (see warm.start)."""
+    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models, and in_process's float sums
+    if (proc := warm.start(cmd, cwd=REPO, env=env, stdout=log)) is not None:
+        return proc
+    with log.open("w") as out:  # a cold process imports this repository's tests (callbacks) too
+        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+                                env={**env, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])})
+
+
+def ended(proc: warm.WarmProcess | subprocess.Popen, log: Path, timeout: float = 600) -> tuple[int, str]:
+    """``proc``'s exit status and output (``log``) once it ended; killed if it runs past ``timeout``."""
+    try:
+        return proc.wait(timeout), log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.kill(proc.pid, signal.SIGKILL)
+            proc.wait()
+
 
 # a tiny encoder over the real 30522-token vocabulary; large random weights make its predictions vary
 VARIED = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initializer_range=1.0)

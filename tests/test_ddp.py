@@ -5,6 +5,10 @@ torch's bf16_compress_hook, CUDA only) changes the loss by bf16 rounding only. A
 devices is refused. (FSDP: tests/test_fsdp.py.)"""
 
 import json
+import subprocess
+import sys
+import tempfile
+from pathlib import Path
 
 import pytest
 import torch
@@ -12,12 +16,20 @@ import torch
 from bert_repro.lifecycle.checks import BF16_HOOK_NEEDS
 from bert_repro.lifecycle.reliability import safe_load
 
-from .conftest import train_py
+from .conftest import REPO, train_py
+from .helpers import ended, started
 
 
 def train(*overrides, timeout=900, new_process=True):
-    proc = train_py(*overrides, timeout=timeout, new_process=new_process)  # DDP ranks: processes
-    return proc, proc.stdout + proc.stderr
+    """src/train.py ``overrides``: in this process, or (DDP ranks) in a process of its own, which Lightning's
+    launcher starts the other ranks from (helpers.started)."""
+    if not new_process:
+        proc = train_py(*overrides)
+        return proc, proc.stdout + proc.stderr
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd, log = [sys.executable, str(REPO / "src" / "train.py"), *overrides], Path(tmp, "output.log")
+        code, output = ended(started(cmd, log), log, timeout)
+    return subprocess.CompletedProcess(cmd, code, output, ""), output
 
 
 def rte_common(tmp, shared_data, minilm_dir) -> list[str]:

@@ -8,7 +8,6 @@ A full disk is the kernel's own: the run's temporary files are created as usual,
 
 import errno
 import os
-import runpy
 import shutil
 import subprocess
 import sys
@@ -21,7 +20,7 @@ import torch
 from bert_repro.lifecycle.exits import MachineFault, machine_faults_named
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO
 
-from .conftest import FAST, REPO, fingerprint
+from .conftest import FAST, REPO, fingerprint, run_py
 
 needs_dev_full = pytest.mark.skipif(not Path("/dev/full").exists(), reason="needs /dev/full (Linux)")
 
@@ -42,17 +41,10 @@ def on_a_full_disk(folder: Path, monkeypatch) -> None:
     monkeypatch.setattr(tempfile, "mkstemp", full_mkstemp)
 
 
-def train_on_a_full_disk(folder: str, *args: str) -> None:
-    """src/train.py ``args`` with ``folder`` on a full disk; run in a new interpreter (see full_disk_run)."""
-    on_a_full_disk(Path(folder), pytest.MonkeyPatch())
-    sys.argv = [str(REPO / "src" / "train.py"), *args]
-    runpy.run_path(sys.argv[0], run_name="__main__")
-
-
-def full_disk_run(folder: Path, *args: str) -> tuple[int, str]:
-    code = "import sys; from tests.test_machine_faults import train_on_a_full_disk as f; f(*sys.argv[1:])"
-    proc = subprocess.run([sys.executable, "-c", code, str(folder), *args], cwd=REPO, capture_output=True,
-                          text=True, timeout=600, env={**os.environ, "OMP_NUM_THREADS": "1"})
+def full_disk_run(folder: Path, monkeypatch, *args: str) -> tuple[int, str]:
+    """src/train.py ``args`` with ``folder`` on a full disk, run in this process (conftest.in_process)."""
+    on_a_full_disk(folder, monkeypatch)
+    proc = run_py(*args)
     return proc.returncode, proc.stdout + proc.stderr
 
 
@@ -100,7 +92,7 @@ def test_machine_faults_say_what_they_are_and_where(tmp_path, monkeypatch, fault
 
 @pytest.mark.e2e
 @needs_dev_full
-def test_a_full_disk_during_a_run_is_named_and_the_earlier_run_kept(good):
+def test_a_full_disk_during_a_run_is_named_and_the_earlier_run_kept(good, monkeypatch):
     _, out, cache, _ = good
     before = fingerprint(out)
     last = out / "checkpoints" / "last.ckpt"
@@ -110,7 +102,7 @@ def test_a_full_disk_during_a_run_is_named_and_the_earlier_run_kept(good):
     # (force's default), which first writes a checkpoint
     for args, written in (([*command, f"ckpt_path={last}"], f"writing {out}/results.json: "),
                           (command, f"writing {out}/checkpoints/")):
-        code, output = full_disk_run(out, *args)
+        code, output = full_disk_run(out, monkeypatch, *args)
         assert code == 74, output[-3000:]
         assert (f"no space left on device {written}" in output
                 and "free space and rerun, or choose another folder with hydra.run.dir=..." in output

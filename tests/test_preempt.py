@@ -6,19 +6,33 @@ ends the run with one line and 128 + n too, nothing written."""
 import os
 import re
 import signal
-import subprocess
+import time
+from pathlib import Path
 
 import lightning as L
 import pytest
 
 from bert_repro.lifecycle.reliability import safe_load
 
-from .conftest import REPO
-from .test_resume import PRETRAIN, command, final, full_run, run, start_and_signal
+from .helpers import ended, started
+from .test_resume import PRETRAIN, command, final, full_run, run, saved_step
 
 # a step checkpoint every 5 steps only: the signal's checkpoint is the one written on the signal
 OVERRIDES = [o for o in PRETRAIN if not o.startswith("checkpoint.")] + ["checkpoint.every_n_steps=5",
                                                                         "checkpoint.keep_recent=5"]
+
+
+def start_and_signal(cmd: list[str], out: Path, at_step: int, signum: int, timeout: float = 400):
+    """Start ``cmd`` (helpers.started), send ``signum`` once a checkpoint of step >= ``at_step`` exists: its
+    exit status and output."""
+    log = out.with_name(out.name + ".log")
+    proc, deadline = started(cmd, log), time.monotonic() + timeout
+    while saved_step(out) < at_step and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted:\n" + log.read_text()[-3000:]
+    assert saved_step(out) >= at_step, "no checkpoint in time"
+    os.kill(proc.pid, signum)
+    return ended(proc, log)
 
 
 @pytest.fixture(scope="module")
@@ -80,11 +94,8 @@ def test_a_signal_before_the_first_step_exits_128_plus_n_and_writes_nothing(tmp_
     cmd = command(out, tmp_path / "cache", *OVERRIDES,
                   f"+callbacks.stop={{_target_: {__name__}.SignalAt, signum: {int(signum)}}}")
     # a process of its own, the signal's boundary; SignalAt is imported from this file
-    path = os.pathsep.join([str(REPO), str(REPO / "src")])
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "PYTHONPATH": path}
-    proc = subprocess.run(cmd, cwd=REPO, capture_output=True, text=True, timeout=300, env=env)
-    said = proc.stdout + proc.stderr
-    assert proc.returncode == 128 + signum, said[-3000:]
+    code, said = ended(started(cmd, tmp_path / "run.log"), tmp_path / "run.log")
+    assert code == 128 + signum, said[-3000:]
     assert (f"{signum.name} received in {out}: stopped before its first checkpoint; run the same command "
             "again to start it") in said
     assert "Traceback" not in said and not (out / "results.json").exists()

@@ -1,8 +1,8 @@
 """Through a real SLURM scheduler (tools/slurm/cluster.sh: munge, slurmctld, two 1-CPU slurmd nodes on this
 host, started for this file and stopped after it): a table's runs submitted by Hydra's submitit launcher
-end as SLURM jobs with the local launcher's numbers; a job requeued mid-run (`scontrol requeue`) saves a
-checkpoint, is requeued and ends with the uninterrupted run's numbers; one signalled before its time limit
-(--signal) saves, is requeued by submitit and finishes from its checkpoint; two SLURM tasks on two nodes
+end as SLURM jobs with the local launcher's numbers; a job requeued mid-run (`scontrol requeue`), then
+signalled before its time limit (--signal), saves a checkpoint each time, is requeued (by SLURM, then by
+submitit) and ends with the uninterrupted run's numbers; two SLURM tasks on two nodes
 train like one process (Lightning's SLURMEnvironment reads the scheduler's variables). Skipped where
 slurm-wlm and munge are not installed, or not as root."""
 
@@ -173,48 +173,38 @@ def wait_for(condition, what: str, timeout: float = 300) -> None:
         time.sleep(0.05)
 
 
-def test_a_job_requeued_mid_run_resumes_and_ends_as_the_uninterrupted_run(slurm, tmp_path):
-    full = uninterrupted(tmp_path)
-    # the SLURM job starts once this run has cached the data: one WordPiece vocabulary for both
-    wait_for(lambda: saved_step(tmp_path / "full") >= 5 or full.poll() is not None, "the uninterrupted run")
-    waiter = sweep_of_one(tmp_path / "sweep", slurm, *OVERRIDES, f"paths.cache_dir={tmp_path / 'cache'}")
-    run = tmp_path / "sweep" / "run"
-    wait_for(lambda: saved_step(run) >= 5, "a step checkpoint of the SLURM job")
-    (job,) = job_ids(tmp_path / "sweep")
-    scontrol(slurm, "requeue", job)  # what a preemption by a higher-priority job does: SIGTERM, then requeue
-    output = ended(waiter)
-    ended(full)
-    resumed, reference = final(run), final(tmp_path / "full")
-    assert job_ended(slurm, job)["Restarts"] == "1", output[-3000:]
-    log = submitit_log(tmp_path / "sweep", job)
-    said = re.search(r"SIGTERM received: saved (\S+) at step (\d+) and stopped", log)
-    assert said and said.group(1) == str(run / "checkpoints" / "last.ckpt"), log[-3000:]
-    assert resumed["resumes"] == 1 and resumed["resumed_from"]
-    assert resumed["global_step"] == reference["global_step"] == 24 > int(said.group(2)) >= 5
-    assert resumed["metrics"]["final"] == reference["metrics"]["final"]
-
-
 def pending(pid: int, sig: signal.Signals) -> bool:
     """Whether ``sig`` waits undelivered at the stopped process ``pid`` (its pending masks in /proc)."""
     masks = re.findall(r"^(?:SigPnd|ShdPnd):\s*([0-9a-f]+)$", Path(f"/proc/{pid}/status").read_text(), re.M)
     return any(int(mask, 16) >> (sig - 1) & 1 for mask in masks)
 
 
-def test_a_job_signalled_before_its_time_limit_requeues_itself_and_resumes(slurm, tmp_path):
-    """SLURM's --signal (submitit asks for USR2 signal_delay_s before the limit): last.ckpt, then submitit
-    requeues the job (hydra.launcher.max_num_timeout), which resumes from it and finishes."""
-    sweep, steps = tmp_path / "sweep", 100
-    overrides = [o for o in OVERRIDES if not o.startswith(("optim.max_steps", "optim.val_check_interval"))]
-    waiter = sweep_of_one(sweep, slurm, *overrides, f"optim.max_steps={steps}",
-                          "optim.val_check_interval=50", "hydra.launcher.signal_delay_s=120",
+def test_a_job_requeued_mid_run_then_signalled_before_its_time_limit_resumes_each_time_as_uninterrupted(
+        slurm, tmp_path):
+    """One SLURM job stopped twice, each time saving and resuming from its checkpoint: first requeued mid-run
+    (`scontrol requeue`: what a preemption by a higher-priority job does, SIGTERM then requeue); then
+    signalled before its time limit (SLURM's --signal: submitit asks for USR2 signal_delay_s before the
+    limit), which saves last.ckpt and hands over to submitit, which requeues the job
+    (hydra.launcher.max_num_timeout). It ends with the uninterrupted run's numbers."""
+    full = uninterrupted(tmp_path)
+    # the SLURM job starts once this run has cached the data: one WordPiece vocabulary for both
+    wait_for(lambda: saved_step(tmp_path / "full") >= 5 or full.poll() is not None, "the uninterrupted run")
+    sweep = tmp_path / "sweep"
+    waiter = sweep_of_one(sweep, slurm, *OVERRIDES, "hydra.launcher.signal_delay_s=120",
                           f"paths.cache_dir={tmp_path / 'cache'}")
     run = sweep / "run"
     wait_for(lambda: saved_step(run) >= 5, "a step checkpoint of the SLURM job")
+    (job,) = job_ids(sweep)
+    scontrol(slurm, "requeue", job)
+    stopped = r"SIGTERM received: saved (\S+) at step (\d+) and stopped"
+    wait_for(lambda: re.search(stopped, submitit_log(sweep, job)), "the requeued job's checkpoint")
+    step = int(re.search(stopped, submitit_log(sweep, job)).group(2))
+    # the requeued job resumed: a step checkpoint after the one it stopped at (one every 5 steps)
+    wait_for(lambda: saved_step(run) > step, "a step checkpoint of the requeued SLURM job")
     # the training process held (SIGSTOP) until the controller's signal reaches it: the controller looks
     # every 30 s, and a run left going would have to outlast that on any CPU
     pid = json.loads(RunFolder(run).lock.read_text())["pid"]
     os.kill(pid, signal.SIGSTOP)
-    (job,) = job_ids(sweep)
     ran = sum(int(x) * 60 ** i for i, x in enumerate(reversed(job_record(slurm, job)["RunTime"].split(":"))))
     # the limit 1-2 minutes away: inside signal_delay_s, so the controller signals the job at its next pass
     scontrol(slurm, "update", f"JobId={job}", f"TimeLimit={ran // 60 + 2}")
@@ -230,13 +220,17 @@ def test_a_job_signalled_before_its_time_limit_requeues_itself_and_resumes(slurm
     assert waiter.poll() is None, submitit_log(sweep, job)[-3000:]
     scontrol(slurm, "update", f"JobId={job}", "TimeLimit=10")  # the requeued job's own limit, ample again
     output = ended(waiter)
+    ended(full)
+    resumed, reference = final(run), final(tmp_path / "full")
+    assert job_ended(slurm, job)["Restarts"] == "2", output[-3000:]  # one requeue per stop, no other
     log = submitit_log(sweep, job)
+    said = re.search(stopped, log)
+    assert said and said.group(1) == str(run / "checkpoints" / "last.ckpt"), log[-3000:]
     handed_over = r"SIGUSR2 received: saving a checkpoint.*\n(.*\n)*.*this job is timed-out"
     assert re.search(handed_over, log), log[-3000:]
-    assert int(job_ended(slurm, job)["Restarts"]) >= 1, output[-3000:]
-    resumed = final(run)
-    assert resumed["status"] == "complete" and resumed["resumes"] >= 1 and resumed["resumed_from"]
-    assert resumed["global_step"] == steps
+    assert resumed["status"] == "complete" and resumed["resumes"] == 2 and resumed["resumed_from"]
+    assert resumed["global_step"] == reference["global_step"] == 24 > int(said.group(2)) >= 5
+    assert resumed["metrics"]["final"] == reference["metrics"]["final"]
 
 
 # -- two nodes -----------------------------------------------------------------------------------------------

@@ -6,16 +6,14 @@ last, a relaunch with another number of epochs reruns the MRPC jobs alone and re
 
 import csv
 import json
-import os
+import logging
 import shlex
 import shutil
-import subprocess
-import sys
 
 import pytest
 import torch
 
-from .conftest import REPO, shared_data_dir
+from .conftest import REPO, run_py, shared_data_dir
 
 SHRINK = [  # --set on the table config: one row, MRPC plus a column that cannot compose, tiny steps
     "rows.no_nsp=null", "rows.ltr_no_nsp=null", "rows.ltr_no_nsp_bilstm=null",
@@ -30,11 +28,15 @@ SHRINK = [  # --set on the table config: one row, MRPC plus a column that cannot
 
 
 def tables(tmp_path, *args):
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BERT_REPRO_CACHE": str(tmp_path / "cache")}
+    """`python -m bert_repro.tables ARGS` with the tiny settings, in this process (conftest.in_process): its
+    runs are forked from this worker's forkserver (tables/warm.py), started once for all of them."""
     flags = [f"--set={s}" for s in SHRINK] + ["--runs-dir", str(tmp_path / "runs"),
                                                "--results-dir", str(tmp_path / "results")]
-    return subprocess.run([sys.executable, "-m", "bert_repro.tables", *args, *flags], cwd=REPO, env=env,
-                          capture_output=True, text=True, timeout=600)
+    with pytest.MonkeyPatch.context() as env:
+        env.setenv("BERT_REPRO_CACHE", str(tmp_path / "cache"))
+        # a new interpreter's root logger, which the CLI's logging.basicConfig gives its stderr handler
+        env.setattr(logging.getLogger(), "handlers", [])
+        return run_py(*args, *flags, module="bert_repro.tables")
 
 
 @pytest.fixture(scope="module")
