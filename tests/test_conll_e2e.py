@@ -13,7 +13,7 @@ from .test_glue_e2e import run
 # 128-token windows: the path end to end at a quarter of the task's 512 (its document context is
 # test_conll_data's), 4x less attention to pay on every Dev window
 COMMON = ["task=conll2003", "model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false",
-          "data.batch_size=16", "data.max_train_examples=48", "optim.max_steps=3", "data.max_seq_length=128"]
+          "data.batch_size=4", "data.max_train_examples=12", "optim.max_steps=3", "data.max_seq_length=128"]
 
 
 def sentences(path, start, count):
@@ -30,7 +30,7 @@ def conll_dir(tmp_path, shared_data):
     folder.mkdir()
     (folder / "eng.train").write_text(sentences(shared_data / "conll2003" / "eng.train", 0, 300))
     testa = shared_data / "conll2003" / "eng.testa"
-    (folder / "eng.testa").write_text(sentences(testa, 0, 120))
+    (folder / "eng.testa").write_text(sentences(testa, 0, 40))
     (folder / "eng.testb").write_text(sentences(testa, 120, 40))
     return folder
 

@@ -18,6 +18,8 @@ from bert_repro.convert import CheckpointError, build_model, export_hf, load_che
 from bert_repro.convert.cli import main
 from bert_repro.model import BertConfig, BertForPreTraining
 
+from .conftest import run_py
+
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
 transformers.logging.disable_progress_bar()
@@ -340,8 +342,8 @@ def test_corrupt_and_mismatched_checkpoints_name_the_path(hf_pretraining, tmp_pa
 
 
 def run_cli(*args: str) -> subprocess.CompletedProcess:
-    return subprocess.run([sys.executable, "-m", "bert_repro.convert", *args], capture_output=True, text=True,
-                          timeout=120)
+    """``python -m bert_repro.convert args`` as a user runs it (in this process: see run_py)."""
+    return run_py(*args, module="bert_repro.convert")
 
 
 def test_cli_check_on_real_weights_prints_per_layer_diffs():
@@ -631,7 +633,7 @@ def test_the_card_gives_the_exported_checkpoints_own_dev_metrics_epoch_and_step(
 def test_the_cards_metrics_are_what_evaluate_gives_the_exported_checkpoint(tmp_path, minilm_dir, shared_data):
     from huggingface_hub import ModelCard
 
-    from .conftest import run_py, train_py
+    from .conftest import train_py
 
     small = ["task=mrpc", "model=tiny", "optim.limit_val_batches=2", "trainer.enable_progress_bar=false",
              f"data.tokenizer={minilm_dir / 'vocab.txt'}", f"paths.cache_dir={tmp_path / 'cache'}"]

@@ -8,10 +8,7 @@ import importlib
 import importlib.util
 import io
 import json
-import os
 import re
-import subprocess
-import sys
 import tokenize
 from functools import cache
 from pathlib import Path
@@ -22,7 +19,7 @@ from hydra.core.hydra_config import HydraConfig
 from hydra.utils import instantiate
 from omegaconf import OmegaConf
 
-from .conftest import REPO
+from .conftest import REPO, run_py
 from .test_readme import check_line, commands
 from .test_run_names import hydra_config
 
@@ -325,18 +322,16 @@ def test_own_task_refuses_a_missing_key():
 
 
 @pytest.mark.e2e
-def test_own_task_trains_and_its_checkpoint_says_what_it_is(tmp_path, minilm_dir):
-    """extending.md's task, trained through src/train.py as its page says (a tiny model for speed):
-    results.json carries its metrics, and its checkpoint's identity its own name and label names."""
-    data = write_own_task(tmp_path)
-    env = {**os.environ, "REVIEWS": str(data), "OMP_NUM_THREADS": "1", "HF_HUB_OFFLINE": "1"}
+def test_own_task_trains_and_its_checkpoint_says_what_it_is(tmp_path, minilm_dir, monkeypatch):
+    """extending.md's task, trained through src/train.py as its page says (a tiny model for speed; the page's
+    relative my_conf is composed from its folder by test_every_command_in_docs_is_current): results.json
+    carries its metrics, and its checkpoint's identity its own name and label names."""
+    monkeypatch.setenv("REVIEWS", str(write_own_task(tmp_path)))
     run = tmp_path / "run"
-    proc = subprocess.run(
-        [sys.executable, str(REPO / "src" / "train.py"), "hydra.searchpath=[file://my_conf]", "task=reviews",
-         "model=tiny", f"data.tokenizer={minilm_dir}", "data.batch_size=2", "optim.epochs=1", "logger=csv",
-         "trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}",
-         f"hydra.run.dir={run}"],
-        cwd=tmp_path, env=env, capture_output=True, text=True, timeout=600)
+    proc = run_py(f"hydra.searchpath=[file://{tmp_path / 'my_conf'}]", "task=reviews", "model=tiny",
+                  f"data.tokenizer={minilm_dir}", "data.batch_size=2", "optim.epochs=1", "logger=csv",
+                  "trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}",
+                  f"hydra.run.dir={run}")
     assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
     results = json.loads((run / "results.json").read_text())
     assert {"val/acc", "val/f1"} <= set(results["metrics"]["final"]), results["metrics"]["final"]

@@ -96,8 +96,9 @@ def test_the_cards_command_offline_stops_at_once_with_the_hint(tmp_path, monkeyp
 def test_an_hf_directory_gives_its_shape_without_model(tmp_path, minilm_dir, shared_data):
     out = tmp_path / "run"
     proc = train_py("task=mrpc", f"init={minilm_dir}", "optim.max_steps=2", "data.max_train_examples=16",
-                    "optim.limit_val_batches=1", "logger=none", "trainer.enable_progress_bar=false",
-                    f"paths.cache_dir={tmp_path / 'cache'}", f"hydra.run.dir={out}")
+                    "data.batch_size=4", "optim.limit_val_batches=1", "logger=none",
+                    "trainer.enable_progress_bar=false", f"paths.cache_dir={tmp_path / 'cache'}",
+                    f"hydra.run.dir={out}")
     assert proc.returncode == 0, proc.stdout[-2000:] + proc.stderr[-2000:]
     results = json.loads((out / "results.json").read_text())
     assert results["model"] == "L6_H384_A12" and results["init"] == str(minilm_dir)

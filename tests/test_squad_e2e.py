@@ -10,9 +10,10 @@ import torch
 from .conftest import run_py
 from .helpers import VARIED, call_in_new_process, validate_on_one_and_two_ranks
 
+DEV = 8  # Dev questions, each a few windows
 SMALL = ["model=minilm_l6", "logger=csv", "trainer.enable_progress_bar=false", "data.max_seq_length=128",
-         "data.doc_stride=32", "data.max_query_length=32", "data.max_train_examples=16",
-         "data.max_dev_examples=16", "data.batch_size=16", "optim.epochs=1"]
+         "data.doc_stride=32", "data.max_query_length=32", "data.max_train_examples=8",
+         f"data.max_dev_examples={DEV}", "data.batch_size=8", "optim.epochs=1"]
 
 
 def run(*args, timeout=600):
@@ -27,7 +28,7 @@ def train(task, tmp_path, minilm_dir, shared_data, *extra):
     return tmp_path / "run", json.loads((tmp_path / "run" / "results.json").read_text())
 
 
-def dev_ids(shared_data, name, version, count=16):
+def dev_ids(shared_data, name, version, count=DEV):
     import numpy as np
 
     from bert_repro.data.base import HELD_OUT_SEED

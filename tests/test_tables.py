@@ -554,8 +554,9 @@ def test_launcher_settings_compose_with_their_hydra_plugins(launcher, tmp_path):
 
 @pytest.mark.slow
 def test_launcher_choice_reaches_every_multirun(capsys, tmp_path):
+    one_point = ["--set", "grid.optim.epochs=3", "--set", "grid.data.batch_size=32"]  # a multirun a sweep
     assert cli.main(["run", "table8", "--scale", "paper", "--launcher", "slurm", "--dry-run",
-                     "--runs-dir", str(tmp_path)]) == 0
+                     "--runs-dir", str(tmp_path), *one_point]) == 0
     lines = [line for line in capsys.readouterr().out.splitlines() if "--multirun" in line]
     pretrain = [line for line in lines if "task=pretrain" in line]
     assert len(pretrain) == 12  # 2 phases each

@@ -5,8 +5,10 @@ test_rehearse_figure4.py and test_rehearse_table5.py."""
 import dataclasses
 import io
 import json
+import os
 import re
 import time
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -271,35 +273,48 @@ def test_progress_prints_plain_lines_with_jobs_done_the_current_sweep_and_an_eta
     assert lines[-1].startswith("[1/3 jobs] running done")
 
 
+def _finish(folder, at: float, wall: float | None = None) -> None:
+    """A job's result, written at ``at`` on the fake clock (its end: the file's time)."""
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / "results.json").write_text(json.dumps({"status": "complete", "wall_time_s": wall}))
+    os.utime(folder / "results.json", (at, at))
+
+
 def test_progress_eta_weighs_each_job_by_its_share_of_the_work(tmp_path):
     """A pre-training run worth 3 fine-tuning jobs, done in 30 s: the one job left is 10 s away (by job
     count it would say 30 s)."""
     pretrain, finetune = tmp_path / "pretrain", tmp_path / "finetune"
     progress = TableProgress([pretrain, finetune], stream=io.StringIO(),
                              weights={pretrain: 3.0, finetune: 1.0})
-    pretrain.mkdir()
-    (pretrain / "results.json").write_text("{}")
     progress.start = time.time() - 30
+    _finish(pretrain, progress.start + 30)
     assert progress.line() == (1, 2, "0m10s")
 
 
-def test_progress_eta_times_each_kind_of_job_by_its_own_finished_jobs(tmp_path):
+def test_progress_eta_times_each_kind_of_job_by_its_own_finished_jobs(tmp_path, monkeypatch):
     """Fine-tuning runs at a fraction of pre-training's FLOP rate: a pre-training of 100 units took 90 s and a
-    fine-tuning of 1 unit 10 s, so the fine-tuning left is 10 s of the 100 s spent on 100 s of work, not
-    1/101 of it (about 1 s, what FLOPs alone would say)."""
+    fine-tuning of 1 unit 10 s, so the fine-tuning left is 10 s, not 1/101 of the 100 s (about 1 s, what
+    FLOPs alone would say); a job of a kind none of which has run goes at its stage's rate (fine-tuning
+    another task), not pre-training's."""
     pretrain, done, left = tmp_path / "pretrain", tmp_path / "ft1", tmp_path / "ft2"
-    kinds = {pretrain: "pretrain", done: "finetune", left: "finetune"}
+    kinds = {pretrain: "pretrain", done: "finetune: mrpc", left: "finetune: mrpc"}
+    clock = [1000.0]
+    monkeypatch.setattr(progress_module, "time", SimpleNamespace(time=lambda: clock[0]))
     progress = TableProgress([pretrain, done, left], stream=io.StringIO(),
-                             weights={pretrain: 100.0, done: 1.0, left: 1.0}, kinds=kinds)
-    for folder, wall in ((pretrain, 90.0), (done, 10.0)):
-        folder.mkdir()
-        (folder / "results.json").write_text(json.dumps({"status": "complete", "wall_time_s": wall}))
-    progress.start = time.time() - 100
+                             weights={pretrain: 100.0, done: 1.0, left: 1.0}, kinds=kinds,
+                             sweeps={"pretrain": [pretrain], "ft1": [done], "ft2": [left]})
+    progress.started("pretrain")
+    clock[0] += 90
+    _finish(pretrain, clock[0])
+    progress.finished("pretrain")
+    progress.started("ft1")
+    clock[0] += 10
+    _finish(done, clock[0])
+    progress.finished("ft1")
     assert progress.line() == (2, 3, "0m10s")
-    (done / "results.json").write_text("{}")  # a fine-tuning that recorded no wall time
-    progress._walls.clear()
-    progress.start = time.time() - 200  # 200 s for 90.9 s of work at the pre-training's rate, 0.9 s left
-    assert progress.line() == (2, 3, "0m01s")  # (1.98 s): the pre-training's rate for a kind that has none
+    progress.kinds[left] = "finetune: sst2"
+    progress.weights[left] = 10.0  # 10 units at fine-tuning's 10 s a unit (at all jobs' rate: 9.9 s)
+    assert progress.line() == (2, 3, "1m40s")
 
 
 def _seconds(eta: str) -> float:
@@ -327,6 +342,7 @@ def test_the_smoke_tables_eta_is_within_1_5x_once_each_kind_of_job_has_run(tmp_p
         write_results(todo[0][1], sweep.overrides["task"], {"val/acc": 0.5})
         record = json.loads((todo[0][1] / "results.json").read_text())
         (todo[0][1] / "results.json").write_text(json.dumps({**record, "wall_time_s": walls[sweep.name]}))
+        os.utime(todo[0][1] / "results.json", (clock[0], clock[0]))
         return {"skipped": 0, "complete": 1, "failed": 0}
 
     monkeypatch.setattr(runner, "run_sweep", run_sweep)
@@ -345,6 +361,43 @@ def test_the_smoke_tables_eta_is_within_1_5x_once_each_kind_of_job_has_run(tmp_p
         assert left / 1.5 <= _seconds(etas[done]) <= left * 1.5, (done, etas[done], left)
         checked += 1
     assert checked == 15  # from the first SQuAD fine-tuning (the last kind to run) on
+
+
+def test_the_demos_eta_replayed_from_a_real_run_is_within_1_5x_once_each_stage_has_run(tmp_path, monkeypatch):
+    """A real `make demo` (table5_demo at smoke, 2 slots, under load: docs/benchmarks.md) replayed on a fake
+    clock: each sweep starts and each job ends when it did (table5_demo_smoke_timeline.json, seconds from the
+    start, each job's planned FLOPs). Once a pre-training and a fine-tuning are done (before any PyDoc-Next
+    job, a kind of its own), every ETA printed is within 1.5x of what was really left, while the long LTR
+    pre-training runs beside the first fine-tunings and at the end, when one slot runs alone."""
+    timeline = json.loads((Path(__file__).parent / "table5_demo_smoke_timeline.json").read_text())
+    jobs = {r["sweep"]: [tmp_path / r["sweep"] / str(i) for i in range(len(r["ends"]))] for r in timeline}
+    folders = [f for fs in jobs.values() for f in fs]
+    clock = [0.0]
+    monkeypatch.setattr(progress_module, "time", SimpleNamespace(time=lambda: clock[0]))
+    stream = io.StringIO()
+    progress = TableProgress(
+        folders, stream=stream, weights={f: r["flops"] for r in timeline for f in jobs[r["sweep"]]},
+        kinds={f: r["kind"] for r in timeline for f in jobs[r["sweep"]]}, sweeps=jobs,
+        needs={r["sweep"]: r["needs"] for r in timeline if r["needs"]}, at_once=2)
+    events = sorted([(r["start"], 1, r["sweep"], None) for r in timeline] +  # at a tie, ends first
+                    [(end, 0, r["sweep"], i) for r in timeline for i, end in enumerate(r["ends"])])
+    last, seen, checked = max(e for r in timeline for e in r["ends"]), set(), 0
+    with progress:
+        for at, _, sweep, job in events:
+            clock[0] = at
+            if job is None:
+                progress.started(sweep)
+            else:
+                _finish(jobs[sweep][job], at)
+                seen.add(sweep.split("/")[0])
+                progress.finished(sweep) if job == len(jobs[sweep]) - 1 else progress.refresh()
+            for line in stream.getvalue().splitlines():
+                if (m := re.search(r"ETA (\d\S*)$", line)) and seen == {"pretrain", "finetune"} and last > at:
+                    assert 1 / 1.5 <= _seconds(m[1]) / (last - at) <= 1.5, (at, line, last - at)
+                    checked += 1
+            stream.seek(0)
+            stream.truncate()
+    assert checked == 47  # every line from the first fine-tuning job on
 
 
 def test_a_table_spec_is_not_a_runnable_experiment():

@@ -4,7 +4,7 @@ from their launch logs."""
 
 from __future__ import annotations
 
-import json
+import bisect
 import sys
 import time
 from pathlib import Path
@@ -12,6 +12,7 @@ from typing import TextIO
 
 from bert_repro.lifecycle.folder import RunFolder
 
+FLOOR = 0.1  # a running job past its predicted time: a tenth of it still to go
 PASSED = "][bert_repro.lifecycle.callbacks][INFO] - "  # a run's progress and Dev lines (ProgressLines)
 
 
@@ -20,14 +21,41 @@ def _duration(seconds: float) -> str:
     return f"{hours}h{rest // 60:02d}m" if hours else f"{rest // 60}m{rest % 60:02d}s"
 
 
+def _stage(kind: str) -> str:
+    return kind.split(":")[0]  # Sweep.kind: a stage, or a stage and its task
+
+
+def finish(running: dict[str, float], pending: list[str], left: dict[str, float], needs: dict[str, str],
+           at_once: int) -> float:
+    """Seconds until the last sweep ends: the running ones in their slots (``running``: seconds left), then
+    each free slot takes the first of ``pending`` whose ``needs`` has ended, as the runner does."""
+    ends, now, pending = sorted((t, n) for n, t in running.items()), 0.0, list(pending)
+    while pending or ends:
+        busy = set(pending) | {n for _, n in ends}
+        for name in [n for n in pending if needs.get(n) not in busy][:max(at_once - len(ends), 0)]:
+            pending.remove(name)
+            bisect.insort(ends, (now + left[name], name))
+        if not ends:  # what is left waits on a sweep that no longer runs
+            break
+        now, _ = ends.pop(0)
+    return now
+
+
 class TableProgress:
+    """``sweeps``: each sweep's jobs, in the order the runner takes them, a sweep's jobs one after another in
+    one of ``at_once`` slots, a sweep waiting for the one ``needs`` names (default: each job a sweep)."""
+
     def __init__(self, folders: list[Path], stream: TextIO | None = None, every_s: float = 5.0,
-                 weights: dict[Path, float] | None = None, kinds: dict[Path, str] | None = None):
+                 weights: dict[Path, float] | None = None, kinds: dict[Path, str] | None = None,
+                 sweeps: dict[str, list[Path]] | None = None, needs: dict[str, str] | None = None,
+                 at_once: int = 1):
         self.folders, self.stream, self.every_s = folders, stream or sys.stderr, every_s
         self.weights = {f: (weights or {}).get(f, 1.0) for f in folders}  # a job's share of the work: FLOPs
         self.kinds = {f: (kinds or {}).get(f, "") for f in folders}
-        self._walls: dict[Path, float | None] = {}  # a finished job's own wall_time_s, read once
+        self.sweeps = sweeps or {str(f): [f] for f in folders}
+        self.needs, self.at_once = needs or {}, at_once
         self.running: list[str] = []  # the sweeps running now, in the order they started
+        self.began: dict[str, float] = {}  # when each sweep started
         self.logs: dict[str, tuple[Path, int]] = {}  # a running sweep's launch log, and how far it was read
         self.start = time.time()
         self.before = {f for f in folders if self._done(f)}  # done before this launch: not in the ETA
@@ -37,33 +65,56 @@ class TableProgress:
     def _done(folder: Path) -> bool:
         return RunFolder(folder).results.is_file() or RunFolder(folder).failed.is_file()
 
-    def _wall(self, folder: Path) -> float | None:
-        if folder not in self._walls:
-            try:
-                self._walls[folder] = float(json.loads(RunFolder(folder).results.read_text())["wall_time_s"])
-            except (OSError, ValueError, KeyError, TypeError):  # a failure record, or a result without it
-                self._walls[folder] = None
-        return self._walls[folder]
+    @staticmethod
+    def _ended(folder: Path) -> float:
+        run = RunFolder(folder)
+        return (run.results if run.results.is_file() else run.failed).stat().st_mtime
 
     def line(self) -> tuple[int, int, str]:
-        """(done, total, ETA): the work left, a job's its weight at the seconds per weight of its kind's jobs
-        finished in this launch (of all kinds, while none of its kind is)."""
+        """(done, total, ETA): the sweeps' work left packed onto the slots (finish)."""
         done = {f for f in self.folders if self._done(f)}
-        timed = {f: w for f in done - self.before if (w := self._wall(f)) is not None and self.weights[f]}
-        cost = self.weights
-        if timed:
-            def rate(kind: str | None) -> float:  # seconds per weight of a kind's finished jobs (None: all)
-                jobs = [f for f in timed if kind in (None, self.kinds[f])]
-                return sum(timed[f] for f in jobs) / sum(self.weights[f] for f in jobs)
+        now, took, running = time.time(), {}, {}  # a finished job's time in its slot; a running one's start
+        firsts = set()  # each sweep's first job in this launch: its time holds the sweep's start-up
+        for name, jobs in self.sweeps.items():
+            previous = self.began.get(name, self.start)  # a sweep's jobs run in order, each after the last
+            for folder in (f for f in jobs if f not in self.before & done):  # a failure before runs again
+                if folder not in done:
+                    running[name] = previous
+                    break
+                if not any(f in took for f in jobs):
+                    firsts.add(folder)
+                ended = self._ended(folder)
+                took[folder], previous = max(ended - previous, 0.0), ended
+        if len(done) == len(self.folders):
+            return len(done), len(self.folders), "0s"
+        if not took:
+            return len(done), len(self.folders), "?"
 
-            kinds = {self.kinds[f] for f in timed}
-            cost = {f: self.weights[f] * rate(self.kinds[f] if self.kinds[f] in kinds else None)
-                    for f in self.folders}
-        ran = sum(cost[f] for f in done - self.before)
-        left = sum(cost[f] for f in self.folders if f not in done)
-        eta = _duration((time.time() - self.start) / ran * left) if ran and left else \
-            "?" if len(done) < len(self.folders) else "0s"
-        return len(done), len(self.folders), eta
+        def rate(jobs: list[Path]) -> float | None:  # seconds per weight
+            weight = sum(self.weights[f] for f in jobs)
+            return sum(took[f] for f in jobs) / weight if jobs and weight else None
+
+        def seconds(folder: Path, sweep: list[Path]) -> float:
+            """In a sweep under way: its later jobs' time (the same work, started up), else its kind's later
+            jobs' rate, else its first's; else (start-up included) its kind's rate, its stage's, all's."""
+            kind = [f for f in took if self.kinds[f] == self.kinds[folder]]
+            if ran := [f for f in sweep if f in took]:
+                tiers = [[f for f in ran if f not in firsts], [f for f in kind if f not in firsts], ran]
+            else:
+                stage = [f for f in took if _stage(self.kinds[f]) == _stage(self.kinds[folder])]
+                tiers = [kind, stage, list(took)]
+            return self.weights[folder] * next((r for r in map(rate, tiers) if r is not None), 0.0)
+
+        left = {}
+        for name, jobs in self.sweeps.items():
+            todo = [f for f in jobs if f not in done]
+            left[name] = sum(seconds(f, jobs) for f in todo)
+            if name in self.running and todo:  # its first job left runs since the one before it ended
+                first = seconds(todo[0], jobs)
+                left[name] -= first - max(first - (now - running[name]), FLOOR * first)
+        pending = [n for n in self.sweeps if n not in self.began and left[n]]
+        return len(done), len(self.folders), _duration(finish(
+            {n: left[n] for n in self.running if n in left}, pending, left, self.needs, self.at_once))
 
     def _pass_on(self) -> None:
         """The running runs' progress lines written since the last look."""
@@ -92,6 +143,7 @@ class TableProgress:
         if log is not None:
             self.logs[name] = (log, log.stat().st_size if log.is_file() else 0)
         self.running.append(name)
+        self.began[name] = time.time()
         self.refresh()
 
     def finished(self, name: str) -> None:

@@ -428,7 +428,10 @@ def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict 
     jobs = table.jobs()
     planned = [r for r in (plan or {}).get("runs", []) if r["name"] in jobs]
     progress = TableProgress(list(jobs.values()), weights={jobs[r["name"]]: r["flops"] for r in planned},
-                             kinds={f: s.kind for s in table.sweeps.values() for _, f in s.jobs()})
+                             kinds={f: s.kind for s in table.sweeps.values() for _, f in s.jobs()},
+                             sweeps={n: [f for _, f in table.sweeps[n].jobs()] for n in order},
+                             needs={n: s.needs.name for n, s in table.sweeps.items() if s.needs is not None},
+                             at_once=at_once)
     lines: dict[str, dict] = {}  # by sweep, once it ended
 
     def one(sweep: Sweep) -> dict:
