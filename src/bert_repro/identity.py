@@ -61,12 +61,14 @@ def describe(identity: dict[str, Any]) -> str:
     return f"task={identity.get('task')}" + (f" (labels {', '.join(map(str, labels))})" if labels else "")
 
 
-def science_differences(saved: dict[str, Any], now: dict[str, Any],
-                        ignore: tuple[str, ...] = ()) -> list[str]:
-    """``key: checkpoint X, now Y`` for each science key that differs, less the keys in ``ignore``."""
+def science_differences(saved: dict[str, Any] | None, now: dict[str, Any] | None,
+                        ignore: tuple[str, ...] = (), was: str = "checkpoint") -> list[str]:
+    """``key: checkpoint X, now Y`` for each science key that differs, less the keys in ``ignore`` and
+    those under them."""
     a, b = comparable(flatten(saved or {})), comparable(flatten(now or {}))
-    names = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and k not in ignore)
-    return [changed(k, a, b, "checkpoint") for k in names]
+    names = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k)
+                   and not any(k == i or k.startswith(f"{i}.") for i in ignore))
+    return [changed(k, a, b, was) for k in names]
 
 
 def changed(key: str, saved: dict[str, Any], now: dict[str, Any], was: str = "was") -> str:

@@ -45,8 +45,8 @@ def build_module(spec: RunSpec, datamodule: L.LightningDataModule, training: boo
                                    cfg.data.get("max_seq_length"), spec.science)
     missing, dropped = (load_weights(module, spec.loaded, module.identity, whole_module=not training)
                         if spec.loaded is not None else ([], None))
-    if training and compiled_on(cfg):
-        compile_model(module.model, compiled_on(cfg))
+    if training and (device := compiled_on(cfg)):
+        compile_model(module.model, device)
     return module, {"model_config": encoder, "missing_heads": missing, "init_head_dropped": dropped}
 
 

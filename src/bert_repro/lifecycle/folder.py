@@ -22,8 +22,8 @@ from typing import Any
 
 import yaml
 
-from bert_repro.identity import changed
-from bert_repro.keys import comparable, flatten, science
+from bert_repro.identity import science_differences
+from bert_repro.keys import science
 
 RESULTS, FAILED, LOCK, CHECKPOINTS = "results.json", "failed.json", ".lock", "checkpoints"
 PREVIOUS = ".previous"  # earlier results set aside by a fresh attempt (a dot: find_runs never counts them)
@@ -61,10 +61,8 @@ def compared(record: dict[str, Any], config: dict[str, Any]) -> tuple[dict[str, 
 
 def differences(saved: dict[str, Any] | None, now: dict[str, Any] | None,
                 ignore: tuple[str, ...] = ()) -> list[str]:
-    """``key: checkpoint X, now Y`` for each science key that differs, less the keys under ``ignore``."""
-    a, b = comparable(flatten(science(saved or {}))), comparable(flatten(science(now or {})))
-    keys = sorted(k for k in a.keys() | b.keys() if a.get(k) != b.get(k) and not k.startswith(ignore))
-    return [changed(k, a, b) for k in keys]
+    """``key: was X, now Y`` for each science key of two run configs that differs, less ``ignore``."""
+    return science_differences(science(saved or {}), science(now or {}), ignore, was="was")
 
 
 class RunFolder:

@@ -163,6 +163,7 @@ class OutputFolderCheck(Callback):
     def on_job_end(self, config: Any, **kwargs: Any) -> None:
         if self.job is not None:
             self.job.__exit__()
+            atexit.unregister(self.job.__exit__)  # a long sweep in one process keeps none of its jobs'
             self.job = None
 
     def on_multirun_start(self, config: Any, **kwargs: Any) -> None:

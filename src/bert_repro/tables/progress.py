@@ -56,6 +56,7 @@ class TableProgress:
         self.needs, self.at_once = needs or {}, at_once
         self.running: list[str] = []  # the sweeps running now, in the order they started
         self.began: dict[str, float] = {}  # when each sweep started
+        self._ends: dict[Path, float] = {}  # a finished job's end (_ended)
         self.logs: dict[str, tuple[Path, int]] = {}  # a running sweep's launch log, and how far it was read
         self.start = time.time()
         self.before = {f for f in folders if self._done(f)}  # done before this launch: not in the ETA
@@ -65,10 +66,12 @@ class TableProgress:
     def _done(folder: Path) -> bool:
         return RunFolder(folder).results.is_file() or RunFolder(folder).failed.is_file()
 
-    @staticmethod
-    def _ended(folder: Path) -> float:
-        run = RunFolder(folder)
-        return (run.results if run.results.is_file() else run.failed).stat().st_mtime
+    def _ended(self, folder: Path) -> float:
+        """When a finished job wrote its result (or failure), read once: a line comes every few seconds."""
+        if folder not in self._ends:
+            run = RunFolder(folder)
+            self._ends[folder] = (run.results if run.results.is_file() else run.failed).stat().st_mtime
+        return self._ends[folder]
 
     def line(self) -> tuple[int, int, str]:
         """(done, total, ETA): the sweeps' work left packed onto the slots (finish)."""
@@ -111,7 +114,7 @@ class TableProgress:
             left[name] = sum(seconds(f, jobs) for f in todo)
             if name in self.running and todo:  # its first job left runs since the one before it ended
                 first = seconds(todo[0], jobs)
-                left[name] -= first - max(first - (now - running[name]), FLOOR * first)
+                left[name] += max(first - (now - running[name]), FLOOR * first) - first
         pending = [n for n in self.sweeps if n not in self.began and left[n]]
         return len(done), len(self.folders), _duration(finish(
             {n: left[n] for n in self.running if n in left}, pending, left, self.needs, self.at_once))
