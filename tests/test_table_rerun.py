@@ -117,9 +117,11 @@ def test_force_moves_earlier_runs_aside_and_a_second_runner_is_refused(tmp_path,
 
 
 @pytest.mark.parametrize("bad, said", [
-    ("columns.mrpc_acc.task=no_such_task",
-     "job finetune/bert_base/no_such_task optim.lr=0.001: In 'train': Could not find 'task/no_such_task'"),
-    ("grid.optim.lr=1e-3,abc", "job finetune/bert_base/mrpc optim.lr=abc: "),
+    ("columns.mrpc_acc.task=no_such_task",  # the plan, made before a run starts, composes each job first
+     "finetune/bert_base/no_such_task optim.lr=0.001: does not compose (In 'train': Could not find "
+     "'task/no_such_task'"),
+    ("grid.optim.lr=1e-3,abc", "finetune/bert_base/mrpc optim.lr=abc: optim.lr=abc: expected a positive "
+     "number"),
     ("task_data.mrpc.data.glue_dir=/no/such/glue", "data.glue_dir=/no/such/glue does not exist"),
     ("finetune_overrides.optim.epochs=0", "optim.epochs=0: expected a positive whole number")])
 @pytest.mark.slow

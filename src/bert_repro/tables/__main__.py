@@ -144,9 +144,9 @@ def one_table(args: argparse.Namespace, name: str) -> int:
             raise TableError(f"conf/table/{name}.yaml has no launchers.{args.launcher}")
         if args.gpus:
             launcher = {**launcher, "gpus": args.gpus}
-        plan = None
-        if args.scale != "smoke" and not args.dry_run:  # a run is planned (its spec checked) before it starts
-            plan = make_plan(spec, args.accelerator)
+        # a run is planned (its spec checked) before it starts; its ETA weighs each job by the plan's FLOPs
+        plan = None if args.dry_run else make_plan(spec, args.accelerator)
+        if plan is not None and args.scale != "smoke":
             print(f"plan: {len(plan['runs'])} runs, {plan['total_gpu_hours']:,.1f} GPU-hours on "
                   f"{args.accelerator} (`ACTION=plan` for each run)")
         summary = run_table(spec, launcher, force=args.force, dry_run=args.dry_run, plan=plan)
