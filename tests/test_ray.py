@@ -1,7 +1,8 @@
 """LAUNCHER=ray on a real Ray instance on this CPU, started with GPUs declared (``num_gpus=4``): Ray places
 each job and gives it its own CUDA_VISIBLE_DEVICES; a pre-training's fine-tunings start only after it ended; a
 job whose Ray worker is killed is named with its folder and marked failed, and the table's other jobs finish;
-Ctrl-C sends each run SIGTERM (it checkpoints), marks nothing failed, and the same command ends them.
+Ctrl-C sends each run SIGTERM (it checkpoints), marks nothing failed, and the same command ends them; a second
+Ctrl-C kills a run still writing its checkpoint.
 The jobs are stand-ins that record what they were given (tests/test_tables_e2e.py runs a real table)."""
 
 import json
@@ -22,10 +23,13 @@ from .test_tables import write_results
 pytest.importorskip("ray", reason="LAUNCHER=ray needs Ray: pip install -e '.[ray]'")
 
 # a job's stand-in: what it was given (its Ray worker is its parent) when it started, and when it ended; a
-# SIGTERM (the run would checkpoint) is recorded beside them
-JOB = ("import json, os, signal, sys, time; out, sleep = sys.argv[1], float(sys.argv[2]); "
-       "signal.signal(signal.SIGTERM, lambda *a: (open(out + '.stopped', 'w').close(), sys.exit(143))); "
-       "seen = {'worker': os.getppid(), 'devices': os.environ.get('CUDA_VISIBLE_DEVICES'), "
+# SIGTERM (the run would checkpoint, for ``hold`` seconds) is recorded beside them
+JOB = ("import json, os, signal, sys, time; "
+       "out, sleep, hold = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]); "
+       "signal.signal(signal.SIGTERM, lambda *a: (open(out + '.stopped', 'w').close(), time.sleep(hold), "
+       "sys.exit(143))); "
+       "seen = {'worker': os.getppid(), 'pid': os.getpid(), "
+       "'devices': os.environ.get('CUDA_VISIBLE_DEVICES'), "
        "'start': time.time()}; "
        "json.dump(seen, open(out + '.start', 'w')); time.sleep(sleep); "
        "json.dump({**seen, 'end': time.time()}, open(out, 'w'))")
@@ -34,11 +38,13 @@ ON_RAY = {"ray": {"init": {"num_cpus": 8, "num_gpus": 4, "log_to_driver": False}
           "finetune": A_GPU}
 
 
-def stand_ins(table, monkeypatch, sleep: dict[str, float]):
-    """Each job runs JOB for ``sleep[its sweep]`` seconds (0.3 s by default); one that ended gets a result."""
+def stand_ins(table, monkeypatch, sleep: dict[str, float], hold: dict[str, float] | None = None):
+    """Each job runs JOB for ``sleep[its sweep]`` seconds (0.3 s by default), and checkpoints for ``hold[its
+    sweep]`` seconds on SIGTERM (none by default); one that ended gets a result."""
     def command(sweep, swept, launcher, folder=None):
         assert folder is not None, "under Ray each job is a task of its own"
-        return [sys.executable, "-c", JOB, f"{folder}.json", str(sleep.get(sweep.name, 0.3))]
+        return [sys.executable, "-c", JOB, f"{folder}.json", str(sleep.get(sweep.name, 0.3)),
+                str((hold or {}).get(sweep.name, 0))]
 
     real = runner._ray_launch
 
@@ -117,23 +123,30 @@ def test_a_killed_ray_worker_is_named_with_its_folder_and_the_others_finish(tmp_
 
 @pytest.mark.slow
 def test_ctrl_c_stops_the_ray_jobs_each_run_told_to_checkpoint_and_a_rerun_ends_them(tmp_path, monkeypatch):
+    """The first Ctrl-C: each run gets SIGTERM; the second: a run still checkpointing is killed, not waited
+    for the grace period (runner.GRACE_S)."""
     table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
-    stand_ins(table, monkeypatch, {n: 60.0 for n in table.sweeps if n.startswith("pretrain/")})
+    pretrainings = [n for n in table.sweeps if n.startswith("pretrain/")]
+    stand_ins(table, monkeypatch, {n: 60.0 for n in pretrainings}, hold={pretrainings[0]: 120.0})
     started = [f.with_name(f.name + ".json.start") for n, f in table.jobs().items() if n.startswith("pre")]
 
-    def interrupt():  # Ctrl-C once the three pre-trainings run
+    def interrupt():  # Ctrl-C once the three pre-trainings run, again once each was told to stop
         deadline = time.monotonic() + 120
-        while not all(s.is_file() for s in started) and time.monotonic() < deadline:
-            time.sleep(0.2)
-        os.kill(os.getpid(), signal.SIGINT)
+        for marks in (started, [s.with_name(s.name.replace(".start", ".stopped")) for s in started]):
+            while not all(s.is_file() for s in marks) and time.monotonic() < deadline:
+                time.sleep(0.2)
+            os.kill(os.getpid(), signal.SIGINT)
 
     threading.Thread(target=interrupt, daemon=True).start()
     start = time.monotonic()
     with pytest.raises(runner.Interrupted):
         run(table)
-    assert time.monotonic() - start < 60  # stopped, not run to their end
+    assert time.monotonic() - start < 60  # stopped, not run to their end nor waited for the one holding on
     for s in started:
         assert s.with_name(s.name.replace(".start", ".stopped")).is_file(), f"{s} got no SIGTERM"
+    with pytest.raises(ProcessLookupError):  # the one still checkpointing was killed
+        held = table.jobs()[f"{pretrainings[0]}/default"]
+        os.kill(json.loads(held.with_name(held.name + ".json.start").read_text())["pid"], 0)
     assert not any(f.joinpath("failed.json").is_file() for f in table.jobs().values())  # none marked failed
     stand_ins(table, monkeypatch, {})
     assert all(line["complete"] == 1 for line in run(table))  # the same command finishes them

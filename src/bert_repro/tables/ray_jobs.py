@@ -68,7 +68,8 @@ def _die_with_parent() -> None:
 
 def job(cmd: list[str], env: dict[str, str], out: str, grace_s: float) -> int:
     """The Ray task: ``cmd`` on the devices and cores Ray gave this worker, its exit code. ray.cancel (the
-    runner stopped) arrives as KeyboardInterrupt: the run gets SIGTERM, saves a checkpoint and exits."""
+    runner stopped) arrives as KeyboardInterrupt: the run gets SIGTERM, saves a checkpoint and exits; a second
+    cancel (a second Ctrl-C) kills it."""
     given = {k: os.environ[k] for k in ("CUDA_VISIBLE_DEVICES", "OMP_NUM_THREADS") if k in os.environ}
     with open(out, "a") as log_file:
         proc = subprocess.Popen(cmd, cwd=REPO, env={**env, **given}, stdout=log_file,
@@ -81,26 +82,26 @@ def job(cmd: list[str], env: dict[str, str], out: str, grace_s: float) -> int:
             os.killpg(proc.pid, signal.SIGTERM)
             try:
                 return proc.wait(timeout=grace_s)
-            except subprocess.TimeoutExpired:
+            except (subprocess.TimeoutExpired, KeyboardInterrupt):
                 os.killpg(proc.pid, signal.SIGKILL)
                 return proc.wait()
 
 
 def run_jobs(commands: list[tuple[list[str], Path]], launcher: dict, env: dict[str, str], grace_s: float,
-             stopping: Callable[[], int | None]) -> list[tuple[int, str, str | None]]:
+             stopping: Callable[[], int]) -> list[tuple[int, str, str | None]]:
     """Each (command, job folder) a Ray task at once; for each, its exit code, output and, where its worker
-    died, why. ``stopping``: the signal that stops the table, once one came (the tasks are cancelled)."""
+    died, why. ``stopping``: how many stop signals the table got; each is passed on as a cancel (job)."""
     import ray
     from ray.exceptions import RayError, TaskCancelledError
 
     task = ray.remote(job).options(max_retries=0, **resources(launcher))  # a dead worker: the job failed
     logs = [folder.parent / f"{folder.name}.log" for _, folder in commands]
     refs = [task.remote(cmd, env, str(out), grace_s) for (cmd, _), out in zip(commands, logs)]
-    pending, cancelled = list(refs), None
+    pending, cancelled, passed = list(refs), None, 0
     while pending:
         _, pending = ray.wait(pending, num_returns=len(pending), timeout=POLL_S)
-        if cancelled is None and stopping() is not None:
-            cancelled = time.monotonic()
+        if passed < stopping():  # one a poll: a task handles the first while the second comes
+            passed, cancelled = passed + 1, cancelled or time.monotonic()
             for ref in pending:
                 ray.cancel(ref)
         elif cancelled is not None and time.monotonic() > cancelled + grace_s + 30:

@@ -72,6 +72,7 @@ class Children:
         self.procs: set = set()
         self.signum: int | None = None  # the signal that stops the table, once one came
         self.stopped_at: float | None = None
+        self.signals = 0  # how many came: a second stops at once
 
     def start(self, cmd: list[str], cwd: Path, env: dict[str, str], log):
         if self.signum is not None:
@@ -100,6 +101,7 @@ class Children:
     def stop(self, signum: int, frame=None) -> None:
         """The SIGTERM / SIGINT handler: no I/O here (the main thread may be inside a print)."""
         first = self.signum is None
+        self.signals += 1
         if first:
             self.signum, self.stopped_at = signum, time.monotonic()
         for proc in list(self.procs):
@@ -116,6 +118,7 @@ class Children:
             for sig, handler in previous.items():
                 signal.signal(sig, handler)
             self.signum = self.stopped_at = None  # the next table in this process starts afresh
+            self.signals = 0
 
 
 CHILDREN = Children()
@@ -204,7 +207,7 @@ def _ray_launch(sweep: Sweep, batch: list, launcher: dict) -> list[tuple[int, st
     log.info("%s: %d jobs to Ray", sweep.name, len(commands))
     sweep.folder.mkdir(parents=True, exist_ok=True)
     outcomes = ray_jobs.run_jobs(commands, launcher, {**os.environ, "HYDRA_FULL_ERROR": "0"}, GRACE_S,
-                                 lambda: CHILDREN.signum)
+                                 lambda: CHILDREN.signals)
     if CHILDREN.signum is not None:  # stopped by the runner: not failed, a relaunch resumes them
         raise Interrupted(CHILDREN.signum)
     for (_, folder), (_, output, died) in zip(commands, outcomes):
