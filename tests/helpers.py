@@ -3,11 +3,13 @@ validated on one process and on two DDP ranks, pre-training steps taken by hand,
 this CPU."""
 
 import csv
+import importlib
 import json
 import os
 import signal
 import subprocess
 import sys
+import tempfile
 from collections.abc import Callable, Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -50,14 +52,12 @@ VARIED = dict(vocab_size=30522, hidden_size=32, num_layers=2, num_heads=2, initi
 
 
 def call_in_new_process(function: str, *args: str) -> None:
-    """Calls ``function`` ("tests.test_x.name") with ``args`` in a new interpreter, the parent of its DDP
-    ranks; fails the test with the output's tail when it fails."""
-    module, name = function.rsplit(".", 1)
-    code = f"import sys; from {module} import {name} as f; f(*sys.argv[1:])"
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models; a busy 2-core machine oversubscribes two
-    proc = subprocess.run([sys.executable, "-c", code, *args], cwd=REPO, capture_output=True, text=True,
-                          timeout=600, env=env)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
+    """Calls ``function`` ("tests.test_x.name") with ``args`` in a process of its own (``started``: `python
+    -m tests.helpers`), the parent of its DDP ranks; fails the test with the output's tail when it fails."""
+    with tempfile.TemporaryDirectory() as tmp:
+        log = Path(tmp, "output.log")
+        code, output = ended(started([sys.executable, "-m", "tests.helpers", function, *args], log), log)
+    assert code == 0, output[-3000:]
 
 
 def validate_on_one_and_two_ranks(make_module: Callable[[], Any], make_data: Callable[[], Any],
@@ -153,3 +153,8 @@ class ScalarReads(TorchDispatchMode):
         if boolean_index or func in reads:
             self.ops.append(str(func))
         return func(*args, **(kwargs or {}))
+
+
+if __name__ == "__main__":  # call_in_new_process's child: tests.helpers FUNCTION ARGS...
+    module, name = sys.argv[1].rsplit(".", 1)
+    getattr(importlib.import_module(module), name)(*sys.argv[2:])

@@ -6,8 +6,6 @@ ends the run with one line and 128 + n too, nothing written."""
 import os
 import re
 import signal
-import time
-from pathlib import Path
 
 import lightning as L
 import pytest
@@ -15,24 +13,11 @@ import pytest
 from bert_repro.lifecycle.reliability import safe_load
 
 from .helpers import ended, started
-from .test_resume import PRETRAIN, command, final, full_run, run, saved_step
+from .test_resume import PRETRAIN, command, final, full_run, run, start_and_signal
 
 # a step checkpoint every 5 steps only: the signal's checkpoint is the one written on the signal
 OVERRIDES = [o for o in PRETRAIN if not o.startswith("checkpoint.")] + ["checkpoint.every_n_steps=5",
                                                                         "checkpoint.keep_recent=5"]
-
-
-def start_and_signal(cmd: list[str], out: Path, at_step: int, signum: int, timeout: float = 400):
-    """Start ``cmd`` (helpers.started), send ``signum`` once a checkpoint of step >= ``at_step`` exists: its
-    exit status and output."""
-    log = out.with_name(out.name + ".log")
-    proc, deadline = started(cmd, log), time.monotonic() + timeout
-    while saved_step(out) < at_step and proc.poll() is None and time.monotonic() < deadline:
-        time.sleep(0.02)
-    assert proc.poll() is None, "the run ended before it could be interrupted:\n" + log.read_text()[-3000:]
-    assert saved_step(out) >= at_step, "no checkpoint in time"
-    os.kill(proc.pid, signum)
-    return ended(proc, log)
 
 
 @pytest.fixture(scope="module")

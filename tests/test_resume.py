@@ -17,6 +17,7 @@ import torch
 from bert_repro.lifecycle.reliability import AtomicCheckpointIO, safe_load
 
 from .conftest import REPO, in_process
+from .helpers import ended, started
 
 PRETRAIN = ["model=tiny", "scale=smoke", "logger=csv", "trainer.enable_progress_bar=false",
             "data.batch_size=8",
@@ -43,25 +44,16 @@ def saved_step(out: Path) -> int:
 
 
 def start_and_signal(cmd: list[str], out: Path, at_step: int, signum: int, timeout: float = 400):
-    """Start ``cmd``, send ``signum`` once a checkpoint of step >= ``at_step`` exists; the finished
-    process."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}
-    proc = subprocess.Popen(cmd, cwd=REPO, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-                            env=env)
-    deadline = time.monotonic() + timeout
-    try:
-        while saved_step(out) < at_step:
-            assert proc.poll() is None, ("the run ended before it could be interrupted:\n"
-                                         + proc.stdout.read()[-3000:])
-            assert time.monotonic() < deadline, "no checkpoint in time"
-            time.sleep(0.02)
-        proc.send_signal(signum)
-        output, _ = proc.communicate(timeout=300)
-    finally:
-        if proc.poll() is None:
-            proc.kill()
-            proc.wait()
-    return proc.returncode, output
+    """Start ``cmd`` (helpers.started), send ``signum`` once a checkpoint of step >= ``at_step`` exists: its
+    exit status and output."""
+    log = out.with_name(out.name + ".log")
+    proc, deadline = started(cmd, log), time.monotonic() + timeout
+    while saved_step(out) < at_step and proc.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.02)
+    assert proc.poll() is None, "the run ended before it could be interrupted:\n" + log.read_text()[-3000:]
+    assert saved_step(out) >= at_step, "no checkpoint in time"
+    os.kill(proc.pid, signum)
+    return ended(proc, log)
 
 
 def final(out: Path) -> dict:

@@ -20,6 +20,7 @@ from pathlib import Path
 import pytest
 
 from bert_repro.lifecycle.locks import live_processes
+from bert_repro.tables import __main__ as cli
 from bert_repro.tables import runner
 from bert_repro.tables.spec import TableError, build
 
@@ -233,11 +234,11 @@ def mtimes(folder: Path) -> dict[str, tuple[int, bytes]]:
 
 @pytest.mark.e2e
 @pytest.mark.slow
-def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished_job(tmp_path):
+def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished_job(tmp_path, monkeypatch):
     if shared_data_dir() is None:
         pytest.skip("../shared/data (MRPC) is absent on this clone; set BERT_REPRO_SHARED_DATA")
     sets = [s for s in SHRINK if not s.startswith("columns.qnli_acc")] + ["columns.qnli_acc=null"]
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "BERT_REPRO_CACHE": str(tmp_path / "cache")}
+    own = {"OMP_NUM_THREADS": "1", "BERT_REPRO_CACHE": str(tmp_path / "cache")}
     cmd = [sys.executable, "-m", "bert_repro.tables", "run", "table5", "--scale", "smoke", "--logger", "none",
            *(f"--set={s}" for s in sets), "--runs-dir", str(tmp_path / "runs"),
            "--results-dir", str(tmp_path / "results")]
@@ -247,7 +248,8 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     # the pre-training run is in the shared store, outside the table's folder (spec.build)
     store = build("table5", "smoke", runs, sets=sets, logger="none").sweeps["pretrain/none"].folder
     pretrained = f"{store.relative_to(runs)}/default/results.json"
-    proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **own}, stdout=subprocess.PIPE,
+                            stderr=subprocess.PIPE, text=True)
     deadline = time.time() + 600
     while not list(mrpc.glob("*/results.json")):  # one MRPC job finished, the other starting or training
         assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
@@ -266,8 +268,10 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     finished = mtimes(runs)
     assert len(finished) == 2 and pretrained in finished  # and one MRPC job
 
-    again = subprocess.run(cmd, cwd=REPO, env=env, capture_output=True, text=True, timeout=600)
-    assert again.returncode == 0, again.stderr[-3000:]
+    for key, value in own.items():  # the relaunch in this process: its runs forked warm (tables/warm.py)
+        monkeypatch.setenv(key, value)
+    monkeypatch.delenv("BERT_REPRO_WANDB_GROUP", raising=False)  # set by the runner
+    assert cli.main(cmd[3:]) == 0
     assert {k: v for k, v in mtimes(runs).items() if k in finished} == finished  # not rerun
     summary = {s["sweep"]: s for s in json.loads((root / "summary.json").read_text())["sweeps"]}
     assert summary["pretrain/none"]["skipped"] == 1
@@ -290,8 +294,8 @@ def test_a_signal_at_the_runners_start_up_is_one_line_and_128_plus_n_and_files_a
     """Ctrl-C while the table is planned (before any run) and SIGTERM while plan.json is written: the one
     line, 128 + n, and the plan written whole or not at all."""
     proc = subprocess.run([sys.executable, "-c", SIGNALLED, step, str(int(signum)), "plan", "table5",
-                           "--scale", "smoke", "--runs-dir", str(tmp_path)], cwd=REPO, capture_output=True,
-                          text=True, timeout=300)
+                           "--scale", "smoke", *(f"--set={s}" for s in TINY), "--runs-dir", str(tmp_path)],
+                          cwd=REPO, capture_output=True, text=True, timeout=300)
     assert proc.returncode == 128 + signum, proc.stderr[-3000:]
     assert (f"error: {signum.name} received during `python -m bert_repro.tables`: stopped; what finished is "
             "kept, run the same command again to go on") in proc.stderr
