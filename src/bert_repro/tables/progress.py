@@ -76,15 +76,16 @@ class TableProgress:
     def line(self) -> tuple[int, int, str]:
         """(done, total, ETA): the sweeps' work left packed onto the slots (finish)."""
         done = {f for f in self.folders if self._done(f)}
-        now, took, running = time.time(), {}, {}  # a finished job's time in its slot; a running one's start
+        now, took, since = time.time(), {}, {}  # a finished job's time in its slot; a running one's start
         firsts = set()  # each sweep's first job in this launch: its time holds the sweep's start-up
+        kept = self.before & done  # a failure before runs again
         for name, jobs in self.sweeps.items():
             previous = self.began.get(name, self.start)  # a sweep's jobs run in order, each after the last
-            for folder in (f for f in jobs if f not in self.before & done):  # a failure before runs again
+            for i, folder in enumerate(f for f in jobs if f not in kept):
                 if folder not in done:
-                    running[name] = previous
+                    since[name] = previous
                     break
-                if not any(f in took for f in jobs):
+                if i == 0:
                     firsts.add(folder)
                 ended = self._ended(folder)
                 took[folder], previous = max(ended - previous, 0.0), ended
@@ -114,7 +115,7 @@ class TableProgress:
             left[name] = sum(seconds(f, jobs) for f in todo)
             if name in self.running and todo:  # its first job left runs since the one before it ended
                 first = seconds(todo[0], jobs)
-                left[name] += max(first - (now - running[name]), FLOOR * first) - first
+                left[name] += max(first - (now - since[name]), FLOOR * first) - first
         pending = [n for n in self.sweeps if n not in self.began and left[n]]
         return len(done), len(self.folders), _duration(finish(
             {n: left[n] for n in self.running if n in left}, pending, left, self.needs, self.at_once))
