@@ -7,6 +7,7 @@ The jobs are stand-ins that record what they were given (tests/test_tables_e2e.p
 
 import json
 import os
+import re
 import signal
 import sys
 import threading
@@ -14,18 +15,23 @@ import time
 
 import pytest
 
-from bert_repro.tables import TableError, runner
+from bert_repro.tables import TableError, ray_jobs, runner
+from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import build
 
 from .test_launchers import ONE_TASK
 from .test_tables import write_results
+from .test_tables_plan import _seconds
 
 pytest.importorskip("ray", reason="LAUNCHER=ray needs Ray: pip install -e '.[ray]'")
 
 # a job's stand-in: what it was given (its Ray worker is its parent) when it started, and when it ended; a
-# SIGTERM (the run would checkpoint, for ``hold`` seconds) is recorded beside them
+# SIGTERM (the run would checkpoint, for ``hold`` seconds) is recorded beside them. It starts as a run does,
+# Hydra writing its config (the ETA's start of the job)
 JOB = ("import json, os, signal, sys, time; "
        "out, sleep, hold = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]); "
+       "os.makedirs(out[:-5] + '/.hydra', exist_ok=True); "
+       "open(out[:-5] + '/.hydra/config.yaml', 'w').close(); "
        "signal.signal(signal.SIGTERM, lambda *a: (open(out + '.stopped', 'w').close(), time.sleep(hold), "
        "sys.exit(143))); "
        "seen = {'worker': os.getppid(), 'pid': os.getpid(), "
@@ -77,11 +83,28 @@ def seen(table) -> dict[str, dict]:
             if f.with_name(f.name + ".json").is_file()}
 
 
+def test_ray_runs_as_many_of_a_stages_jobs_at_once_as_the_cluster_holds_its_asks():
+    assert ray_jobs.fits({"GPU": 4, "CPU": 8}, {"ray.num_gpus": 1, "ray.num_cpus": 0}) == 4
+    assert ray_jobs.fits({"GPU": 4, "CPU": 64}, {"ray.num_gpus": 0.25}) == 16  # four share a GPU
+    assert ray_jobs.fits({"GPU": 4, "CPU": 8}, {"ray.num_gpus": 0.25}) == 8  # and a CPU each, Ray's default
+    assert ray_jobs.fits({"CPU": 2}, {"ray.num_gpus": 0, "ray.num_cpus": 1}) == 2
+
+
 @pytest.mark.slow
-def test_four_fine_tunings_at_once_each_on_its_own_gpu_each_after_its_pre_training(tmp_path, monkeypatch):
+def test_four_fine_tunings_at_once_each_on_its_own_gpu_each_after_its_pre_training(tmp_path, monkeypatch,
+                                                                                    capsys):
+    """And the ETA is told the four places Ray has: once a fine-tuning ended, the others at their ends, it
+    reads less than three of them one after another."""
     table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
     stand_ins(table, monkeypatch, {n: 3.0 for n in table.sweeps if n.startswith("finetune/")})
+    told = []  # the ETA's view of the cluster
+    monkeypatch.setattr(runner, "TableProgress",
+                        lambda *a, **k: told.append(k["on_ray"]) or TableProgress(*a, **k))
     summary = run(table)
+    assert told == [{"pretrain": 4, "finetune": 4}]
+    etas = [eta for done, eta in re.findall(r"\[(\d)/7 jobs\] .*; ETA (\S+)", capsys.readouterr().err)
+            if "4" <= done < "7"]  # a fine-tuning ended, and others still running
+    assert etas and all(_seconds(eta) < 9 for eta in etas), etas
     assert all(line["complete"] == 1 for line in summary)
     jobs = seen(table)
     fine = [v for name, v in jobs.items() if name.startswith("finetune/")]

@@ -3,6 +3,7 @@ progress lines. The rehearsals of a budget and a paper plan on this CPU (ACTION=
 test_rehearse_figure4.py and test_rehearse_table5.py."""
 
 import dataclasses
+import heapq
 import io
 import json
 import os
@@ -424,6 +425,59 @@ def test_the_demos_eta_replayed_from_a_real_run_is_within_1_5x_once_each_kind_ha
             stream.seek(0)
             stream.truncate()
     assert checked >= 20  # every line from the first PyDoc-Next job on
+
+
+def test_the_eta_under_ray_counts_each_job_in_its_share_of_the_cluster(tmp_path, monkeypatch):
+    """LAUNCHER=ray on a fake clock: a pre-training on the whole cluster, then three fine-tuning sweeps handed
+    to Ray at once, their jobs run four at a time in the order given, each run starting (Hydra writes its
+    config) 2 s after Ray placed it. A job took from its run's start to its result, and the jobs left run in
+    the cluster's four places: once a job of each kind has ended, every ETA is within 1.5x of what is left
+    (timed as before, sweeps in four slots, each sweep's jobs one after another, it read 5x that)."""
+    walls = {"pretrain/none": [300], "finetune/bert_base/sst2": [60, 66, 58, 62],
+             "finetune/bert_base/mrpc": [40, 44, 38, 42, 40, 41],
+             "finetune/no_nsp/mrpc": [45, 39, 41, 43, 40, 42]}
+    jobs = {name: [tmp_path / name / str(i) for i in range(len(w))] for name, w in walls.items()}
+    kinds = {f: "pretrain" if n.startswith("pretrain") else f"finetune: {n.rsplit('/', 1)[1]}"
+             for n, fs in jobs.items() for f in fs}
+    flops = {"pretrain": 100.0, "finetune: sst2": 2.0, "finetune: mrpc": 1.0}
+    events = [(0, 1, "pretrain/none", None), (2, 2, "pretrain/none", 0), (302, 0, "pretrain/none", 0)]
+    places = [303.0] * 4  # when each of Ray's four places is free, the fine-tunings handed over at 303
+    for name in list(walls)[1:]:
+        events.append((303, 1, name, None))
+        for i, wall in enumerate(walls[name]):
+            placed = heapq.heappop(places)
+            heapq.heappush(places, placed + 2 + wall)
+            events += [(placed + 2, 2, name, i), (placed + 2 + wall, 0, name, i)]
+    clock = [0.0]
+    monkeypatch.setattr(progress_module, "time", SimpleNamespace(time=lambda: clock[0]))
+    stream = io.StringIO()
+    progress = TableProgress([f for fs in jobs.values() for f in fs], stream=stream, kinds=kinds, sweeps=jobs,
+                             weights={f: flops[k] for f, k in kinds.items()},
+                             needs={n: "pretrain/none" for n in list(walls)[1:]}, at_once=4,
+                             on_ray={"pretrain": 1, "finetune": 4})
+    last, ended, checked = max(at for at, *_ in events), set(), 0
+    with progress:
+        for at, what, sweep, job in sorted(events):  # at a tie: ends, then sweeps starting, then runs
+            clock[0], folder = at, jobs[sweep][job or 0]
+            if what == 1:
+                progress.started(sweep)
+            elif what == 2:
+                (folder / ".hydra").mkdir(parents=True)
+                (folder / ".hydra" / "config.yaml").write_text("{}")
+                os.utime(folder / ".hydra" / "config.yaml", (at, at))
+                progress.refresh()
+            else:
+                _finish(folder, at)
+                ended.add(folder)
+                progress.finished(sweep) if set(jobs[sweep]) <= ended else progress.refresh()
+            for line in stream.getvalue().splitlines():
+                if (m := re.search(r"ETA (\d\S*)$", line)) and {kinds[f] for f in ended} == set(flops) \
+                        and last > at:
+                    assert 1 / 1.5 <= _seconds(m[1]) / (last - at) <= 1.5, (at, line, last - at)
+                    checked += 1
+            stream.seek(0)
+            stream.truncate()
+    assert checked >= 10  # every line from the first MRPC job's end on
 
 
 def test_a_table_spec_is_not_a_runnable_experiment():

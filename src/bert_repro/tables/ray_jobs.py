@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import logging
+import math
 import os
 import signal
 import subprocess
@@ -25,6 +26,8 @@ log = logging.getLogger(__name__)
 
 KEY = "ray"  # a launcher block's node: top level, the cluster (address, init); per stage, a job's resources
 POLL_S = 1.0
+RESOURCE = {"num_gpus": "GPU", "num_cpus": "CPU"}  # a task's asks and the cluster's resources
+DEFAULT = {"num_cpus": 1}  # what a Ray task asks unless told otherwise
 PR_SET_PDEATHSIG = 1  # prctl(2)
 
 
@@ -33,10 +36,19 @@ def resources(launcher: dict) -> dict:
     return {k.removeprefix(f"{KEY}."): v for k, v in launcher.items() if k.startswith(f"{KEY}.")}
 
 
+def fits(have: dict[str, float], launcher: dict) -> float:
+    """How many of a stage's tasks the cluster's resources ``have`` (ray.cluster_resources) run at once: for
+    each resource the task asks, how many of its asks the cluster holds; the fewest."""
+    asks = {**DEFAULT, **resources(launcher)}
+    return min((int(have.get(name, 0) / float(asks[key]) + 1e-9)  # 0.3 / 0.1 falls a hair short of 3
+                for key, name in RESOURCE.items() if float(asks.get(key) or 0)), default=math.inf)
+
+
 @contextmanager
 def cluster(block: dict, stages: dict[str, dict]):
     """Ray connected for the table's life: ``block['address']``'s cluster, else a Ray instance on this node
-    (``block['init']``: ray.init's arguments); a stage asking more than the cluster has is a TableError."""
+    (``block['init']``: ray.init's arguments); it yields how many of each stage's jobs run at once (fits). A
+    stage asking more than the cluster has is a TableError."""
     try:
         import ray
     except ImportError:
@@ -49,13 +61,13 @@ def cluster(block: dict, stages: dict[str, dict]):
     try:
         have = ray.cluster_resources()
         for stage, launcher in stages.items():
-            for key, asked in resources(launcher).items():
-                name = {"num_gpus": "GPU", "num_cpus": "CPU"}.get(key)
+            for key, asked in {**DEFAULT, **resources(launcher)}.items():
+                name = RESOURCE.get(key)
                 if name and float(asked or 0) > have.get(name, 0):
                     raise TableError(f"launchers.ray.{stage}.ray.{key}={asked}: the Ray cluster has "
                                      f"{have.get(name, 0):g} {name}; ask for less, or give Ray more "
                                      f"(launchers.ray.ray.init.{key}=N declares them on a local instance)")
-        yield ray
+        yield {stage: fits(have, launcher) for stage, launcher in stages.items()}
     finally:
         ray.shutdown()
 

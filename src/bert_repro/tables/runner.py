@@ -403,8 +403,8 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             threading.Thread(target=_watch_slurm, args=(said, done), daemon=True).start()
         try:
             with ray_jobs.cluster(launcher[ray_jobs.KEY], {s: stage_launcher(launcher, s) for s in STAGES}) \
-                    if ray_jobs.KEY in launcher else nullcontext():
-                return _sweeps(table, launcher, todo, devices, plan)
+                    if ray_jobs.KEY in launcher else nullcontext() as on_ray:
+                return _sweeps(table, launcher, todo, devices, plan, on_ray)
         except Interrupted:
             if not said:
                 raise
@@ -417,7 +417,10 @@ def run_table(table: Table, launcher: dict | None = None, force: bool = False,
             done.set()
 
 
-def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict | None) -> list[dict]:
+def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict | None,
+            on_ray: dict[str, float] | None = None) -> list[dict]:
+    """The sweeps, each in a slot of ``devices`` as it is ready; ``on_ray``: how many of each stage's jobs Ray
+    runs at once (ray_jobs.cluster), for the ETA."""
     order, at_once, free = list(table.sweeps), len(devices), queue.SimpleQueue()
     for slot in devices:
         free.put(slot)
@@ -434,7 +437,7 @@ def _sweeps(table: Table, launcher: dict, todo: dict, devices: list, plan: dict 
                              kinds={f: s.kind for s in table.sweeps.values() for _, f in s.jobs()},
                              sweeps={n: [f for _, f in table.sweeps[n].jobs()] for n in order},
                              needs={n: s.needs.name for n, s in table.sweeps.items() if s.needs is not None},
-                             at_once=at_once)
+                             at_once=at_once, on_ray=on_ray)
     lines: dict[str, dict] = {}  # by sweep, once it ended
 
     def one(sweep: Sweep) -> dict:
