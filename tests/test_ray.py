@@ -27,9 +27,11 @@ pytest.importorskip("ray", reason="LAUNCHER=ray needs Ray: pip install -e '.[ray
 
 # a job's stand-in: what it was given (its Ray worker is its parent) when it started, and when it ended; a
 # SIGTERM (the run would checkpoint, for ``hold`` seconds) is recorded beside them. It starts as a run does,
-# Hydra writing its config (the ETA's start of the job)
-JOB = ("import json, os, signal, sys, time; "
+# Hydra writing its config (the ETA's start of the job); it waits (60 s at most) until ``together`` jobs under
+# ``root`` have started, so that jobs Ray runs at once overlap on a loaded machine too
+JOB = ("import glob, json, os, signal, sys, time; "
        "out, sleep, hold = sys.argv[1], float(sys.argv[2]), float(sys.argv[3]); "
+       "root, together = sys.argv[4], int(sys.argv[5]); "
        "os.makedirs(out[:-5] + '/.hydra', exist_ok=True); "
        "open(out[:-5] + '/.hydra/config.yaml', 'w').close(); "
        "signal.signal(signal.SIGTERM, lambda *a: (open(out + '.stopped', 'w').close(), time.sleep(hold), "
@@ -37,20 +39,26 @@ JOB = ("import json, os, signal, sys, time; "
        "seen = {'worker': os.getppid(), 'pid': os.getpid(), "
        "'devices': os.environ.get('CUDA_VISIBLE_DEVICES'), "
        "'start': time.time()}; "
-       "json.dump(seen, open(out + '.start', 'w')); time.sleep(sleep); "
+       "json.dump(seen, open(out + '.start', 'w'))\n"
+       "while len(glob.glob(root + '/**/*.json.start', recursive=True)) < together "
+       "and time.time() < seen['start'] + 60: time.sleep(0.05)\n"
+       "time.sleep(sleep); "
        "json.dump({**seen, 'end': time.time()}, open(out, 'w'))")
 A_GPU = {"ray": {"num_gpus": 1, "num_cpus": 0}}
 ON_RAY = {"ray": {"init": {"num_cpus": 8, "num_gpus": 4, "log_to_driver": False}}, "pretrain": A_GPU,
           "finetune": A_GPU}
 
 
-def stand_ins(table, monkeypatch, sleep: dict[str, float], hold: dict[str, float] | None = None):
-    """Each job runs JOB for ``sleep[its sweep]`` seconds (0.3 s by default), and checkpoints for ``hold[its
-    sweep]`` seconds on SIGTERM (none by default); one that ended gets a result."""
+def stand_ins(table, monkeypatch, sleep: dict[str, float], hold: dict[str, float] | None = None,
+              together: int = 0):
+    """Each job runs JOB for ``sleep[its sweep]`` seconds (0.3 s by default) once ``together`` of the table's
+    fine-tunings have started, and checkpoints for ``hold[its sweep]`` seconds on SIGTERM (none by default);
+    one that ended gets a result."""
     def command(sweep, swept, launcher, folder=None):
         assert folder is not None, "under Ray each job is a task of its own"
         return [sys.executable, "-c", JOB, f"{folder}.json", str(sleep.get(sweep.name, 0.3)),
-                str((hold or {}).get(sweep.name, 0))]
+                str((hold or {}).get(sweep.name, 0)), str(table.root),
+                str(together if sweep.stage == "finetune" else 0)]
 
     real = runner._ray_launch
 
@@ -96,7 +104,7 @@ def test_four_fine_tunings_at_once_each_on_its_own_gpu_each_after_its_pre_traini
     """And the ETA is told the four places Ray has: once a fine-tuning ended, the others at their ends, it
     reads less than three of them one after another."""
     table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
-    stand_ins(table, monkeypatch, {n: 3.0 for n in table.sweeps if n.startswith("finetune/")})
+    stand_ins(table, monkeypatch, {n: 3.0 for n in table.sweeps if n.startswith("finetune/")}, together=4)
     told = []  # the ETA's view of the cluster
     monkeypatch.setattr(runner, "TableProgress",
                         lambda *a, **k: told.append(k["on_ray"]) or TableProgress(*a, **k))
