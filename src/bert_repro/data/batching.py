@@ -67,8 +67,10 @@ class PadCollator:
             return float(seq)
         if len(quantiles) != len(LENGTH_PROBS):
             raise ValueError(f"token_lengths {quantiles}: expected {len(LENGTH_PROBS)}, at {LENGTH_PROBS}")
-        rows = draw_lengths(quantiles, (10_000, batch), seq).tolist()
-        return float(np.mean([self.padded_length(row) for row in rows]))
+        # a batch pads to what its longest row gives: each longest drawn counted once (a plan asks thousands)
+        drawn = draw_lengths(quantiles, (10_000, batch), seq)
+        longest, count = np.unique(drawn.max(axis=1), return_counts=True)
+        return float(sum(self.padded_length([n]) * c for n, c in zip(longest, count)) / count.sum())
 
     def __call__(self, rows: list[dict]) -> dict:
         ids = [r["input_ids"] for r in rows]
