@@ -34,7 +34,7 @@ from bert_repro.lifecycle.folder import RunFolder
 from bert_repro.lifecycle.locks import FolderInUse, RunFolderLock, live_processes
 from bert_repro.progress import counted
 from bert_repro.tables import REPO, TableError, ray_jobs, warm
-from bert_repro.tables.compose import compose_run, composing_jobs, hydra_value
+from bert_repro.tables.compose import compose_job, composing_jobs, hydra_value
 from bert_repro.tables.machine import refusal
 from bert_repro.tables.progress import TableProgress
 from bert_repro.tables.spec import Sweep, Table, flatten
@@ -141,17 +141,19 @@ def job_configs(table: Table, root: Path | None = None) -> dict[Path, dict]:
     """Every job's science as composed now, by folder (job_config; checked as the run will be, when
     ``root``)."""
     jobs = [(s, swept, f) for s in table.sweeps.values() if s.skip is None for swept, f in s.jobs()]
+    copies: dict = {}  # each sweep's config, its jobs' values (the same keys) set over the last job's
     with composing_jobs():
-        return {f: job_config(s, swept, root) for s, swept, f in counted(jobs, "jobs composed", every_s=10)}
+        return {f: job_config(s, swept, root, copies.setdefault(s.name, {}))
+                for s, swept, f in counted(jobs, "jobs composed", every_s=10)}
 
 
-def job_config(sweep: Sweep, swept: list[str], root: Path | None) -> dict:
+def job_config(sweep: Sweep, swept: list[str], root: Path | None, copies: dict | None = None) -> dict:
     """The job's science as src/train.py composes it now (within ``composing_jobs``), checked as its run
     will check it when ``root`` (the folder it writes under) is given, writing nothing; what fails is a
-    TableError naming the job."""
+    TableError naming the job. ``copies``: its sweep's config composed so far (compose_job)."""
     where = " ".join([sweep.name, *swept])
     try:
-        cfg = compose_run([*sweep.compose_args(), *swept])
+        cfg = compose_job(sweep.compose_args(), swept, {} if copies is None else copies)
         if root is not None:
             validate(cfg, next(p for p in (root, *root.parents) if p.is_dir()))
         plain = {k: OmegaConf.to_container(cfg[k], resolve=True) if OmegaConf.is_config(cfg[k]) else cfg[k]
