@@ -112,7 +112,7 @@ def test_a_grid_beyond_ten_thousand_runs_asks_for_yes_on_every_path_before_a_job
     def composed(*args, **kwargs):
         raise AssertionError("a job was composed before the gate")
 
-    monkeypatch.setattr(runner, "compose_run", composed)
+    monkeypatch.setattr(runner, "compose_job", composed)
     monkeypatch.setattr(plan, "compose_job", composed)
     code = cli.main([*action, "table2", "--scale", "budget", "--runs-dir", str(tmp_path / "runs"),
                      "--results-dir", str(tmp_path / "results"), "--set", "grid.seed=range(0,5001)"])
