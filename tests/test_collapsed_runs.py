@@ -11,7 +11,7 @@ from bert_repro.lifecycle.results import print_results
 from bert_repro.scores import degenerate_reason
 from bert_repro.tables import runner
 from bert_repro.tables.collect import collect, load_reference
-from bert_repro.tables.render import latex, markdown
+from bert_repro.tables.render import latex, markdown, page
 from bert_repro.tables.spec import build
 
 COLLAPSED = {"val/acc": 0.684, "val/f1": 0.812, "val/top_class_share": 1.0}  # MRPC's majority class
@@ -52,10 +52,10 @@ def test_a_table_cell_whose_selected_run_collapsed_is_marked_in_the_cell(tmp_pat
         "config": runner.job_configs(table)[folder]}))  # its science as composed: collect holds it to that
     cell = collect(table, load_reference())["main"][0].cells["mrpc_acc"]
     assert cell.value == pytest.approx(68.4) and "top_class_share" in cell.degenerate
-    line = next(row for row in markdown(table, collect(table, load_reference())).splitlines()
-                if row.startswith("| BERT"))
+    blocks = page(table, collect(table, load_reference()), {})
+    line = next(row for row in markdown(blocks).splitlines() if row.startswith("| BERT"))
     assert "68.4 (86.7; -18.3) **collapsed** [" in line  # the mark, then the note with the reason
-    tex = latex(table, collect(table, load_reference()))
+    tex = latex(blocks)
     assert r"\textbf{collapsed}" in tex and "**" not in tex  # LaTeX's bold, not Markdown's
 
 

@@ -119,10 +119,10 @@ def page(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[
     return out
 
 
-def markdown(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None
-             ) -> str:
+def markdown(blocks: list) -> str:
+    """The page's blocks (page) as Markdown: its lines, and each part's cells as a pipe table."""
     lines = []
-    for block in page(table, collected, checked or {}):
+    for block in blocks:
         if isinstance(block, str):
             lines.append(block)
             continue
@@ -131,10 +131,10 @@ def markdown(table: Table, collected: dict[str, list[Row]], checked: dict[str, l
     return "\n".join(lines).rstrip() + "\n"
 
 
-def latex(table: Table, collected: dict[str, list[Row]], checked: dict[str, list[dict]] | None = None) -> str:
+def latex(blocks: list) -> str:
     """The .md's tables as booktabs tabulars (pandas escapes the text), its other lines as comments."""
     out = []
-    for block in page(table, collected, checked or {}):
+    for block in blocks:
         if isinstance(block, pd.DataFrame):
             tabular = block.to_latex(escape=True, column_format="l" + "r" * len(block.columns))
             out.append(re.sub(r"\*\*(.+?)\*\*", r"\\textbf{\1}", tabular))  # the .md's bold: a collapsed run
@@ -186,9 +186,10 @@ def write_all(table: Table, collected: dict[str, list[Row]], reference: dict, ou
             path.rename(aside / path.name)
         log.warning("%s: %d finished cells, fewer than the %d of the table it replaces; that one is kept "
                     "in %s", written[0], now, earlier, aside)
-    written[0].write_text(markdown(table, collected, checked))
+    blocks = page(table, collected, checked)  # once: its header reads the runs' records
+    written[0].write_text(markdown(blocks))
     records(table, collected).to_csv(written[1], index=False)
-    written[2].write_text(latex(table, collected, checked))
+    written[2].write_text(latex(blocks))
     written[3].write_text(json.dumps(results_json(table, collected, checked), indent=2) + "\n")
     for part in (p for p in table.parts if p.plot):
         from bert_repro.tables.plots import PLOTS  # matplotlib loads only for a table with figures
