@@ -41,13 +41,20 @@ def composing():
 def composing_jobs():
     """``composing`` with the runtime src/train.py's children have (their cwd is the repository)."""
     with composing():
-        hydra = compose("train", [], return_hydra_config=True)
-        hydra.hydra.runtime.cwd = hydra.hydra.runtime.output_dir = str(REPO)
-        HydraConfig.instance().set_config(hydra)
+        HydraConfig.instance().set_config(_job_runtime(str(CONF_DIR)))
         try:
             yield
         finally:
             HydraConfig.instance().cfg = None
+
+
+@functools.cache
+def _job_runtime(conf_dir: str):
+    """train.yaml's Hydra node as a child of src/train.py has it, composed once a process: a table enters
+    composing_jobs each time it reads its jobs, and this compose is Hydra's whole defaults tree."""
+    hydra = compose("train", [], return_hydra_config=True)
+    hydra.hydra.runtime.cwd = hydra.hydra.runtime.output_dir = str(REPO)
+    return hydra
 
 
 def compose_once(config: str, args: list[str]):
