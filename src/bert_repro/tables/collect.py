@@ -177,14 +177,13 @@ def collect(table: Table, reference: dict) -> dict[str, list[Row]]:
 def what_ran(table: Table, tables: dict[str, list[Row]]) -> str:
     """The header's account of what ran, read from the runs (held to the spec's science, as the cells are):
     each pre-training's steps and the fine-tuning seeds behind the numbers."""
-    pretrainings = [sweep for sweep in table.sweeps.values()
-                    if sweep.stage == "pretrain" and not sweep.name.endswith("/phase1")]
+    firsts = [(sweep, *sweep.jobs()[0]) for sweep in table.sweeps.values()
+              if sweep.stage == "pretrain" and not sweep.name.endswith("/phase1")]
     with composing_jobs():  # the pre-trainings' science alone, not every job's again
-        configs = {sweep.name: job_config(sweep, sweep.jobs()[0][0], None) for sweep in pretrainings}
+        configs = [job_config(sweep, swept, None) for sweep, swept, _ in firsts]
     steps = []
-    for sweep in pretrainings:
-        folder = sweep.jobs()[0][1]
-        if job_state(folder, configs[sweep.name])[0] == "complete":
+    for (sweep, _, folder), config in zip(firsts, configs):
+        if job_state(folder, config)[0] == "complete":
             step = RunFolder(folder).read().get("global_step")
             steps.append(f"{sweep.name} {step:,} steps" if isinstance(step, int) else
                          f"{sweep.name} (its steps not recorded)")
