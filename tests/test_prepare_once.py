@@ -16,7 +16,7 @@ from bert_repro.data.glue import GlueDataModule
 from .conftest import REPO
 from .test_ddp import rte_common
 
-SLOW_S, TIMEOUT_S = 12, 8  # tokenization, and the longest a rank may wait in a collective
+SLOW_S, TIMEOUT_S = 10, 8  # tokenization, and the longest a rank may wait in a collective
 
 
 class SlowGlue(GlueDataModule):
