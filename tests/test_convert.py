@@ -19,6 +19,7 @@ from bert_repro.convert.cli import main
 from bert_repro.model import BertConfig, BertForPreTraining
 
 from .conftest import run_py
+from .helpers import ended, started
 
 transformers = pytest.importorskip("transformers")
 transformers.logging.set_verbosity_error()
@@ -654,7 +655,7 @@ def test_the_cards_metrics_are_what_evaluate_gives_the_exported_checkpoint(tmp_p
 
 @torch.no_grad()
 @pytest.mark.slow
-def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mrpc_export):
+def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mrpc_export, tmp_path):
     from huggingface_hub import ModelCard
 
     module, loaded, out = mrpc_export
@@ -672,8 +673,10 @@ def test_the_card_and_label_names_load_in_a_pipeline_that_predicts_our_labels(mr
     # the usage snippet runs as written: transformers' pipeline on this folder
     snippet = card.text.split("```python\n", 1)[1].split("```", 1)[0]
     assert "pipeline('text-classification'" in snippet and "text_pair" in snippet
-    proc = subprocess.run([sys.executable, "-c", snippet], capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0 and "'label': '" in proc.stdout, proc.stderr[-2000:]
+    script, log = tmp_path / "snippet.py", tmp_path / "output.log"
+    script.write_text(snippet)
+    code, output = ended(started([sys.executable, str(script)], log), log, timeout=300)
+    assert code == 0 and "'label': '" in output, output[-2000:]
     classify = transformers.pipeline("text-classification", model=str(out), device="cpu")
     theirs = [p["label"] for p in classify([{"text": a, "text_pair": b} for a, b in PAIRS])]
     ours = module(pair_batch(loaded.vocab)).argmax(-1)
