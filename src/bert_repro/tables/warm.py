@@ -42,8 +42,10 @@ READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "
 READ_AT_IMPORT_NAMES = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "POSSIBLE_USER_WARNINGS"}
 THREADS = "OMP_NUM_THREADS"  # applied in the child with torch.set_num_threads: it may differ
 # what Lightning (at its import) and torch's inductor (at first use) set as they run, read when used: a run in
-# this process leaves them set, and every later run would start cold
-SET_AS_THEY_RUN = {"PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR"}
+# this process leaves them set, and every later run would start cold; scikit-learn's (at its import: seqeval's
+# CoNLL scoring) are read by an Intel OpenMP, which the preload does not load (torch's is GNU libgomp)
+SET_AS_THEY_RUN = {"PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK",
+                   "KMP_INIT_AT_FORK"}
 
 _lock = threading.Lock()
 _server_env: dict[str, str] | None = None  # the environment the forkserver started with
