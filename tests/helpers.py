@@ -24,16 +24,18 @@ from bert_repro.tables import warm
 from .conftest import REPO
 
 
-def started(cmd: list[str], log: Path) -> warm.WarmProcess | subprocess.Popen:
+def started(cmd: list[str], log: Path, cwd: Path = REPO,
+            env: dict[str, str] | None = None) -> warm.WarmProcess | subprocess.Popen:
     """``cmd`` (``[sys.executable, script.py | -m module, *args]``) in a process of its own, where the process
     is the point (signals, DDP ranks), its output in the file ``log``: forked from the forkserver that has
     imported torch and Lightning (tables/warm.py, as the table runner starts runs: those imports once per
-    test worker, not once per process), or a cold process where it cannot be (see warm.start)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1"}  # small models, and in_process's float sums
-    if (proc := warm.start(cmd, cwd=REPO, env=env, stdout=log)) is not None:
+    test worker, not once per process), or a cold process where it cannot be (see warm.start). ``env``:
+    this process's environment by default."""
+    env = {**(os.environ if env is None else env), "OMP_NUM_THREADS": "1"}  # small models, in_process's sums
+    if (proc := warm.start(cmd, cwd=cwd, env=env, stdout=log)) is not None:
         return proc
     with log.open("w") as out:  # a cold process imports this repository's tests (callbacks) too
-        return subprocess.Popen(cmd, cwd=REPO, stdout=out, stderr=subprocess.STDOUT,
+        return subprocess.Popen(cmd, cwd=cwd, stdout=out, stderr=subprocess.STDOUT,
                                 env={**env, "PYTHONPATH": os.pathsep.join([str(REPO), str(REPO / "src")])})
 
 

@@ -9,6 +9,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import threading
 import time
@@ -45,8 +46,12 @@ JOB = ("import glob, json, os, signal, sys, time; "
        "time.sleep(sleep); "
        "json.dump({**seen, 'end': time.time()}, open(out, 'w'))")
 A_GPU = {"ray": {"num_gpus": 1, "num_cpus": 0}}
-ON_RAY = {"ray": {"init": {"num_cpus": 8, "num_gpus": 4, "log_to_driver": False}}, "pretrain": A_GPU,
-          "finetune": A_GPU}
+# a Ray instance of this module's, owned by a process of its own (it prints its address and holds it until
+# its stdin closes): each table connects to it as to a cluster and its ray.shutdown() only disconnects; no
+# token, which a second driver here would not have (RAY_AUTH_MODE: a local instance makes one of its own)
+OWNER = ("import sys, ray; "
+         "info = ray.init(num_cpus=8, num_gpus=4, include_dashboard=False, log_to_driver=False); "
+         "print(info.address_info['gcs_address'], flush=True); sys.stdin.read(); ray.shutdown()")
 
 
 def stand_ins(table, monkeypatch, sleep: dict[str, float], hold: dict[str, float] | None = None,
@@ -77,7 +82,24 @@ def stand_ins(table, monkeypatch, sleep: dict[str, float], hold: dict[str, float
     monkeypatch.setattr(runner, "sweep_costs", lambda plan: {})
 
 
-def run(table, launcher=ON_RAY):
+@pytest.fixture(scope="module")
+def on_ray():
+    """The launcher block of a table on the module's Ray instance (launchers.ray.ray.address), started once:
+    seconds for each ray.init that starts one (the init block: tests/test_tables_e2e.py)."""
+    owner = subprocess.Popen([sys.executable, "-c", OWNER], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True, env={**os.environ, "RAY_AUTH_MODE": "disabled"})
+    try:
+        address = owner.stdout.readline().strip()
+        if not address:
+            pytest.skip(f"Ray did not start (ray.init in a process of its own: exit status {owner.wait()})")
+        yield {"ray": {"address": address, "init": {"log_to_driver": False}}, "pretrain": A_GPU,
+               "finetune": A_GPU}
+    finally:
+        owner.stdin.close()
+        owner.wait(timeout=120)
+
+
+def run(table, launcher):
     try:
         return runner.run_table(table, launcher, plan={"runs": []})
     except TableError as err:
@@ -100,7 +122,7 @@ def test_ray_runs_as_many_of_a_stages_jobs_at_once_as_the_cluster_holds_its_asks
 
 @pytest.mark.slow
 def test_four_fine_tunings_at_once_each_on_its_own_gpu_each_after_its_pre_training(tmp_path, monkeypatch,
-                                                                                    capsys):
+                                                                                    capsys, on_ray):
     """And the ETA is told the four places Ray has: once a fine-tuning ended, the others at their ends, it
     reads less than three of them one after another."""
     table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
@@ -108,7 +130,7 @@ def test_four_fine_tunings_at_once_each_on_its_own_gpu_each_after_its_pre_traini
     told = []  # the ETA's view of the cluster
     monkeypatch.setattr(runner, "TableProgress",
                         lambda *a, **k: told.append(k["on_ray"]) or TableProgress(*a, **k))
-    summary = run(table)
+    summary = run(table, on_ray)
     assert told == [{"pretrain": 4, "finetune": 4}]
     etas = [eta for done, eta in re.findall(r"\[(\d)/7 jobs\] .*; ETA (\S+)", capsys.readouterr().err)
             if "4" <= done < "7"]  # a fine-tuning ended, and others still running
@@ -125,7 +147,8 @@ def test_four_fine_tunings_at_once_each_on_its_own_gpu_each_after_its_pre_traini
 
 
 @pytest.mark.slow
-def test_a_killed_ray_worker_is_named_with_its_folder_and_the_others_finish(tmp_path, monkeypatch, caplog):
+def test_a_killed_ray_worker_is_named_with_its_folder_and_the_others_finish(tmp_path, monkeypatch, caplog,
+                                                                              on_ray):
     table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
     victim = table.jobs()["finetune/no_nsp/mrpc/optim.lr-0.001"]
     stand_ins(table, monkeypatch, {"finetune/no_nsp/mrpc": 60.0})
@@ -141,7 +164,7 @@ def test_a_killed_ray_worker_is_named_with_its_folder_and_the_others_finish(tmp_
     killer = threading.Thread(target=kill, daemon=True)
     killer.start()
     start = time.monotonic()
-    summary = run(table)
+    summary = run(table, on_ray)
     killer.join()
     assert time.monotonic() - start < 60  # the victim's job did not run on to its end
     counts = {line["sweep"]: (line["complete"], line["failed"]) for line in summary}
@@ -153,7 +176,8 @@ def test_a_killed_ray_worker_is_named_with_its_folder_and_the_others_finish(tmp_
 
 
 @pytest.mark.slow
-def test_ctrl_c_stops_the_ray_jobs_each_run_told_to_checkpoint_and_a_rerun_ends_them(tmp_path, monkeypatch):
+def test_ctrl_c_stops_the_ray_jobs_each_run_told_to_checkpoint_and_a_rerun_ends_them(tmp_path, monkeypatch,
+                                                                                      on_ray):
     """The first Ctrl-C: each run gets SIGTERM; the second: a run still checkpointing is killed, not waited
     for the grace period (runner.GRACE_S)."""
     table = build("table5", "smoke", tmp_path / "runs", sets=ONE_TASK)
@@ -171,7 +195,7 @@ def test_ctrl_c_stops_the_ray_jobs_each_run_told_to_checkpoint_and_a_rerun_ends_
     threading.Thread(target=interrupt, daemon=True).start()
     start = time.monotonic()
     with pytest.raises(runner.Interrupted):
-        run(table)
+        run(table, on_ray)
     assert time.monotonic() - start < 60  # stopped, not run to their end nor waited for the one holding on
     for s in started:
         assert s.with_name(s.name.replace(".start", ".stopped")).is_file(), f"{s} got no SIGTERM"
@@ -180,4 +204,4 @@ def test_ctrl_c_stops_the_ray_jobs_each_run_told_to_checkpoint_and_a_rerun_ends_
         os.kill(json.loads(held.with_name(held.name + ".json.start").read_text())["pid"], 0)
     assert not any(f.joinpath("failed.json").is_file() for f in table.jobs().values())  # none marked failed
     stand_ins(table, monkeypatch, {})
-    assert all(line["complete"] == 1 for line in run(table))  # the same command finishes them
+    assert all(line["complete"] == 1 for line in run(table, on_ray))  # the same command finishes them

@@ -15,6 +15,7 @@ import pytest
 from hydra.core.override_parser.overrides_parser import OverridesParser
 
 from .conftest import REPO
+from .helpers import ended, started
 from .test_run_names import hydra_config
 
 # first words of the lines no offline check can prove, and why
@@ -162,8 +163,10 @@ def test_quick_start_leaves_every_path_the_readme_shows(tmp_path, shared_data, m
     # tokens only through the encoder (speed.unpad), and no sanity check ahead of it
     short = ["+trainer.limit_train_batches=2", "+trainer.num_sanity_val_steps=0", "speed.unpad=true",
              "trainer.enable_progress_bar=false"]
-    proc = subprocess.run([sys.executable, str(REPO / words[1]), *words[2:], *short], cwd=tmp_path, env=env,
-                          capture_output=True, text=True, timeout=600)
-    assert proc.returncode == 0, (proc.stdout + proc.stderr)[-3000:]
-    missing = [path for path in shown if not (tmp_path / path).exists()]
+    fresh, log = tmp_path / "fresh", tmp_path / "output.log"
+    fresh.mkdir()
+    command = [sys.executable, str(REPO / words[1]), *words[2:], *short]
+    code, output = ended(started(command, log, cwd=fresh, env=env), log)
+    assert code == 0, output[-3000:]
+    missing = [path for path in shown if not (fresh / path).exists()]
     assert not missing, f"the README shows {missing}, which the quick start did not write"

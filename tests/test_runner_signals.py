@@ -23,15 +23,24 @@ from bert_repro.lifecycle.locks import live_processes
 from bert_repro.tables import __main__ as cli
 from bert_repro.tables import runner
 from bert_repro.tables.spec import TableError, build
+from bert_repro.tables.warm import WarmProcess
 
-from .conftest import REPO, shared_data_dir
-from .helpers import held_by_another_process
+from .conftest import shared_data_dir
+from .helpers import ended, held_by_another_process, started
 from .test_table_rerun import TINY
 from .test_tables_e2e import SHRINK
 
-# runs the table CLI with runner.TRAIN replaced by the stand-in (argv[1])
-DRIVER = ("import sys; from pathlib import Path; from bert_repro.tables import runner, __main__ as cli; "
-          "runner.TRAIN = Path(sys.argv[1]); sys.exit(cli.main(sys.argv[2:]))")
+# the table CLI with runner.TRAIN replaced by the stand-in (argv[1]) and the variables of argv[2] set; a
+# script (helpers.started forks it warm), its work under __main__: the runner's forkserver imports it
+DRIVER = textwrap.dedent("""
+    import json, os, sys
+    from pathlib import Path
+    if __name__ == "__main__":
+        from bert_repro.tables import runner, __main__ as cli
+        os.environ.update(json.loads(sys.argv[2]))
+        runner.TRAIN = Path(sys.argv[1])
+        sys.exit(cli.main(sys.argv[3:]))
+""")
 
 # a sweep that waits: records its pid and session, starts a grandchild in its group, and logs the signals it
 # gets; on SIGTERM it exits as src/train.py does after its checkpoint (128 + 15), leaving the grandchild
@@ -89,51 +98,52 @@ def kill_left(tmp_path: Path) -> None:
             pass
 
 
-def wait_for(path: Path, proc: subprocess.Popen, timeout: float = 120) -> None:
+def wait_for(path: Path, proc: WarmProcess | subprocess.Popen, log: Path, timeout: float = 120) -> None:
     deadline = time.time() + timeout
     while not path.is_file():
-        assert proc.poll() is None, proc.communicate()[1][-3000:]
+        assert proc.poll() is None, log.read_text()[-3000:]
         assert time.time() < deadline, f"{path} never appeared"
         time.sleep(0.2)
 
 
 @pytest.fixture
 def start_runner(tmp_path):
-    """Starts the table runner on the stand-in; afterwards, kills what a failing test left running."""
-    started = []
+    """Starts the table runner on the stand-in (helpers.started); afterwards, kills what a failing test left
+    running."""
+    running = []
 
-    def start(mode: str = "", warm: bool = True) -> tuple[subprocess.Popen, Path]:
-        stand_in = tmp_path / "train.py"
+    def start(mode: str = "", warm: bool = True) -> tuple[WarmProcess | subprocess.Popen, Path, Path]:
+        stand_in, driver, log = tmp_path / "train.py", tmp_path / "driver.py", tmp_path / "runner.log"
         stand_in.write_text(STAND_IN)
+        driver.write_text(DRIVER)
         # cold (BERT_REPRO_WARM=0): the stand-in started as a plain process, and no forkserver importing torch
-        env = {**os.environ, "STAND_IN": mode, **({} if warm else {"BERT_REPRO_WARM": "0"})}
+        env = {"STAND_IN": mode, **({} if warm else {"BERT_REPRO_WARM": "0"})}
         # Table 5 cut to its first row and MRPC (TINY): the runner composes 3 jobs before the first launch,
         # not 23
-        cmd = [sys.executable, "-c", DRIVER, str(stand_in), "run", "table5", "--scale", "smoke", "--logger",
-               "none", *(f"--set={s}" for s in TINY), "--runs-dir", str(tmp_path / "runs"),
-               "--results-dir", str(tmp_path / "results")]
-        proc = subprocess.Popen(cmd, cwd=REPO, env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                                text=True)
-        started.append(proc)
+        cmd = [sys.executable, str(driver), str(stand_in), json.dumps(env), "run", "table5", "--scale",
+               "smoke", "--logger", "none", *(f"--set={s}" for s in TINY), "--runs-dir",
+               str(tmp_path / "runs"), "--results-dir", str(tmp_path / "results")]
+        proc = started(cmd, log)
+        running.append((proc, log))
         # Table 5's `none` pre-training, in the shared store (spec.build: <runs>/pretrain/<scale>/<name>)
         return proc, build("table5", "smoke", tmp_path / "runs", sets=TINY,
-                           logger="none").sweeps["pretrain/none"].folder
+                           logger="none").sweeps["pretrain/none"].folder, log
 
     yield start
     kill_left(tmp_path)
-    for proc in started:
-        proc.communicate()
+    for proc, log in running:
+        ended(proc, log)
 
 
 @pytest.mark.e2e
 def test_ctrl_c_reaches_the_sweep_once_as_sigterm_and_leaves_no_process(start_runner):
-    proc, sweep = start_runner()
-    wait_for(sweep / "child.json", proc)
+    proc, sweep, log = start_runner()
+    wait_for(sweep / "child.json", proc, log)
     child = json.loads((sweep / "child.json").read_text())
     assert child["sid"] == child["pid"]  # its own session: a terminal's Ctrl-C reaches the runner alone
-    proc.send_signal(signal.SIGINT)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGINT, err[-3000:]
+    os.kill(proc.pid, signal.SIGINT)
+    code, err = ended(proc, log, timeout=60)
+    assert code == 128 + signal.SIGINT, err[-3000:]
     assert "SIGINT received" in err and "pretrain/none" in err and "Run the same command again" in err
     assert "Traceback" not in err
     assert (sweep / "signals").read_text() == "SIGTERM\n"  # forwarded once, as src/train.py's stop signal
@@ -145,17 +155,17 @@ def test_ctrl_c_reaches_the_sweep_once_as_sigterm_and_leaves_no_process(start_ru
 def test_a_second_signal_kills_a_sweep_that_does_not_stop(start_runner):
     """A cold-started sweep: the stop reaches the runner's other way of starting a run (the Ctrl-C test's
     and the real runs' sweeps are forked warm)."""
-    proc, sweep = start_runner("stubborn", warm=False)
-    wait_for(sweep / "child.json", proc)
+    proc, sweep, log = start_runner("stubborn", warm=False)
+    wait_for(sweep / "child.json", proc, log)
     child = json.loads((sweep / "child.json").read_text())
-    proc.send_signal(signal.SIGTERM)
+    os.kill(proc.pid, signal.SIGTERM)
     deadline = time.time() + 30
     while not (sweep / "signals").is_file() and time.time() < deadline:
         time.sleep(0.1)
     assert proc.poll() is None  # still waiting for its child, which ignored the stop
-    proc.send_signal(signal.SIGTERM)
-    _, err = proc.communicate(timeout=60)
-    assert proc.returncode == 128 + signal.SIGTERM and "SIGTERM received" in err, err[-3000:]
+    os.kill(proc.pid, signal.SIGTERM)
+    code, err = ended(proc, log, timeout=60)
+    assert code == 128 + signal.SIGTERM and "SIGTERM received" in err, err[-3000:]
     assert group(child["pid"]) == []
 
 
@@ -248,28 +258,29 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     # the pre-training run is in the shared store, outside the table's folder (spec.build)
     store = build("table5", "smoke", runs, sets=sets, logger="none").sweeps["pretrain/none"].folder
     pretrained = f"{store.relative_to(runs)}/default/results.json"
-    proc = subprocess.Popen(cmd, cwd=REPO, env={**os.environ, **own}, stdout=subprocess.PIPE,
-                            stderr=subprocess.PIPE, text=True)
+    for key, value in own.items():  # the runner's, and the relaunch's below in this process
+        monkeypatch.setenv(key, value)
+    log = tmp_path / "runner.log"
+    proc = started(cmd, log)
     deadline = time.time() + 600
     while not list(mrpc.glob("*/results.json")):  # one MRPC job finished, the other starting or training
-        assert proc.poll() is None and time.time() < deadline, proc.communicate()[1][-3000:]
+        assert proc.poll() is None and time.time() < deadline, log.read_text()[-3000:]
         time.sleep(0.2)
     sweeps = live_processes(mrpc)
     assert sweeps, "the MRPC sweep ended before the signal"
-    proc.send_signal(signal.SIGTERM)
+    os.kill(proc.pid, signal.SIGTERM)
     try:
-        _, err = proc.communicate(timeout=300)
+        code, err = ended(proc, log, timeout=300)
     finally:  # a failing test leaves nothing running either
         kill_left(tmp_path)
-    assert proc.returncode == 128 + signal.SIGTERM, err[-3000:]
+    assert code == 128 + signal.SIGTERM, err[-3000:]
     assert "SIGTERM received" in err and "finetune/bert_base/mrpc" in err and "Traceback" not in err
     assert all(group(pid) == [] for pid in sweeps)  # no orphan left to write into the folders
     assert not list(mrpc.rglob("failed.json"))  # stopped, not failed
     finished = mtimes(runs)
     assert len(finished) == 2 and pretrained in finished  # and one MRPC job
 
-    for key, value in own.items():  # the relaunch in this process: its runs forked warm (tables/warm.py)
-        monkeypatch.setenv(key, value)
+    # the relaunch in this process: its runs forked warm (tables/warm.py)
     monkeypatch.delenv("BERT_REPRO_WANDB_GROUP", raising=False)  # set by the runner
     assert cli.main(cmd[3:]) == 0
     assert {k: v for k, v in mtimes(runs).items() if k in finished} == finished  # not rerun
@@ -281,11 +292,17 @@ def test_sigterm_mid_sweep_stops_the_real_runs_and_a_relaunch_redoes_no_finished
     assert cells["mrpc_acc"]["status"] == "ok" and cells["mrpc_acc"]["ours"]  # the table came out whole
 
 
-# the table CLI with one of its steps (argv[1]) sending the runner argv[2] first, then doing its work
-SIGNALLED = ("import os, sys; from bert_repro.tables import __main__ as cli; name = sys.argv[1]; "
-             "step = getattr(cli, name); signum = int(sys.argv[2]); "
-             "setattr(cli, name, lambda *a, **k: (os.kill(os.getpid(), signum), step(*a, **k))[1]); "
-             "sys.exit(cli.main(sys.argv[3:]))")
+# the table CLI with one of its steps (argv[1]) sending the runner argv[2] first, then doing its work; a
+# script, which helpers.started forks warm
+SIGNALLED = textwrap.dedent("""
+    import os, sys
+    if __name__ == "__main__":
+        from bert_repro.tables import __main__ as cli
+        name, signum = sys.argv[1], int(sys.argv[2])
+        step = getattr(cli, name)
+        setattr(cli, name, lambda *a, **k: (os.kill(os.getpid(), signum), step(*a, **k))[1])
+        sys.exit(cli.main(sys.argv[3:]))
+""")
 
 
 @pytest.mark.parametrize(("step", "signum"), [("build", signal.SIGINT), ("write_plan", signal.SIGTERM)])
@@ -293,12 +310,14 @@ def test_a_signal_at_the_runners_start_up_is_one_line_and_128_plus_n_and_files_a
                                                                                           signum):
     """Ctrl-C while the table is planned (before any run) and SIGTERM while plan.json is written: the one
     line, 128 + n, and the plan written whole or not at all."""
-    proc = subprocess.run([sys.executable, "-c", SIGNALLED, step, str(int(signum)), "plan", "table5",
-                           "--scale", "smoke", *(f"--set={s}" for s in TINY), "--runs-dir", str(tmp_path)],
-                          cwd=REPO, capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 128 + signum, proc.stderr[-3000:]
+    script, log = tmp_path / "signalled.py", tmp_path / "output.log"
+    script.write_text(SIGNALLED)
+    code, said = ended(started([sys.executable, str(script), step, str(int(signum)), "plan", "table5",
+                                "--scale", "smoke", *(f"--set={s}" for s in TINY), "--runs-dir",
+                                str(tmp_path)], log), log, timeout=300)
+    assert code == 128 + signum, said[-3000:]
     assert (f"error: {signum.name} received during `python -m bert_repro.tables`: stopped; what finished is "
-            "kept, run the same command again to go on") in proc.stderr
-    assert "Traceback" not in proc.stderr
+            "kept, run the same command again to go on") in said
+    assert "Traceback" not in said
     plan = tmp_path / "table5" / "smoke" / "plan.json"
     assert (json.loads(plan.read_text())["runs"] if step == "write_plan" else not plan.exists())

@@ -4,7 +4,6 @@ back what the run held when it finished."""
 
 import json
 import os
-import subprocess
 import sys
 
 import pytest
@@ -21,6 +20,7 @@ from bert_repro.lifecycle.tracking import (
 )
 
 from .conftest import REPO
+from .helpers import ended, started
 
 DRIVER = """
 import json, pathlib, runpy, sys
@@ -65,9 +65,10 @@ def test_a_sweeps_runs_carry_config_results_their_names_and_one_group(tmp_path, 
     env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_MODE": "offline", "WANDB_SILENT": "true"}
     for name in (GROUP_ENV, SWEEP_ENV):  # a table's or an earlier sweep's group
         env.pop(name, None)
-    proc = subprocess.run([sys.executable, str(driver), str(record), str(REPO / "src" / "train.py"), *args],
-                          cwd=REPO, capture_output=True, text=True, timeout=600, env=env)
-    assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
+    log = tmp_path / "output.log"
+    code, output = ended(started([sys.executable, str(driver), str(record), str(REPO / "src" / "train.py"),
+                                  *args], log, env=env), log)
+    assert code == 0, output[-6000:]
     runs = json.loads(record.read_text())
     folders = {p.parent.name: json.loads(p.read_text()) for p in sweep.glob("*/results.json")}
     # each job's name is the task, the model and its folder's name, which carries the swept lr

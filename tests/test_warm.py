@@ -94,3 +94,7 @@ def test_an_environment_read_at_import_that_differs_starts_cold(probe, tmp_path)
     # read when a run uses it: warm all the same
     started = warm.start(cmd, cwd=tmp_path, env={**env, "PL_GLOBAL_SEED": "7"}, stdout=tmp_path / "o")
     assert started is not None and started.wait(120) == 0
+    # set by Lightning and torch as a run in this process goes (their defaults), and read when used
+    ran = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTORCH_NVML_BASED_CUDA_CHECK": "0"}
+    started = warm.start(cmd, cwd=tmp_path, env={**env, **ran}, stdout=tmp_path / "o")
+    assert started is not None and started.wait(120) == 0

@@ -41,6 +41,9 @@ READ_AT_IMPORT = ("HF_", "HUGGINGFACE_", "TRANSFORMERS_", "TORCH", "PYTORCH_", "
 # and by name: the rank Lightning's and torchmetrics' rank_zero_only take at import, a warnings switch
 READ_AT_IMPORT_NAMES = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RANK", "POSSIBLE_USER_WARNINGS"}
 THREADS = "OMP_NUM_THREADS"  # applied in the child with torch.set_num_threads: it may differ
+# what Lightning (at its import) and torch's inductor (at first use) set as they run, read when used: a run in
+# this process leaves them set, and every later run would start cold
+SET_AS_THEY_RUN = {"PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR"}
 
 _lock = threading.Lock()
 _server_env: dict[str, str] | None = None  # the environment the forkserver started with
@@ -48,7 +51,8 @@ _server_env: dict[str, str] | None = None  # the environment the forkserver star
 
 def _read_at_import(env: dict[str, str]) -> dict[str, str]:
     return {k: v for k, v in env.items()
-            if (k.startswith(READ_AT_IMPORT) or k in READ_AT_IMPORT_NAMES) and k != THREADS}
+            if (k.startswith(READ_AT_IMPORT) or k in READ_AT_IMPORT_NAMES) and k != THREADS
+            and k not in SET_AS_THEY_RUN}
 
 
 def _forkserver() -> multiprocessing.context.BaseContext:
