@@ -4,8 +4,6 @@ tokenized cache reused, dynamic padding, length grouping, column mapping, and cl
 import json
 import logging
 import os
-import subprocess
-import sys
 from pathlib import Path
 from types import SimpleNamespace
 
@@ -15,6 +13,8 @@ from omegaconf import OmegaConf
 
 from bert_repro.data.batching import LENGTH_PROBS, LengthGroupedSampler, PadCollator
 from bert_repro.data.glue import GlueDataModule, truncated_lengths
+
+from .helpers import call_in_new_process
 
 
 @pytest.fixture(scope="module")
@@ -135,16 +135,18 @@ def test_pairs_packed_truncated_and_cached(tmp_path, minilm_dir):
               for split, d in dm.datasets.items()}
     respelled = {split: str(tmp_path / ".." / tmp_path.name / Path(path).name)
                  for split, path in files.items()}
-    code = ("import json, sys; from bert_repro.data.glue import GlueDataModule as G; dm = G('rte', "
-            "tokenizer=sys.argv[1], cache_dir=sys.argv[2], files=json.loads(sys.argv[3])); dm.setup(); "
-            "print(json.dumps({s: d.cache_files[0]['filename'] for s, d in dm.datasets.items()}))")
-    proc = subprocess.run([sys.executable, "-c", code, str(minilm_dir), str(tmp_path / "cache"),
-                           json.dumps(respelled)],
-                          capture_output=True, text=True, timeout=300)
-    assert proc.returncode == 0, proc.stderr[-2000:]
-    again = json.loads(proc.stdout.strip().splitlines()[-1])
+    call_in_new_process("tests.test_glue_data.write_cache_files", str(minilm_dir), str(tmp_path / "cache"),
+                        json.dumps(respelled), str(tmp_path / "again.json"))
+    again = json.loads((tmp_path / "again.json").read_text())
     assert again == {split: name for split, (name, _) in cached.items()}
     assert all(os.path.getmtime(name) == mtime for name, mtime in cached.values())  # read, not rewritten
+
+
+def write_cache_files(tokenizer: str, cache: str, files: str, out: str) -> None:
+    """The cache files a GLUE datamodule set up in this process reads, written to ``out`` as JSON."""
+    dm = GlueDataModule("rte", tokenizer=tokenizer, cache_dir=cache, files=json.loads(files))
+    dm.setup()
+    Path(out).write_text(json.dumps({s: d.cache_files[0]["filename"] for s, d in dm.datasets.items()}))
 
 
 def test_dynamic_and_fixed_padding():

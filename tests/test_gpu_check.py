@@ -31,7 +31,8 @@ def _unreadable(stdout, folder, done):
 
 
 @pytest.mark.slow
-def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path, capsys):
+def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(gpu_check, "SHORTEST_STEP_S", 1)  # the hanging step's limit in seconds, not minutes
     plan = [
         Step(
             "first",
@@ -42,7 +43,7 @@ def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path, capsys):
             ),
         ),
         Step("fails", 30, _python("import sys; print('boom', file=sys.stderr); sys.exit(3)")),
-        Step("hangs", 6, _python("import time; time.sleep(60)")),
+        Step("hangs", 2, _python("import time; time.sleep(60)")),
         Step("reader", 30, _python("print('done')"), _unreadable),
         Step(
             "last",
@@ -65,11 +66,12 @@ def test_a_failing_step_is_recorded_and_the_others_still_run(tmp_path, capsys):
 
 
 @pytest.mark.slow
-def test_the_budget_caps_every_step(tmp_path):
+def test_the_budget_caps_every_step(tmp_path, monkeypatch):
+    monkeypatch.setattr(gpu_check, "SHORTEST_STEP_S", 1)
     plan = [Step("slow", 60, _python("import time; time.sleep(60)")), Step("next", 60, _python("print(1)"))]
-    report = json.loads(check(tmp_path, budget_s=6, plan=plan, device="gpu").read_text())
+    report = json.loads(check(tmp_path, budget_s=2, plan=plan, device="gpu").read_text())
     assert [s["status"] for s in report["steps"]] == ["timeout", "skipped"]
-    assert report["steps"][0]["limit_s"] == 6
+    assert report["steps"][0]["limit_s"] == 2
 
 
 @pytest.mark.slow
