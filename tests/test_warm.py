@@ -94,8 +94,9 @@ def test_an_environment_read_at_import_that_differs_starts_cold(probe, tmp_path)
     # read when a run uses it: warm all the same
     started = warm.start(cmd, cwd=tmp_path, env={**env, "PL_GLOBAL_SEED": "7"}, stdout=tmp_path / "o")
     assert started is not None and started.wait(120) == 0
-    # set by Lightning, torch and scikit-learn as a run in this process goes (their defaults), read when used
+    # set by Lightning, torch, scikit-learn and a Ray driver as a run in this process goes, read when used
     ran = {"TORCHINDUCTOR_CACHE_DIR": str(tmp_path / "inductor"), "PYTORCH_NVML_BASED_CUDA_CHECK": "0",
-           "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE"}
+           "KMP_DUPLICATE_LIB_OK": "True", "KMP_INIT_AT_FORK": "FALSE",
+           "PYTHONBREAKPOINT": "ray.util.rpdb._driver_set_trace"}
     started = warm.start(cmd, cwd=tmp_path, env={**env, **ran}, stdout=tmp_path / "o")
     assert started is not None and started.wait(120) == 0

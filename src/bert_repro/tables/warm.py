@@ -43,9 +43,10 @@ READ_AT_IMPORT_NAMES = {"RANK", "LOCAL_RANK", "SLURM_PROCID", "JSM_NAMESPACE_RAN
 THREADS = "OMP_NUM_THREADS"  # applied in the child with torch.set_num_threads: it may differ
 # what Lightning (at its import) and torch's inductor (at first use) set as they run, read when used: a run in
 # this process leaves them set, and every later run would start cold; scikit-learn's (at its import: seqeval's
-# CoNLL scoring) are read by an Intel OpenMP, which the preload does not load (torch's is GNU libgomp)
+# CoNLL scoring) are read by an Intel OpenMP, which the preload does not load (torch's is GNU libgomp); a Ray
+# driver's breakpoint hook stays after ray.shutdown, and Python reads it at each breakpoint()
 SET_AS_THEY_RUN = {"PYTORCH_NVML_BASED_CUDA_CHECK", "TORCHINDUCTOR_CACHE_DIR", "KMP_DUPLICATE_LIB_OK",
-                   "KMP_INIT_AT_FORK"}
+                   "KMP_INIT_AT_FORK", "PYTHONBREAKPOINT"}
 
 _lock = threading.Lock()
 _server_env: dict[str, str] | None = None  # the environment the forkserver started with
