@@ -1,6 +1,8 @@
 """Table 5's paper-scale plan rehearsed end to end on this CPU (ACTION=rehearse; a file of its own so that
 the suite's two rehearsals run on two pytest-xdist workers at once)."""
 
+import json
+
 import pytest
 
 from .helpers import assert_plan_holds, rehearse
@@ -24,4 +26,12 @@ def test_table5_rehearses_at_paper_scale(tmp_path, monkeypatch, shared_data):
         (row, column) for row in ("bert_base", "ltr_no_nsp", "ltr_no_nsp_bilstm")
         for column in ("mnli_m_acc", "squad_v1_f1")}
     assert all(c["status"] == "ok" for c in ours), [c for c in ours if c["status"] != "ok"]
+    for row in ("bert_base", "ltr_no_nsp", "ltr_no_nsp_bilstm"):  # SQuAD's own layer of the rehearsal
+        squad, mnli = (json.loads(next((folder / "finetune" / row / task).glob("*/results.json")).read_text())
+                       for task in ("squad_v1", "mnli"))
+        # a few questions' windows, about as many sequences as the other tasks' examples; Dev scored whole
+        # (every batch: the fraction 1.0, not one batch) over 8 questions, as the official scorer needs
+        assert squad["data_sizes"]["train"] <= 2 * mnli["data_sizes"]["train"], (squad["data_sizes"], row)
+        limit = squad["config"]["optim"]["limit_val_batches"]
+        assert isinstance(limit, float) and limit == 1.0 and squad["config"]["data"]["max_dev_examples"] == 8
     assert_plan_holds(record, folder)
