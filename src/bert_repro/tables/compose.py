@@ -41,7 +41,7 @@ def composing():
 def composing_jobs():
     """``composing`` with the runtime src/train.py's children have (their cwd is the repository)."""
     with composing():
-        HydraConfig.instance().set_config(_job_runtime(str(CONF_DIR)))
+        HydraConfig.instance().set_config(_job_runtime())
         try:
             yield
         finally:
@@ -49,7 +49,7 @@ def composing_jobs():
 
 
 @functools.cache
-def _job_runtime(conf_dir: str):
+def _job_runtime():
     """train.yaml's Hydra node as a child of src/train.py has it, composed once a process: a table enters
     composing_jobs each time it reads its jobs, and this compose is Hydra's whole defaults tree."""
     hydra = compose("train", [], return_hydra_config=True)
